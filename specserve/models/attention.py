@@ -1,0 +1,89 @@
+"""Paged attention over a flat KV cache, for a ragged batch of sequences.
+
+Layout: each layer's cache is `[num_slots, kv_heads, head_dim]` for K and for V, where slot =
+block * block_size + offset. A step feeds T new tokens from B sequences; sequence b feeds q_len[b]
+tokens at absolute positions ctx_len[b] - q_len[b] .. ctx_len[b] - 1 and attends to its first
+ctx_len[b] cached positions. The same metadata serves every layer, so it is built once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: cache slot written by each new token
+    kv_index: torch.Tensor  # [B, Lmax] int64: cache slots read per sequence (padding -> slot 0)
+    q_index: torch.Tensor  # [B, Qmax] int64: row of the flat token array per padded query
+    out_index: torch.Tensor  # [T] int64: row of the flat [B*Qmax] output per new token
+    mask: torch.Tensor  # [B, 1, Qmax, Lmax] bool: True where query may attend key
+    single: bool  # one sequence: padding gathers are identities and skipped
+
+
+def build_metadata(
+    q_lens: list[int],
+    ctx_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+    sliding_window: int | None = None,
+) -> AttentionMetadata:
+    """Index tensors for one step. q_lens[b] <= ctx_lens[b]; block tables cover ctx_lens[b]."""
+    bsz, q_max, l_max = len(q_lens), max(q_lens), max(ctx_lens)
+    n_blocks = max(len(t) for t in block_tables)
+    tables = torch.tensor([t + [0] * (n_blocks - len(t)) for t in block_tables])  # [B, nblk]
+    q_len_t, ctx_t = torch.tensor(q_lens), torch.tensor(ctx_lens)  # [B]
+    k_pos = torch.arange(l_max)  # [Lmax]
+    kv_index = tables[:, k_pos // block_size] * block_size + k_pos % block_size  # [B, Lmax]
+    kv_valid = k_pos[None, :] < ctx_t[:, None]  # [B, Lmax]
+    kv_index = torch.where(kv_valid, kv_index, 0)
+    starts = ctx_t - q_len_t  # [B]
+    new = kv_valid & (k_pos[None, :] >= starts[:, None])  # [B, Lmax]: positions fed this step
+    slot_mapping = kv_index[new]  # [T], row-major = flat token order
+
+    q_off = torch.arange(q_max)  # [Qmax]
+    q_valid = q_off[None, :] < q_len_t[:, None]  # [B, Qmax]
+    first_row = torch.cumsum(q_len_t, 0) - q_len_t  # [B]
+    q_index = torch.where(q_valid, first_row[:, None] + q_off[None, :], 0)
+    out_index = (torch.arange(bsz)[:, None] * q_max + q_off[None, :])[q_valid]  # [T]
+
+    q_pos = starts[:, None] + q_off[None, :]  # [B, Qmax]
+    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & kv_valid[:, None, :]
+    if sliding_window is not None:
+        mask &= k_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+    # Padded query rows attend to key 0 only, so softmax stays finite; their output is dropped.
+    mask[:, :, 0] |= ~q_valid
+    return AttentionMetadata(
+        slot_mapping=slot_mapping.to(device),
+        kv_index=kv_index.to(device),
+        q_index=q_index.to(device),
+        out_index=out_index.to(device),
+        mask=mask.unsqueeze(1).to(device),
+        single=bsz == 1,
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_slots, Hkv, D]
+    v_cache: torch.Tensor,  # [num_slots, Hkv, D]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    """Write the new K/V into their slots, then attend each query to its sequence's cache."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    keys = k_cache[meta.kv_index].transpose(1, 2)  # [B, Hkv, Lmax, D]
+    values = v_cache[meta.kv_index].transpose(1, 2)
+    queries = (q.unsqueeze(0) if meta.single else q[meta.q_index]).transpose(1, 2)  # [B, H, Qmax, D]
+    out = F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=meta.mask, scale=scale, enable_gqa=True
+    )  # [B, H, Qmax, D]
+    out = out.transpose(1, 2).flatten(2)  # [B, Qmax, H*D]
+    return out[0] if meta.single else out.flatten(0, 1)[meta.out_index]

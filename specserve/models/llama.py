@@ -1,0 +1,223 @@
+"""Llama-family decoder (Llama, SmolLM2; Qwen2 and Mistral are variants of it).
+
+Our own modules: fused QKV and gate/up projections, RMSNorm, rotary embeddings with positions
+given per token, and paged attention. The forward pass takes a flat ragged batch and returns
+hidden states; logits are computed only for the rows the caller asks for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.models.attention import AttentionMetadata, paged_attention
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """The numbers of an HF config.json that the decoder needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    sliding_window: int | None = None
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], attention_bias: bool = False) -> ModelArch:
+        rope = cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ValueError(f"unsupported rope_scaling type {rope_type!r} in config.json")
+        num_heads = cfg["num_attention_heads"]
+        rope_params = cfg.get("rope_parameters") or {}
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta") or rope_params.get("rope_theta", 10000.0),
+            max_position=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", attention_bias),
+            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """fp32 bytes of K and V for one token across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, dim] -> [T, dim]
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for rotate-half RoPE (the HF tensor layout)."""
+
+    def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
+        emb = torch.cat([angles, angles], dim=-1)  # [max_position, head_dim]
+        self.register_buffer("cos", emb.cos().float(), persistent=False)
+        self.register_buffer("sin", emb.sin().float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [T] -> cos, sin [T, 1, head_dim], broadcast over heads
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [T, heads, D]: x*cos + rotate_half(x)*sin, rotate_half(a, b) = (-b, a)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            arch.num_heads,
+            arch.num_kv_heads,
+            arch.head_dim,
+        )
+        self.q_size = arch.num_heads * arch.head_dim
+        self.kv_size = arch.num_kv_heads * arch.head_dim
+        self.scale = 1.0 / math.sqrt(arch.head_dim)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.qkv_proj = nn.Linear(
+            arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, head_dim]
+        sin: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_slots, Hkv, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]
+        qkv = self.qkv_proj(self.input_layernorm(x))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        attn = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
+        x = x + self.o_proj(attn)
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder stack. `forward` returns final-normed hidden states; `logits` projects rows."""
+
+    default_attention_bias = False
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.rotary = Rotary(arch.head_dim, arch.rope_theta, arch.max_position)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @classmethod
+    def arch_from_hf(cls, cfg: dict[str, Any]) -> ModelArch:
+        return ModelArch.from_hf(cfg, attention_bias=cls.default_attention_bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer, 2 x [slots, Hkv, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions)
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv, meta)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+        return self.lm_head(hidden)
+
+    def load_hf_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up. Missing tensors are an error."""
+        params = dict(self.named_parameters())
+        expected = {f"{n}:{s}" for n in params for s in self._shards_of(n)}
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.").replace(".self_attn.", ".").replace(".mlp.", ".")
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.arch.tie_word_embeddings):
+                continue
+            prefix, proj, kind = (name.rsplit(".", 2) + ["", ""])[:3]
+            if proj in _FUSED:
+                fused_name, index = _FUSED[proj]
+                target = f"{prefix}.{fused_name}.{kind}"
+                sizes = self._shard_sizes(fused_name)
+                offset = sum(sizes[:index])
+                params[target].data[offset : offset + sizes[index]].copy_(tensor)
+                loaded.add(f"{target}:{proj}")
+            elif name in params:
+                params[name].data.copy_(tensor)
+                loaded.add(f"{name}:")
+            else:
+                raise ValueError(f"unexpected tensor {hf_name!r} in checkpoint")
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors: {missing[:6]}")
+
+    def _shard_sizes(self, fused_name: str) -> list[int]:
+        a = self.arch
+        if fused_name == "gate_up_proj":
+            return [a.intermediate_size, a.intermediate_size]
+        return [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim]
+
+    @staticmethod
+    def _shards_of(param_name: str) -> list[str]:
+        module = param_name.split(".")[-2]
+        return [p for p, (f, _) in _FUSED.items() if f == module] or [""]
+
+
+# HF projection name -> (our fused module, index of its shard along the output dim)
+_FUSED: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}

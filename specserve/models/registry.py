@@ -1,0 +1,67 @@
+"""Map config.json architectures to our modules and build a model from an HF-style directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from specserve.models.llama import LlamaForCausalLM
+from specserve.models.mistral import MistralForCausalLM
+from specserve.models.qwen2 import Qwen2ForCausalLM
+
+ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+}
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    with open(model_dir / "config.json") as f:
+        cfg: dict[str, Any] = json.load(f)
+    return cfg
+
+
+def model_class(cfg: dict[str, Any]) -> type[LlamaForCausalLM]:
+    archs = cfg.get("architectures") or []
+    for name in archs:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    raise ValueError(
+        f"unsupported architecture {archs or cfg.get('model_type')!r}; "
+        f"supported: {sorted(ARCHITECTURES)}"
+    )
+
+
+def build_model(
+    model_dir: Path, device: torch.device, dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
+    """Instantiate the decoder for `model_dir` and load its safetensors weights."""
+    cfg = read_config(model_dir)
+    cls = model_class(cfg)
+    with torch.device("meta"):
+        model = cls(cls.arch_from_hf(cfg))
+    model = model.to_empty(device=device).to(dtype)
+    # to_empty leaves buffers uninitialised and breaks weight tying: rebuild both.
+    arch = model.arch
+    model.rotary = type(model.rotary)(arch.head_dim, arch.rope_theta, arch.max_position).to(device)
+    if arch.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.load_hf_weights(_iter_safetensors(model_dir, dtype))
+    return model.eval()
+
+
+def _iter_safetensors(model_dir: Path, dtype: torch.dtype) -> Any:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {model_dir}")
+    for path in files:
+        if path.name.startswith("medusa_"):
+            continue
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, f.get_tensor(name).to(dtype)

@@ -1,0 +1,73 @@
+"""Runs the target model over a ragged batch against the paged KV cache.
+
+The runner knows nothing of requests or speculation: it feeds token slices at given positions,
+writes their K/V, and returns logits (and final hidden states) for the rows asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specserve.models.attention import build_metadata
+from specserve.models.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class RunItem:
+    """One sequence's slice of a forward pass."""
+
+    token_ids: list[int]  # fed at positions start .. start + len - 1
+    start: int
+    block_table: list[int]  # covers start + len(token_ids) positions
+    num_logits: int  # logits for the last `num_logits` fed positions (0 = none)
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    logits: torch.Tensor  # [sum(num_logits), vocab] float32
+    hidden: torch.Tensor  # [sum(num_logits), hidden]: final-normed states of the same rows
+
+
+class ModelRunner:
+    def __init__(
+        self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device
+    ) -> None:
+        arch = model.arch
+        self.model, self.device, self.block_size = model, device, block_size
+        self.num_blocks = num_blocks
+        dtype = next(model.parameters()).dtype
+        shape = (arch.num_layers, 2, num_blocks * block_size, arch.num_kv_heads, arch.head_dim)
+        # Zeroed so that masked (never written) slots hold finite values: 0 * garbage = NaN.
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(arch.num_layers)]
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    @torch.inference_mode()
+    def run(self, items: list[RunItem]) -> RunOutput:
+        ids: list[int] = []
+        positions: list[int] = []
+        logit_rows: list[int] = []
+        for item in items:
+            n = len(item.token_ids)
+            ids += item.token_ids
+            positions += range(item.start, item.start + n)
+            logit_rows += range(len(ids) - item.num_logits, len(ids))
+        meta = build_metadata(
+            q_lens=[len(i.token_ids) for i in items],
+            ctx_lens=[i.start + len(i.token_ids) for i in items],
+            block_tables=[i.block_table for i in items],
+            block_size=self.block_size,
+            device=self.device,
+            sliding_window=self.model.arch.sliding_window,
+        )
+        dev = self.device
+        hidden = self.model(
+            torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_layers, meta
+        )
+        rows = hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
+        return RunOutput(logits=self.model.logits(rows).float(), hidden=rows)

@@ -1,0 +1,117 @@
+"""Logit processing and counter-based sampling.
+
+A request's token at output position t is a deterministic function of (seed, t, p_t): Gumbel-max
+with noise from a counter-based hash of (seed, t, token id). It never depends on the batch, the
+step boundaries or how many positions were scored together, which is what lets speculative
+verification reproduce seeded outputs exactly: accept a draft iff it equals this sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specserve.engine.request import SamplingParams
+
+_M32 = 0xFFFFFFFF
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One logits row to turn into a token."""
+
+    params: SamplingParams
+    history: list[int]  # tokens before this position (prompt + output + earlier drafts)
+    out_pos: int  # output position t being sampled (0 = first generated token)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token: int
+    logprob: float  # log p_t(token) under the processed distribution
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+    # (h * c) mod 2^32 for h < 2^32 in int64 without overflow: split c into 16-bit halves.
+    lo = h * (c & 0xFFFF)
+    hi = ((h * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & _M32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def counter_uniform(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+    """[vocab] float64 in (0, 1), a pure function of (seed, position, token id)."""
+    key = _splitmix64((seed & _M64) ^ _splitmix64(position))
+    ids = torch.arange(vocab_size, dtype=torch.int64)
+    h = _fmix32(_mul32(ids, 0x9E3779B1) ^ (key & _M32))
+    h = _fmix32(h ^ (key >> 32))
+    return (h.double() + 0.5) / 2.0**32
+
+
+def apply_repetition_penalty(logits: torch.Tensor, history: list[int], penalty: float) -> None:
+    """In place on [V]: divide positive logits of seen tokens by penalty, multiply negative ones."""
+    if penalty == 1.0 or not history:
+        return
+    idx = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+    seen = logits[idx]
+    logits[idx] = torch.where(seen > 0, seen / penalty, seen * penalty)
+
+
+def processed_logits(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
+    """[V] -> [V] float32: penalties, temperature, top-k and top-p (removed tokens are -inf)."""
+    p = row.params
+    out = logits.float().clone()
+    apply_repetition_penalty(out, row.history, p.repetition_penalty)
+    if p.greedy:
+        return out
+    out /= p.temperature
+    if 0 < p.top_k < out.numel():
+        kth = torch.topk(out, p.top_k).values[-1]
+        out[out < kth] = float("-inf")
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # Keep a token iff the mass strictly before it is < top_p (the top token always stays).
+        drop = (probs.cumsum(-1) - probs) >= p.top_p
+        out[order[drop]] = float("-inf")
+    return out
+
+
+def sample_row(logits: torch.Tensor, row: SampleRow) -> Sampled:
+    """logits [V] -> the row's token: argmax if greedy, else seeded Gumbel-max."""
+    z = processed_logits(logits, row)
+    logprobs = z.log_softmax(-1)
+    if row.params.greedy:
+        token = int(torch.argmax(z))
+    else:
+        seed = row.params.seed if row.params.seed is not None else 0
+        u = counter_uniform(seed, row.out_pos, z.numel()).to(z.device)
+        gumbel = -torch.log(-torch.log(u))
+        token = int(torch.argmax(logprobs.double() + gumbel))
+    return Sampled(token=token, logprob=float(logprobs[token]))
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[Sampled]:
+    """logits [N, V] -> one Sampled per row."""
+    if all(r.params.greedy and r.params.repetition_penalty == 1.0 for r in rows):
+        logprobs = logits.float().log_softmax(-1)
+        tokens = logits.argmax(-1)
+        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+        return [Sampled(int(t), float(lp)) for t, lp in zip(tokens.tolist(), chosen.tolist())]
+    return [sample_row(logits[i], r) for i, r in enumerate(rows)]

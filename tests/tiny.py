@@ -1,0 +1,81 @@
+"""Tiny random-weight checkpoints (HF layout) and a tiny byte-level BPE tokenizer, for unit tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TEXT = (
+    "def add(a, b):\n    return a + b\n\n"
+    "The quick brown fox jumps over the lazy dog. " * 4
+    + "Speculative decoding proposes tokens and verifies them in one pass.\n"
+)
+
+
+def make_tokenizer(out_dir: Path, vocab_size: int = 320) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([TEXT] * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>"
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    fast.save_pretrained(str(out_dir))
+
+
+def make_model_dir(
+    out_dir: Path,
+    arch: str = "llama",
+    vocab_size: int = 320,
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 2,
+    with_tokenizer: bool = True,
+) -> Path:
+    """Write config.json + model.safetensors for a tiny random model of the given family."""
+    import transformers
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=arch == "llama",
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    extra = {"sliding_window": 24} if arch == "mistral" else {}
+    config = cfg_cls(**common, **extra)
+    torch.manual_seed(seed)
+    model = model_cls(config).float()
+    # Random init is near-uniform; scale the embeddings so argmax margins are not razor-thin.
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(20.0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    if with_tokenizer:
+        make_tokenizer(out_dir, vocab_size)
+    return out_dir
