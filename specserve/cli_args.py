@@ -1,0 +1,87 @@
+"""Engine flags shared by `generate` and `serve`. Every flag has an environment-variable form."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from specserve.config import PROPOSERS, CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+
+
+def env_default(env: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
+    value = os.environ.get(env)
+    if value is None or value == "":
+        return default
+    try:
+        return cast(value)
+    except ValueError as exc:
+        raise SystemExit(f"environment variable {env}={value!r} is invalid: {exc}") from exc
+
+
+def add_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    env: str,
+    default: Any,
+    help: str,
+    cast: Callable[[str], Any] = str,
+    **kwargs: Any,
+) -> None:
+    parser.add_argument(
+        flag,
+        default=env_default(env, default, cast),
+        type=cast,
+        help=f"{help} [env: {env}; default: {default}]",
+        **kwargs,
+    )
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    add_flag(p, "--model", "MODEL_ID", None,
+             "HF directory (config.json + *.safetensors) or .gguf file; unset = embedded "
+             "SmolLM2-135M-Instruct")
+    add_flag(p, "--speculate", "SPECULATE", 0,
+             "max proposed tokens per sequence per step (0 = speculation off)", int)
+    add_flag(p, "--proposer", "PROPOSER", "auto",
+             "who proposes drafts: auto (Medusa heads if the checkpoint has them, else "
+             "n-gram), ngram, draft, medusa", choices=PROPOSERS)
+    add_flag(p, "--draft-model", "DRAFT_MODEL", None,
+             "draft model (HF directory or .gguf) sharing the target's tokenizer")
+    add_flag(p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches",
+             int)
+    add_flag(p, "--device", "DEVICE", "cpu", "cpu, cuda, cuda:N or auto")
+    add_flag(p, "--num-threads", "NUM_THREADS", None,
+             "torch intra-op threads (unset = torch's default)", int)
+    add_flag(p, "--max-total-tokens", "MAX_TOTAL_TOKENS", None,
+             "context window: prompt + generated tokens (unset = the model's)", int)
+    add_flag(p, "--max-batch-tokens", "MAX_BATCH_TOKENS", 2048,
+             "tokens scored in one forward pass (prefill chunks + decode + drafts)", int)
+    add_flag(p, "--max-running-requests", "MAX_RUNNING_REQUESTS", 64,
+             "sequences decoding at once", int)
+    add_flag(p, "--kv-cache-bytes", "KV_CACHE_BYTES", 2 << 30, "bytes for the paged KV cache",
+             int)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    try:
+        return EngineConfig(
+            model=args.model,
+            device=args.device,
+            num_threads=args.num_threads,
+            max_model_len=args.max_total_tokens,
+            cache=CacheConfig(max_kv_bytes=args.kv_cache_bytes),
+            scheduler=SchedulerConfig(
+                max_batch_tokens=args.max_batch_tokens,
+                max_running_requests=args.max_running_requests,
+            ),
+            spec=SpecConfig(
+                speculate=args.speculate,
+                proposer=args.proposer,
+                draft_model=args.draft_model,
+                ngram_max=args.ngram_max,
+            ),
+        )
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from exc

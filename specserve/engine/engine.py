@@ -1,0 +1,291 @@
+"""The engine: one step = schedule -> propose -> run target -> verify -> commit.
+
+Not thread-safe by itself; `AsyncEngine` serialises access with a lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+from specserve.config import EngineConfig
+from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.request import RequestOutput, SamplingParams, Sequence, SeqStatus
+from specserve.engine.resources import EngineResources, load_resources
+from specserve.runner.model_runner import RunItem, RunOutput
+from specserve.runner.sampler import SampleRow, sample
+from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.spec.proposer import Draft, ProposerStats
+from specserve.spec.verify import VerifyResult, verify_deterministic
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    spec_steps: int = 0  # steps in which at least one sequence verified drafts
+    nonspec_steps: int = 0
+    tokens_emitted: int = 0
+    proposer: ProposerStats = field(default_factory=ProposerStats)
+
+
+@dataclass
+class _Live:
+    """Engine-side state of one request."""
+
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    pending_text: str = ""
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, resources: EngineResources | None = None) -> None:
+        self.config = config
+        self.res = resources or load_resources(config)
+        self.scheduler = self.res.scheduler
+        self.stats = EngineStats()
+        self._live: dict[str, _Live] = {}
+        self._finished_outputs: list[RequestOutput] = []
+        self._ids = itertools.count()
+
+    # ----------------------------------------------------------------- requests
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.res.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.res.max_model_len
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.res.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.res.tokenizer.encode(text, add_special_tokens=False))
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; raises ValueError naming the limit on bad input."""
+        params = params or SamplingParams()
+        ids = self._prompt_ids(prompt)
+        self._validate(ids, params)
+        if not params.greedy and params.seed is None:
+            params = _with_seed(params, random.getrandbits(63))
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._live:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = Sequence(seq_id=next(self._ids), request_id=request_id, prompt_ids=ids, params=params)
+        self._live[request_id] = _Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks. False if it is unknown or finished."""
+        live = self._live.get(request_id)
+        if live is None:
+            return False
+        self._finish(live, "abort")
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or bool(self._finished_outputs)
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.res.tokenizer.encode(prompt, add_special_tokens=False))
+        return list(prompt)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self.res.model.arch.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the context window is {self.max_model_len} "
+                "tokens and at least one must be left to generate"
+            )
+        capacity = self.res.allocator.num_blocks * self.res.allocator.block_size
+        total = min(len(ids) + params.max_new_tokens, self.max_model_len)
+        if total > capacity:
+            raise ValueError(
+                f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) needs {total} "
+                f"KV slots; the cache holds {capacity} tokens"
+            )
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        outputs, self._finished_outputs = self._finished_outputs, []
+        batch = self.scheduler.schedule(self._draft_caps if self.res.proposer else None)
+        for seq in batch.preempted:
+            self._release_proposer(seq)
+        if batch.is_empty:
+            return outputs
+        drafts = self._propose(batch)
+        try:
+            run = self.res.runner.run(self._run_items(batch, drafts))
+        except Exception as exc:  # a failed pass fails its batch, not the engine
+            logger.exception("forward pass failed")
+            for w in batch.work:
+                self._finish(self._live[w.seq.request_id], "error", error=str(exc))
+            return outputs + self._drain_finished()
+        outputs += self._verify_and_commit(batch, drafts, run)
+        self._count_step(batch, drafts)
+        return outputs + self._drain_finished()
+
+    def _draft_caps(self, seqs: list[Sequence], num_running: int) -> list[int]:
+        del num_running  # the load-aware policy uses it
+        n = self.config.spec.speculate
+        caps = []
+        for seq in seqs:
+            cap = n if seq.params.speculate is None else min(seq.params.speculate, n)
+            # k+1 emitted tokens must fit in max_new_tokens; k drafts must fit in the context.
+            cap = min(cap, seq.tokens_left - 1, self.max_model_len - seq.num_tokens)
+            caps.append(max(0, cap))
+        return caps
+
+    def _propose(self, batch: ScheduledBatch) -> dict[int, Draft]:
+        proposer = self.res.proposer
+        spec = [w for w in batch.work if w.max_drafts > 0]
+        if proposer is None or not spec:
+            return {}
+        drafts = proposer.propose([w.seq for w in spec], [w.max_drafts for w in spec])
+        return {w.seq.seq_id: d for w, d in zip(spec, drafts, strict=True) if d.tokens}
+
+    def _run_items(self, batch: ScheduledBatch, drafts: dict[int, Draft]) -> list[RunItem]:
+        items = []
+        for w in batch.work:
+            seq = w.seq
+            fed = seq.token_ids[seq.num_computed : seq.num_computed + w.num_tokens]
+            extra = drafts[seq.seq_id].tokens if seq.seq_id in drafts else []
+            n_logits = 1 + len(extra) if w.samples else 0
+            items.append(RunItem(fed + extra, seq.num_computed, seq.block_table, n_logits))
+        return items
+
+    def _verify_and_commit(
+        self, batch: ScheduledBatch, drafts: dict[int, Draft], run: RunOutput
+    ) -> list[RequestOutput]:
+        rows: list[SampleRow] = []
+        for w in batch.work:
+            if w.samples:
+                seq, d = w.seq, drafts.get(w.seq.seq_id)
+                ctx = seq.token_ids
+                extra = d.tokens if d else []
+                for i in range(len(extra) + 1):
+                    rows.append(SampleRow(seq.params, ctx + extra[:i], len(seq.output_ids) + i))
+        picks = [s.token for s in sample(run.logits, rows)] if rows else []
+        outputs: list[RequestOutput] = []
+        cursor = 0
+        for w in batch.work:
+            seq = w.seq
+            if not w.samples:
+                seq.num_computed += w.num_tokens
+                continue
+            d = drafts.get(seq.seq_id)
+            k = len(d.tokens) if d else 0
+            result = verify_deterministic(d.tokens if d else [], picks[cursor : cursor + k + 1])
+            cursor += k + 1
+            out = self._commit(w, result, k)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _commit(self, w: SeqWork, result: VerifyResult, k: int) -> RequestOutput | None:
+        seq = w.seq
+        live = self._live.get(seq.request_id)
+        if live is None or seq.is_finished:
+            return None
+        if k:
+            seq.spec.drafted += k
+            seq.spec.accepted += result.num_accepted
+            seq.spec.steps += 1
+            self.stats.proposer.record(k, result.num_accepted)
+        if seq.first_token_time is None:
+            seq.first_token_time = time.monotonic()
+        new_ids: list[int] = []
+        reason = None
+        for token in result.tokens:
+            seq.output_ids.append(token)
+            new_ids.append(token)
+            live.pending_text += live.detok.push(token)
+            reason = self._stop_reason(live, token)
+            if reason:
+                break
+        self.stats.tokens_emitted += len(new_ids)
+        if reason:
+            self._finish(live, reason, new_ids)
+            return None
+        seq.num_computed = seq.num_tokens - 1
+        self.res.allocator.truncate(seq.block_table, seq.num_computed)
+        if self.res.proposer is not None:
+            self.res.proposer.sync(seq)
+        return self._output(live, new_ids, finished=False)
+
+    def _stop_reason(self, live: _Live, token: int) -> str | None:
+        seq = live.seq
+        if token in self.res.eos_ids and not seq.params.ignore_eos:
+            return "eos"
+        if live.detok.stopped:
+            return "stop"
+        if seq.tokens_left <= 0 or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(
+        self, live: _Live, reason: str, new_ids: list[int] | None = None, error: str | None = None
+    ) -> None:
+        seq = live.seq
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        self.scheduler.remove(seq)
+        self._release_proposer(seq)
+        self._live.pop(seq.request_id, None)
+        live.pending_text += live.detok.flush()
+        self._finished_outputs.append(self._output(live, new_ids or [], True, error=error))
+
+    def _drain_finished(self) -> list[RequestOutput]:
+        done, self._finished_outputs = self._finished_outputs, []
+        return done
+
+    def _release_proposer(self, seq: Sequence) -> None:
+        if self.res.proposer is not None:
+            self.res.proposer.release(seq)
+
+    def _output(
+        self, live: _Live, new_ids: list[int], finished: bool, error: str | None = None
+    ) -> RequestOutput:
+        seq = live.seq
+        text, live.pending_text = live.pending_text, ""
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_ids,
+            new_text=text,
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=len(seq.prompt_ids),
+            num_output_tokens=len(seq.output_ids),
+            drafted_tokens=seq.spec.drafted,
+            accepted_tokens=seq.spec.accepted,
+            error=error,
+        )
+
+    def _count_step(self, batch: ScheduledBatch, drafts: dict[int, Draft]) -> None:
+        self.stats.steps += 1
+        if drafts:
+            self.stats.spec_steps += 1
+        else:
+            self.stats.nonspec_steps += 1
+        del batch
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return replace(params, seed=seed)

