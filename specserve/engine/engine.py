@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from specserve.config import EngineConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
-from specserve.engine.request import RequestOutput, SamplingParams, Sequence, SeqStatus
+from specserve.engine.request import RequestOutput, SamplingParams, SeqStatus, Sequence
 from specserve.engine.resources import EngineResources, load_resources
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, sample

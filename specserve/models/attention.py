@@ -81,7 +81,9 @@ def paged_attention(
     v_cache.index_copy_(0, meta.slot_mapping, v)
     keys = k_cache[meta.kv_index].transpose(1, 2)  # [B, Hkv, Lmax, D]
     values = v_cache[meta.kv_index].transpose(1, 2)
-    queries = (q.unsqueeze(0) if meta.single else q[meta.q_index]).transpose(1, 2)  # [B, H, Qmax, D]
+    queries = (q.unsqueeze(0) if meta.single else q[meta.q_index]).transpose(
+        1, 2
+    )  # [B, H, Qmax, D]
     out = F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=meta.mask, scale=scale, enable_gqa=True
     )  # [B, H, Qmax, D]

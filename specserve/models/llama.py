@@ -58,7 +58,9 @@ class ModelArch:
             max_position=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", attention_bias),
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+            sliding_window=cfg.get("sliding_window")
+            if cfg.get("use_sliding_window", True)
+            else None,
         )
 
     @property
@@ -79,6 +81,9 @@ class RMSNorm(nn.Module):
 
 class Rotary(nn.Module):
     """cos/sin tables for rotate-half RoPE (the HF tensor layout)."""
+
+    cos: torch.Tensor  # [max_position, head_dim]
+    sin: torch.Tensor
 
     def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
         super().__init__()
@@ -184,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
             name = hf_name.removeprefix("model.").replace(".self_attn.", ".").replace(".mlp.", ".")
             if "rotary_emb" in name or (name == "lm_head.weight" and self.arch.tie_word_embeddings):
                 continue
-            prefix, proj, kind = (name.rsplit(".", 2) + ["", ""])[:3]
+            prefix, proj, kind = ([*name.rsplit(".", 2), "", ""])[:3]
             if proj in _FUSED:
                 fused_name, index = _FUSED[proj]
                 target = f"{prefix}.{fused_name}.{kind}"

@@ -113,5 +113,8 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[Sampled]:
         logprobs = logits.float().log_softmax(-1)
         tokens = logits.argmax(-1)
         chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-        return [Sampled(int(t), float(lp)) for t, lp in zip(tokens.tolist(), chosen.tolist())]
+        return [
+            Sampled(int(t), float(lp))
+            for t, lp in zip(tokens.tolist(), chosen.tolist(), strict=False)
+        ]
     return [sample_row(logits[i], r) for i, r in enumerate(rows)]

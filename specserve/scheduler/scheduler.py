@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specserve.config import SchedulerConfig
-from specserve.engine.request import Sequence, SeqStatus
+from specserve.engine.request import SeqStatus, Sequence
 from specserve.scheduler.kv_blocks import BlockAllocator
 
 

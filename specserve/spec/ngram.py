@@ -38,8 +38,9 @@ def ngram_propose(
     since every S_j stays sorted ascending. Total cost: O(L) plus O(|S_0| * ngram_max).
     """
     if k < 0 or ngram_min < 1 or ngram_max < ngram_min:
-        raise ValueError(f"need k >= 0 and 1 <= ngram_min <= ngram_max, got {k=}, "
-                         f"{ngram_min=}, {ngram_max=}")
+        raise ValueError(
+            f"need k >= 0 and 1 <= ngram_min <= ngram_max, got {k=}, {ngram_min=}, {ngram_max=}"
+        )
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     t = np.asarray(tokens, dtype=np.int64)

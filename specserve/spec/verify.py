@@ -28,4 +28,4 @@ def verify_deterministic(drafts: list[int], targets: list[int]) -> VerifyResult:
     accepted = 0
     while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
         accepted += 1
-    return VerifyResult(accepted, drafts[:accepted] + [targets[accepted]])
+    return VerifyResult(accepted, [*drafts[:accepted], targets[accepted]])

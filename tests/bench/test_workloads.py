@@ -27,7 +27,7 @@ def _split_code_edit(text: str) -> tuple[str, str]:
     """(source, instruction) of a code-edit prompt."""
     match = re.search(r"```python\n(.*?)```\n\n", text, re.DOTALL)
     assert match is not None
-    return match.group(1), text[match.end():]
+    return match.group(1), text[match.end() :]
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
@@ -62,20 +62,29 @@ def test_code_edit_instruction_targets_a_name_in_the_source() -> None:
         content = item.messages[0].content
         source, instruction = _split_code_edit(content)
         target = re.findall(r"`(\w+)`", instruction)[0]
-        defined = {getattr(node, "name", getattr(node, "id", None)) for node in
-                   ast.walk(ast.parse(source))}
+        defined = {
+            getattr(node, "name", getattr(node, "id", None)) for node in ast.walk(ast.parse(source))
+        }
         assert target in defined
-        assert any(edit.target == target and edit.instruction in instruction
-                   for edit in plan_edits(source))
+        assert any(
+            edit.target == target and edit.instruction in instruction for edit in plan_edits(source)
+        )
 
 
 def test_plan_edits_on_literal_source() -> None:
-    source = 'LIMIT = 10\nDEBUG = True\n\ndef _load(x, scale=0.5, *, flag=False):\n' \
-             '    """Doc."""\n    return x\n\nclass A:\n' \
-             "    def run(self):\n        return _load(LIMIT)\n"
+    source = (
+        "LIMIT = 10\nDEBUG = True\n\ndef _load(x, scale=0.5, *, flag=False):\n"
+        '    """Doc."""\n    return x\n\nclass A:\n'
+        "    def run(self):\n        return _load(LIMIT)\n"
+    )
     edits = {(e.kind, e.target): e.instruction for e in plan_edits(source)}
-    assert set(edits) == {("rename", "_load"), ("rename", "run"), ("docstring", "run"),
-                          ("constant", "LIMIT"), ("constant", "scale")}
+    assert set(edits) == {
+        ("rename", "_load"),
+        ("rename", "run"),
+        ("docstring", "run"),
+        ("constant", "LIMIT"),
+        ("constant", "scale"),
+    }
     assert "`load_impl`" in edits["rename", "_load"]
     assert "method `run` of class `A`" in edits["docstring", "run"]
     assert "from 10 to 21" in edits["constant", "LIMIT"]
@@ -134,10 +143,20 @@ def test_missing_data_wheel_gives_install_hint(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_main_writes_one_file_per_workload(tmp_path: Path) -> None:
-    argv = ["--out", str(tmp_path), "--n", "2", "--workload", "chat-creative",
-            "--workload", "code-complete"]
+    argv = [
+        "--out",
+        str(tmp_path),
+        "--n",
+        "2",
+        "--workload",
+        "chat-creative",
+        "--workload",
+        "code-complete",
+    ]
     assert main(argv) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat-creative.jsonl",
-                                                          "code-complete.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "chat-creative.jsonl",
+        "code-complete.jsonl",
+    ]
     assert len(load_workload(tmp_path / "code-complete.jsonl")) == 2
     assert workloads.resolve_workload(str(tmp_path / "chat-creative.jsonl"), 0, 0)

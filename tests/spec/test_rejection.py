@@ -12,8 +12,9 @@ from specserve.spec.rejection import RejectionResult, rejection_sample, sample_f
 torch.set_num_threads(1)
 
 FinalSample = Callable[[torch.Tensor], int]
-Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, FinalSample],
-                RejectionResult]
+Rule = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, FinalSample], RejectionResult
+]
 
 VOCAB, K, TRIALS = 6, 3, 20_000
 
@@ -75,16 +76,22 @@ def test_zero_residual_falls_back_to_target() -> None:
 def test_no_drafts_emits_one_bonus_token() -> None:
     p = torch.tensor([[0.0, 1.0]])
     rec = Recorder(token=1)
-    res = rejection_sample(torch.empty(0, dtype=torch.int64), torch.empty(0, 2), p,
-                           torch.empty(0), rec)
+    res = rejection_sample(
+        torch.empty(0, dtype=torch.int64), torch.empty(0, 2), p, torch.empty(0), rec
+    )
     assert res == RejectionResult(num_accepted=0, tokens=[1])
     assert torch.equal(rec.dists[0], p[0])
 
 
 def test_shape_mismatch_raises() -> None:
     with pytest.raises(ValueError):
-        rejection_sample(torch.tensor([0, 1]), torch.full((2, 2), 0.5), torch.full((2, 2), 0.5),
-                         torch.zeros(2), Recorder())
+        rejection_sample(
+            torch.tensor([0, 1]),
+            torch.full((2, 2), 0.5),
+            torch.full((2, 2), 0.5),
+            torch.zeros(2),
+            Recorder(),
+        )
 
 
 def test_sample_from_probs_is_seeded_and_respects_support() -> None:
@@ -137,8 +144,9 @@ def run_trials(rule: Rule, p: torch.Tensor, q: torch.Tensor, n: int, seed: int) 
     g = torch.Generator().manual_seed(seed)
     # q_i does not depend on earlier drafts here, so drawing each column at once is the same as
     # drawing d_0, d_1, ... one after another.
-    drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g)
-                          for i in range(K)], dim=1)  # [n, K]
+    drafts = torch.stack(
+        [torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(K)], dim=1
+    )  # [n, K]
     uniforms = torch.rand(n, K, generator=g, dtype=q.dtype)  # [n, K]
 
     def final_sample(dist: torch.Tensor) -> int:
@@ -162,18 +170,26 @@ def expected_mean_accepted(p: torch.Tensor, q: torch.Tensor) -> float:
     return float(torch.cumprod(beta, dim=0).sum())
 
 
-def always_accept(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                  target_probs: torch.Tensor, uniforms: torch.Tensor,
-                  final_sample: FinalSample) -> RejectionResult:
+def always_accept(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    final_sample: FinalSample,
+) -> RejectionResult:
     """Broken on purpose: every draft with q(d) > 0 is accepted, so tokens follow q, not p."""
     k = draft_tokens.shape[0]
     assert bool((draft_probs[torch.arange(k), draft_tokens] > 0).all())
     return RejectionResult(k, [*draft_tokens.tolist(), final_sample(target_probs[k])])
 
 
-def recover_from_target(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                        target_probs: torch.Tensor, uniforms: torch.Tensor,
-                        final_sample: FinalSample) -> RejectionResult:
+def recover_from_target(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    final_sample: FinalSample,
+) -> RejectionResult:
     """Broken on purpose, subtly: the right accept test, but it resamples from p_i on rejection
     instead of the residual norm(max(0, p_i - q_i)), over-weighting tokens the draft likes."""
     for i, d in enumerate(draft_tokens.tolist()):
