@@ -1,0 +1,116 @@
+"""The embedded SmolLM2 model: parity with HF transformers, and lossless n-gram speculation."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+
+from specserve.engine.engine import Engine
+from specserve.engine.request import SamplingParams
+from specserve.engine.resources import EngineResources
+from specserve.models.loader import resolve_model_dir
+from tests.engine.helpers import make_engine, run_all
+
+pytestmark = pytest.mark.integration
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog, the quick brown fox.",
+]
+
+
+@cache
+def base_engine() -> Engine:
+    return make_engine(None, num_blocks=512, block_size=16, max_batch_tokens=1024)
+
+
+def engine_with(speculate: int, num_blocks: int = 512) -> Engine:
+    """A fresh engine reusing the loaded model (only the KV pool and proposer differ)."""
+    from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+    from specserve.engine.resources import make_proposer
+    from specserve.runner.model_runner import ModelRunner
+    from specserve.scheduler.kv_blocks import BlockAllocator
+    from specserve.scheduler.scheduler import Scheduler
+
+    base = base_engine().res
+    config = EngineConfig(
+        cache=CacheConfig(block_size=16, num_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_batch_tokens=1024),
+        spec=SpecConfig(speculate=speculate),
+    )
+    allocator = BlockAllocator(num_blocks, 16)
+    res = EngineResources(
+        model_dir=base.model_dir,
+        model=base.model,
+        tokenizer=base.tokenizer,
+        runner=ModelRunner(base.model, num_blocks, 16, base.device),
+        allocator=allocator,
+        scheduler=Scheduler(config.scheduler, allocator),
+        proposer=make_proposer(config),
+        eos_ids=base.eos_ids,
+        max_model_len=base.max_model_len,
+        device=base.device,
+        weight_bytes=base.weight_bytes,
+    )
+    return Engine(config, res)
+
+
+def prompts() -> list[list[int]]:
+    engine = base_engine()
+    return [engine.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+def test_greedy_64_tokens_match_hf_generate() -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(None))).float().eval()
+    # Generate through EOS like ignore_eos does (min_new_tokens would mask EOS instead).
+    hf.generation_config.eos_token_id = None
+    hf.config.eos_token_id = None
+    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    ours = run_all(base_engine(), prompts(), params)
+    for ids, out in zip(prompts(), ours, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(
+                torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0
+            )
+        assert out == ref[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_ngram_greedy_is_lossless_alone(n: int) -> None:
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    want = run_all(engine_with(0), prompts(), params)
+    for p, w in zip(prompts(), want, strict=True):
+        engine = engine_with(n)
+        assert run_all(engine, [p], params)[0] == w
+        assert engine.res.allocator.num_free == engine.res.allocator.num_blocks
+    assert engine.stats.proposer.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("num_blocks", [512, 24])
+def test_ngram_greedy_is_lossless_in_mixed_batch(num_blocks: int) -> None:
+    ps = (prompts() * 3)[:8]
+    caps = [None, 0, 3, None, 0, 1, 5, None]
+    params = [SamplingParams(max_new_tokens=40, ignore_eos=True, speculate=c) for c in caps]
+    want = run_all(engine_with(0), ps, params)
+    engine = engine_with(5, num_blocks=num_blocks)
+    assert run_all(engine, ps, params) == want
+    if num_blocks == 24:  # 384 slots for 8 x ~80 tokens: preemption must have happened
+        assert engine.scheduler.num_preemptions > 0
+    assert engine.stats.proposer.accepted_tokens > 0
+    assert engine.res.allocator.num_free == num_blocks
+
+
+def test_ngram_seeded_sampling_is_lossless() -> None:
+    params = [
+        SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.95, seed=s, ignore_eos=True)
+        for s in (1, 2, 3)
+    ]
+    want = run_all(engine_with(0), prompts(), params)
+    engine = engine_with(4)
+    assert run_all(engine, prompts(), params) == want
+    assert engine.stats.proposer.drafted_tokens > 0
