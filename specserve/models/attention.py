@@ -63,7 +63,7 @@ def build_metadata(
         q_index=q_index.to(device),
         out_index=out_index.to(device),
         # One sequence decoding one token attends to all of its cache: no mask needed.
-        mask=None if bsz == 1 and q_max == 1 else mask.unsqueeze(1).to(device),
+        mask=None if bsz == 1 and q_max == 1 and bool(mask.all()) else mask.unsqueeze(1).to(device),
         single=bsz == 1,
     )
 
