@@ -11,15 +11,17 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from specserve.config import EngineConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.request import RequestOutput, SamplingParams, SeqStatus, Sequence
 from specserve.engine.resources import EngineResources, load_resources
 from specserve.runner.model_runner import RunItem, RunOutput
-from specserve.runner.sampler import SampleRow, sample
+from specserve.runner.sampler import SampleRow, processed_logits, sample
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
 from specserve.spec.proposer import Draft, ProposerStats
-from specserve.spec.verify import VerifyResult, verify_deterministic
+from specserve.spec.verify import VerifyResult, verify_deterministic, verify_sampled
 
 logger = logging.getLogger(__name__)
 
@@ -175,29 +177,37 @@ class Engine:
         self, batch: ScheduledBatch, drafts: dict[int, Draft], run: RunOutput
     ) -> list[RequestOutput]:
         rows: list[SampleRow] = []
-        for w in batch.work:
-            if w.samples:
-                seq, d = w.seq, drafts.get(w.seq.seq_id)
-                ctx = seq.token_ids
-                extra = d.tokens if d else []
-                for i in range(len(extra) + 1):
-                    rows.append(SampleRow(seq.params, ctx + extra[:i], len(seq.output_ids) + i))
+        for w in (w for w in batch.work if w.samples):
+            seq, d = w.seq, drafts.get(w.seq.seq_id)
+            ctx, extra = seq.token_ids, d.tokens if d else []
+            for i in range(len(extra) + 1):
+                rows.append(SampleRow(seq.params, ctx + extra[:i], len(seq.output_ids) + i))
         picks = [s.token for s in sample(run.logits, rows)] if rows else []
         outputs: list[RequestOutput] = []
         cursor = 0
         for w in batch.work:
-            seq = w.seq
             if not w.samples:
-                seq.num_computed += w.num_tokens
+                w.seq.num_computed += w.num_tokens
                 continue
-            d = drafts.get(seq.seq_id)
+            d = drafts.get(w.seq.seq_id)
             k = len(d.tokens) if d else 0
-            result = verify_deterministic(d.tokens if d else [], picks[cursor : cursor + k + 1])
+            span = slice(cursor, cursor + k + 1)
+            if d is not None and d.probs is not None:
+                result = self._verify_sampled(d, run.logits[span], rows[span])
+            else:
+                result = verify_deterministic(d.tokens if d else [], picks[span])
             cursor += k + 1
             out = self._commit(w, result, k)
             if out is not None:
                 outputs.append(out)
         return outputs
+
+    @staticmethod
+    def _verify_sampled(d: Draft, logits: torch.Tensor, rows: list[SampleRow]) -> VerifyResult:
+        assert d.probs is not None
+        target = torch.stack([processed_logits(logits[i], r) for i, r in enumerate(rows)])
+        seed = rows[0].params.seed or 0
+        return verify_sampled(d.tokens, d.probs, target, seed, rows[0].out_pos)
 
     def _commit(self, w: SeqWork, result: VerifyResult, k: int) -> RequestOutput | None:
         seq = w.seq
