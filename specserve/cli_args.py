@@ -7,7 +7,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from specserve.config import PROPOSERS, CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.config import (
+    POLICIES,
+    PROPOSERS,
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    SpecConfig,
+)
 
 
 def env_default(env: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
@@ -63,6 +70,31 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "who proposes drafts: auto (Medusa heads if the checkpoint has them, else "
         "n-gram), ngram, draft, medusa",
         choices=PROPOSERS,
+    )
+    add_flag(
+        p,
+        "--speculation-policy",
+        "SPECULATION_POLICY",
+        "static",
+        "static: every sequence drafts its cap; adaptive: k per sequence and step from live "
+        "acceptance and the step cost profiled at start-up (turns speculation off under load)",
+        choices=POLICIES,
+    )
+    add_flag(
+        p,
+        "--speculate-max-batch",
+        "SPECULATE_MAX_BATCH",
+        None,
+        "no speculation in a step where more sequences are running than this",
+        int,
+    )
+    add_flag(
+        p,
+        "--speculate-max-tokens",
+        "SPECULATE_MAX_TOKENS",
+        None,
+        "no speculation in a step that would score more tokens than this (drafts included)",
+        int,
     )
     add_flag(
         p,
@@ -122,6 +154,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                 proposer=args.proposer,
                 draft_model=args.draft_model,
                 ngram_max=args.ngram_max,
+                policy=args.speculation_policy,
+                max_batch=args.speculate_max_batch,
+                max_tokens=args.speculate_max_tokens,
             ),
         )
     except ValueError as exc:

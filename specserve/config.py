@@ -7,6 +7,8 @@ from typing import Literal
 
 ProposerName = Literal["auto", "ngram", "draft", "medusa"]
 PROPOSERS: tuple[str, ...] = ("auto", "ngram", "draft", "medusa")
+PolicyName = Literal["static", "adaptive"]
+POLICIES: tuple[str, ...] = ("static", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,20 @@ class SpecConfig:
     draft_model: str | None = None
     ngram_min: int = 1
     ngram_max: int = 4
+    # static: every sequence proposes its cap; adaptive: k per sequence from live acceptance
+    # and the profiled step cost.
+    policy: PolicyName = "static"
+    # Gates: no speculation when more sequences run / the step would score more tokens.
+    max_batch: int | None = None
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"speculation policy must be one of {POLICIES}, got {self.policy!r}")
+        for name in ("max_batch", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"speculate {name} must be >= 0, got {value}")
         if self.speculate < 0:
             raise ValueError(f"speculate must be >= 0, got {self.speculate}")
         if self.proposer not in PROPOSERS:

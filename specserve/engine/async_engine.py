@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput, SamplingParams
@@ -33,7 +33,7 @@ class AsyncEngine:
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's outputs. Raises ValueError (before any output) on bad input."""
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._wake:

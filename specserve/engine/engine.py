@@ -35,6 +35,16 @@ class EngineStats:
     proposer: ProposerStats = field(default_factory=ProposerStats)
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step ran: the load the policy saw and the drafts it allowed."""
+
+    num_running: int
+    num_tokens: int  # tokens scored, drafts included
+    drafts_reserved: dict[int, int]  # seq_id -> draft slots the policy granted
+    drafts_proposed: dict[int, int]  # seq_id -> drafts actually proposed
+
+
 @dataclass
 class _Live:
     """Engine-side state of one request."""
@@ -53,6 +63,7 @@ class Engine:
         self._live: dict[str, _Live] = {}
         self._finished_outputs: list[RequestOutput] = []
         self._ids = itertools.count()
+        self.last_step: StepRecord | None = None
 
     # ----------------------------------------------------------------- requests
     @property
@@ -144,8 +155,14 @@ class Engine:
         self._count_step(batch, drafts)
         return outputs + self._drain_finished()
 
-    def _draft_caps(self, seqs: list[Sequence], num_running: int) -> list[int]:
-        del num_running  # the load-aware policy uses it
+    def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
+        caps = self._static_caps(seqs)
+        policy = self.res.policy
+        if policy is None:
+            return caps
+        return policy.decide([s.seq_id for s in seqs], caps, num_running, scheduled)
+
+    def _static_caps(self, seqs: list[Sequence]) -> list[int]:
         n = self.config.spec.speculate
         caps = []
         for seq in seqs:
@@ -219,6 +236,8 @@ class Engine:
             seq.spec.accepted += result.num_accepted
             seq.spec.steps += 1
             self.stats.proposer.record(k, result.num_accepted)
+            if self.res.policy is not None:
+                self.res.policy.record(seq.seq_id, k, result.num_accepted)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
         new_ids: list[int] = []
@@ -269,6 +288,8 @@ class Engine:
     def _release_proposer(self, seq: Sequence) -> None:
         if self.res.proposer is not None:
             self.res.proposer.release(seq)
+        if self.res.policy is not None and seq.is_finished:
+            self.res.policy.forget(seq.seq_id)
 
     def _output(
         self, live: _Live, new_ids: list[int], finished: bool, error: str | None = None
@@ -294,7 +315,13 @@ class Engine:
             self.stats.spec_steps += 1
         else:
             self.stats.nonspec_steps += 1
-        del batch
+        self.last_step = StepRecord(
+            num_running=batch.num_running,
+            num_tokens=sum(w.num_tokens for w in batch.work)
+            + sum(len(d.tokens) for d in drafts.values()),
+            drafts_reserved={w.seq.seq_id: w.max_drafts for w in batch.work if w.max_drafts},
+            drafts_proposed={sid: len(d.tokens) for sid, d in drafts.items()},
+        )
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

@@ -15,9 +15,11 @@ from specserve.config import EngineConfig
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
+from specserve.runner.cost import CostCurve, profile_cost
 from specserve.runner.model_runner import ModelRunner
 from specserve.scheduler.kv_blocks import BlockAllocator
 from specserve.scheduler.scheduler import Scheduler
+from specserve.spec.policy import Gate, SpeculationPolicy
 from specserve.spec.proposer import NgramProposer, Proposer
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ class EngineResources:
     allocator: BlockAllocator
     scheduler: Scheduler
     proposer: Proposer | None
+    policy: SpeculationPolicy | None
     eos_ids: frozenset[int]
     max_model_len: int
     device: torch.device
@@ -63,14 +66,16 @@ def load_resources(config: EngineConfig) -> EngineResources:
     num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token, max_model_len)
     block_size = config.cache.block_size
     allocator = BlockAllocator(num_blocks, block_size)
+    runner = ModelRunner(model, num_blocks, block_size, device)
     return EngineResources(
         model_dir=model_dir,
         model=model,
         tokenizer=tokenizer,
-        runner=ModelRunner(model, num_blocks, block_size, device),
+        runner=runner,
         allocator=allocator,
         scheduler=Scheduler(config.scheduler, allocator),
         proposer=make_proposer(config),
+        policy=make_policy(config, runner, allocator),
         eos_ids=eos_token_ids(model_dir, tokenizer),
         max_model_len=max_model_len,
         device=device,
@@ -117,3 +122,34 @@ def make_proposer(config: EngineConfig) -> Proposer | None:
     if spec.proposer in ("auto", "ngram"):
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     raise ValueError(f"proposer {spec.proposer!r} is not available in this build")
+
+
+def make_policy(
+    config: EngineConfig, runner: ModelRunner, allocator: BlockAllocator
+) -> SpeculationPolicy | None:
+    spec = config.spec
+    if spec.speculate == 0:
+        return None
+    cost: CostCurve | None = None
+    if spec.policy == "adaptive":
+        # Cover the largest speculative step: every running sequence verifying N+1 positions.
+        largest = config.scheduler.max_running_requests * (spec.speculate + 1)
+        largest = min(
+            largest, config.scheduler.max_batch_tokens, allocator.num_blocks * allocator.block_size
+        )
+        started = time.perf_counter()
+        cost = profile_cost(runner, allocator, largest)
+        logger.info(
+            "profiled step cost c(T) for T <= %d in %.1f s: %s",
+            largest,
+            time.perf_counter() - started,
+            ", ".join(
+                f"c({t})={c * 1e3:.1f}ms" for t, c in zip(cost.tokens, cost.seconds, strict=True)
+            ),
+        )
+    return SpeculationPolicy(
+        adaptive=spec.policy == "adaptive",
+        gate=Gate(spec.max_batch, spec.max_tokens),
+        max_k=spec.speculate,
+        cost=cost,
+    )

@@ -44,8 +44,9 @@ class ScheduledBatch:
         return not self.work
 
 
-# Given the decode sequences of a step, the most drafts each may propose (same order).
-DraftCaps = Callable[[list[Sequence], int], list[int]]
+# (decode sequences of a step, running sequences, tokens scheduled so far) -> drafts each may
+# propose, in the same order.
+DraftCaps = Callable[[list[Sequence], int, int], list[int]]
 
 
 class Scheduler:
@@ -127,7 +128,8 @@ class Scheduler:
         decode = [i for i, w in enumerate(work) if w.samples and w.num_tokens == 1]
         if not decode:
             return work
-        wanted = caps([work[i].seq for i in decode], len(self.running))
+        scheduled = self.config.max_batch_tokens - budget
+        wanted = caps([work[i].seq for i in decode], len(self.running), scheduled)
         out = list(work)
         for i, k in zip(decode, wanted, strict=True):
             seq = work[i].seq

@@ -16,6 +16,7 @@ def make_engine(
     speculate: int = 0,
     proposer: str = "auto",
     draft_model: str | None = None,
+    **spec: object,
 ) -> Engine:
     return Engine(
         EngineConfig(
@@ -24,7 +25,12 @@ def make_engine(
             scheduler=SchedulerConfig(
                 max_batch_tokens=max_batch_tokens, max_running_requests=max_running
             ),
-            spec=SpecConfig(speculate=speculate, proposer=proposer, draft_model=draft_model),  # type: ignore[arg-type]
+            spec=SpecConfig(
+                speculate=speculate,
+                proposer=proposer,  # type: ignore[arg-type]
+                draft_model=draft_model,
+                **spec,  # type: ignore[arg-type]
+            ),
         )
     )
 

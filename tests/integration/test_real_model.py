@@ -30,7 +30,7 @@ def base_engine() -> Engine:
 def engine_with(speculate: int, num_blocks: int = 512) -> Engine:
     """A fresh engine reusing the loaded model (only the KV pool and proposer differ)."""
     from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
-    from specserve.engine.resources import make_proposer
+    from specserve.engine.resources import make_policy, make_proposer
     from specserve.runner.model_runner import ModelRunner
     from specserve.scheduler.kv_blocks import BlockAllocator
     from specserve.scheduler.scheduler import Scheduler
@@ -42,14 +42,16 @@ def engine_with(speculate: int, num_blocks: int = 512) -> Engine:
         spec=SpecConfig(speculate=speculate),
     )
     allocator = BlockAllocator(num_blocks, 16)
+    runner = ModelRunner(base.model, num_blocks, 16, base.device)
     res = EngineResources(
         model_dir=base.model_dir,
         model=base.model,
         tokenizer=base.tokenizer,
-        runner=ModelRunner(base.model, num_blocks, 16, base.device),
+        runner=runner,
         allocator=allocator,
         scheduler=Scheduler(config.scheduler, allocator),
         proposer=make_proposer(config),
+        policy=make_policy(config, runner, allocator),
         eos_ids=base.eos_ids,
         max_model_len=base.max_model_len,
         device=base.device,
