@@ -83,6 +83,10 @@ class EngineConfig:
     num_threads: int | None = None
     # Context window; None takes the model's own.
     max_model_len: int | None = None
+    # Total memory budget (bytes like "8GiB", or a fraction of free memory like "0.8"). When
+    # set, the KV pool is what remains after weights and the measured peak activation;
+    # otherwise the pool is `cache.num_blocks` or `cache.max_kv_bytes`.
+    max_memory: str | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)

@@ -12,12 +12,13 @@ from typing import Any
 import torch
 
 from specserve.config import EngineConfig
+from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
 from specserve.runner.cost import CostCurve, profile_cost
-from specserve.runner.model_runner import ModelRunner
-from specserve.scheduler.kv_blocks import BlockAllocator
+from specserve.runner.model_runner import ModelRunner, RunItem
+from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
 from specserve.spec.policy import Gate, SpeculationPolicy
 from specserve.spec.proposer import NgramProposer, Proposer
@@ -41,6 +42,7 @@ class EngineResources:
     max_model_len: int
     device: torch.device
     weight_bytes: int
+    memory: MemoryBudget | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -63,8 +65,14 @@ def load_resources(config: EngineConfig) -> EngineResources:
     logger.info("loaded %s in %.1f s", model_dir, time.perf_counter() - started)
     arch = model.arch
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
-    num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token, max_model_len)
     block_size = config.cache.block_size
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    memory = None
+    if config.max_memory is not None:
+        memory = plan_memory(config, model, device, weight_bytes)
+        num_blocks = memory.num_blocks
+    else:
+        num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token, max_model_len)
     allocator = BlockAllocator(num_blocks, block_size)
     runner = ModelRunner(model, num_blocks, block_size, device)
     return EngineResources(
@@ -79,8 +87,44 @@ def load_resources(config: EngineConfig) -> EngineResources:
         eos_ids=eos_token_ids(model_dir, tokenizer),
         max_model_len=max_model_len,
         device=device,
-        weight_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        weight_bytes=weight_bytes,
+        memory=memory,
     )
+
+
+def largest_step(config: EngineConfig) -> int:
+    """Tokens in the largest step: a full prefill budget, or every running sequence verifying
+    N+1 positions (whichever is larger, capped by the token budget)."""
+    sched = config.scheduler
+    spec_tokens = sched.max_running_requests * (config.spec.speculate + 1)
+    return min(max(spec_tokens, 1), sched.max_batch_tokens)
+
+
+def plan_memory(
+    config: EngineConfig, model: LlamaForCausalLM, device: torch.device, weight_bytes: int
+) -> MemoryBudget:
+    """Measure the largest steps' peak activation on a scratch KV pool and size the rest."""
+    bs = config.cache.block_size
+    prefill, spec = config.scheduler.max_batch_tokens, largest_step(config)
+    scratch = ModelRunner(model, blocks_for(prefill, bs), bs, device)
+    table = list(range(blocks_for(prefill, bs)))
+    peak = max(
+        # a prefill chunk (one logits row) and a speculative step (logits on every row)
+        measure_peak(lambda: scratch.run([RunItem([0] * prefill, 0, table, 1)]), device),
+        measure_peak(lambda: scratch.run([RunItem([0] * spec, 0, table, spec)]), device),
+    )
+    budget = MemoryBudget(
+        max_memory=resolve_max_memory(config.max_memory or "", device),
+        target_weights=weight_bytes,
+        draft_weights=0,
+        activation_peak=peak,
+        kv_bytes_per_token=model.arch.kv_bytes_per_token,
+        draft_kv_bytes_per_token=0,
+        block_size=bs,
+    )
+    budget.check()
+    logger.info("memory budget: %s", budget.as_dict())
+    return budget
 
 
 def kv_blocks_for(config: EngineConfig, kv_bytes_per_token: int, max_model_len: int) -> int:

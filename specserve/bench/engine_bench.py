@@ -1,0 +1,388 @@
+"""Issue 2's benchmark: our engine against HF transformers `generate` on the same SmolLM2 weights.
+
+Both sides run fp32, greedy, EOS ignored, on the same prompts: Lee-corpus news articles (the
+``summarize`` workload of `specserve.bench.workloads`) cut to exactly ``--prompt-tokens`` tokens.
+
+- batch 1: prefill = submit -> first token; decode tok/s = (new_tokens - 1) / (first token ->
+  last token). HF's token times come from a streamer, so both sides are clocked alike. Ours is
+  also given as a share of the weight-bandwidth bound (DESIGN.md, "Machine facts").
+- batch B (default 16): B requests at once; aggregate tok/s = B * new_tokens / (submit -> last
+  token). Ours: continuous batching. HF: one static-batch `generate`, left-padded with a mask.
+- peak RSS: each side runs in its own subprocess (``--only``), so the peaks are separable.
+
+    python -m specserve.bench.engine_bench [--threads 2] [--repeats 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.bench.workloads import build_workload
+
+MODULE = "specserve.bench.engine_bench"
+# DESIGN.md "Machine facts": 540 MB of fp32 weights per token at ~37 GB/s streaming read.
+BOUND_TOK_S = 68.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed generation of a batch."""
+
+    total_s: float  # submit -> last token
+    prefill_s: float | None  # submit -> first token; None where it was not observed
+    tokens: list[list[int]]  # [batch][new_tokens] generated ids
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Per-sequence decode rate, first token -> last token (batch 1)."""
+        assert self.prefill_s is not None
+        return (len(self.tokens[0]) - 1) / max(self.total_s - self.prefill_s, 1e-9)
+
+    @property
+    def aggregate_tok_s(self) -> float:
+        return sum(map(len, self.tokens)) / self.total_s
+
+
+# ---------------------------------------------------------------- shared with spec_bench
+
+
+def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Date, CPU, library versions, load and the exact command, for the record."""
+    import transformers
+
+    cpu = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "command": f"python -m {module} {shlex.join(argv)}".strip(),
+    }
+
+
+def machine_lines(info: dict[str, Any]) -> str:
+    return (
+        f"- date: {info['date']}\n- CPU: {info['cpu']} ({info['cpu_count']} logical cores), "
+        f"1-min load at start {info['loadavg_1m']:.2f}\n"
+        f"- torch {info['torch']}, transformers {info['transformers']}, "
+        f"Python {info['python']}\n- command: `{info['command']}`"
+    )
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _peak_rss_mib() -> float:
+    """Peak RSS since start or since the last `_reset_rss_peak`."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status", encoding="utf-8") as f:
+        line = next(ln for ln in f if ln.startswith(f"{field}:"))
+    return int(line.split()[1]) / 1024
+
+
+def _reset_rss_peak() -> None:
+    """Restart the peak (VmHWM = ru_maxrss) from the current RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
+        f.write("5")
+
+
+# ---------------------------------------------------------------- prompts and timing
+
+
+def build_prompts(tokenizer: Any, n: int, length: int, seed: int) -> list[list[int]]:
+    """``n`` distinct Lee-corpus summarisation requests, each cut to exactly ``length`` tokens."""
+    prompts = []
+    for item in build_workload("summarize", 4 * n, seed):
+        ids = list(tokenizer.encode(item.text, add_special_tokens=False))
+        if len(ids) >= length:
+            prompts.append(ids[:length])
+        if len(prompts) == n:
+            return prompts
+    raise ValueError(f"fewer than {n} Lee articles have {length} tokens; lower --prompt-tokens")
+
+
+def measure(
+    run: Callable[[list[list[int]], int], Timing],
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Warm up, then batch-1 repeats (prompt r for repeat r) and batch-B repeats."""
+    loading_peak, loaded = _peak_rss_mib(), _status_mib("VmRSS")
+    _reset_rss_peak()
+    batch = prompts[: args.batch]
+    run(prompts[:1], 4)
+    run(batch, 2)
+    single = [run([prompts[r % len(prompts)]], args.new_tokens) for r in range(args.repeats)]
+    multi = [run(batch, args.new_tokens) for _ in range(args.repeats)]
+    return {
+        "batch1_prefill_s": [t.prefill_s for t in single],
+        "batch1_decode_tok_s": [t.decode_tok_s for t in single],
+        "batch1_tokens": [t.tokens[0] for t in single],
+        "batch_total_s": [t.total_s for t in multi],
+        "batch_aggregate_tok_s": [t.aggregate_tok_s for t in multi],
+        "batch_tokens_generated": sum(map(len, multi[0].tokens)),
+        "rss_after_load_mib": loaded,
+        "peak_rss_generating_mib": _peak_rss_mib(),
+        "peak_rss_mib": max(loading_peak, _peak_rss_mib()),
+    }
+
+
+def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+    from specserve.config import CacheConfig, EngineConfig
+    from specserve.engine.engine import Engine
+    from specserve.engine.request import SamplingParams
+
+    blocks = -(-(args.prompt_tokens + args.new_tokens) // CacheConfig.block_size) + 1
+    cache = (
+        CacheConfig(max_kv_bytes=args.kv_cache_bytes)
+        if args.kv_cache_bytes
+        else CacheConfig(num_blocks=args.batch * blocks)  # sized to the workload, + 1 block each
+    )
+    config = EngineConfig(device=args.device, num_threads=args.threads, cache=cache)
+    engine = Engine(config)
+
+    def run(prompts: list[list[int]], new_tokens: int) -> Timing:
+        params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        ids = [engine.add_request(p, params) for p in prompts]
+        out: dict[str, list[int]] = {i: [] for i in ids}
+        first = None
+        while engine.has_work():
+            step = engine.step()
+            now = time.perf_counter()
+            for o in step:
+                out[o.request_id] += o.new_token_ids
+            if first is None and any(o.new_token_ids for o in step):
+                first = now
+        end = time.perf_counter()
+        return Timing(end - start, None if first is None else first - start, list(out.values()))
+
+    prompts = build_prompts(engine.tokenizer, _num_prompts(args), args.prompt_tokens, args.seed)
+    result = measure(run, prompts, args)
+    result["kv_pool_mib"] = engine.res.runner.kv_bytes / 2**20
+    result["weight_mib"] = engine.res.weight_bytes / 2**20
+    return result
+
+
+class _TokenClock:
+    """An HF streamer that timestamps every `put`: the prompt first, then each new token."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        del value
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def run_hf(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specserve.models.loader import resolve_model_dir
+
+    model_dir = str(resolve_model_dir(None))
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=args.hf_attn
+    )
+    model = model.to(args.device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @torch.inference_mode()
+    def run(prompts: list[list[int]], new_tokens: int) -> Timing:
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=args.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        clock = _TokenClock() if len(prompts) == 1 else None  # HF streams batch 1 only
+        start = time.perf_counter()
+        out = model.generate(
+            ids,
+            attention_mask=mask.to(args.device),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,  # ignore EOS: every row emits exactly new_tokens
+            pad_token_id=pad,
+            streamer=clock,
+        )
+        tokens = out[:, width:].tolist()
+        end = time.perf_counter()
+        prefill = clock.times[1] - start if clock else None
+        return Timing(end - start, prefill, tokens)
+
+    prompts = build_prompts(tokenizer, _num_prompts(args), args.prompt_tokens, args.seed)
+    return measure(run, prompts, args)
+
+
+def _num_prompts(args: argparse.Namespace) -> int:
+    return max(args.batch, args.repeats)
+
+
+# ---------------------------------------------------------------- orchestration and report
+
+
+def run_side(args: argparse.Namespace, side: str, attn: str) -> dict[str, Any]:
+    """One side in a fresh interpreter, so its peak RSS is its own."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", MODULE, *child_argv(args), "--only", side]
+        cmd += ["--hf-attn", attn, "--json", str(path)]
+        print(f"[engine_bench] running {side} {attn if side == 'hf' else ''}", file=sys.stderr)
+        subprocess.run(cmd, check=True)
+        return dict(json.loads(path.read_text()))
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    flags = ("threads", "repeats", "new_tokens", "prompt_tokens", "batch", "seed", "device")
+    argv = [x for f in flags for x in (f"--{f.replace('_', '-')}", str(getattr(args, f)))]
+    return argv + (["--kv-cache-bytes", str(args.kv_cache_bytes)] if args.kv_cache_bytes else [])
+
+
+# (summary key, label, higher is better)
+_METRICS = (
+    ("batch1_prefill_ms", "batch-1 prefill (ms)", False),
+    ("batch1_decode_tok_s", "batch-1 decode tok/s", True),
+    ("batch_aggregate_tok_s", "batch-B aggregate tok/s", True),
+    ("peak_rss_mib", "peak RSS, whole run (MiB)", False),
+    ("rss_after_load_mib", "RSS after loading (MiB)", False),
+    ("peak_rss_generating_mib", "peak RSS while generating (MiB)", False),
+)
+
+
+def summarise(sides: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Medians per side; for each HF side, how many times better ours is (> 1: ours wins)."""
+    ref = sides["ours"]["batch1_tokens"][0]
+    summary = {}
+    for name, r in sides.items():
+        decode = statistics.median(r["batch1_decode_tok_s"])
+        summary[name] = {
+            "batch1_prefill_ms": 1e3 * statistics.median(r["batch1_prefill_s"]),
+            "batch1_decode_tok_s": decode,
+            "batch1_pct_of_bound": 100 * decode / BOUND_TOK_S,
+            "batch_aggregate_tok_s": statistics.median(r["batch_aggregate_tok_s"]),
+            **{k: r[k] for k in ("peak_rss_mib", "rss_after_load_mib", "peak_rss_generating_mib")},
+            "batch1_tokens_matching_ours": _common_prefix(ref, r["batch1_tokens"][0]),
+        }
+    ours = summary["ours"]
+    for name in sides:
+        if name != "ours":
+            summary[name] |= {
+                f"ours_advantage_{key}": ours[key] / summary[name][key]
+                if up
+                else summary[name][key] / ours[key]
+                for key, _, up in _METRICS
+            }
+    return summary
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    pairs = enumerate(zip(a, b, strict=False))
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+
+
+def _spread(values: list[float], scale: float) -> str:
+    lo, mid, hi = (scale * f(values) for f in (min, statistics.median, max))
+    return f"{mid:.1f}" if len(values) < 2 else f"{mid:.1f} ({lo:.1f}–{hi:.1f})"
+
+
+def _cell(side: dict[str, Any], key: str) -> str:
+    if "rss" in key:
+        return f"{side[key]:.0f}"
+    raw = key.replace("_ms", "_s")
+    return _spread(side[raw], 1e3 if raw != key else 1.0)
+
+
+def render(args: argparse.Namespace, info: dict[str, Any], sides: dict[str, Any]) -> str:
+    summary = summarise(sides)
+    hf = [s for s in sides if s != "ours"]
+    header = ["metric", "ours"] + [c for s in hf for c in (f"HF {s[3:]}", f"ours vs HF {s[3:]}")]
+    rows = []
+    for key, label, _ in _METRICS:
+        row = [label.replace("batch-B", f"batch-{args.batch}"), _cell(sides["ours"], key)]
+        for s in hf:
+            row += [_cell(sides[s], key), f"{summary[s][f'ours_advantage_{key}']:.2f}x"]
+        rows.append(row)
+    match = [f"{summary[s]['batch1_tokens_matching_ours']}/{args.new_tokens}" for s in hf]
+    rows.append(["batch-1 greedy tokens equal to ours", "", *[c for m in match for c in (m, "")]])
+    ours = summary["ours"]
+    return (
+        f"## engine_bench: SmolLM2-135M fp32, {args.prompt_tokens}-token prompts, "
+        f"{args.new_tokens} new tokens, greedy, {args.threads} threads, {args.repeats} repeats\n\n"
+        f"{machine_lines(info)}\n\n{markdown_table(header, rows)}\n\n"
+        "Cells: median (min–max) over repeats. 'ours vs HF' > 1 means ours is better "
+        "(tok/s: ours / HF; ms and MiB: HF / ours).\n"
+        f"Ours at batch 1 decodes at {ours['batch1_pct_of_bound']:.0f}% of the "
+        f"{BOUND_TOK_S:.0f} tok/s weight-bandwidth bound. Ours: KV pool "
+        f"{sides['ours']['kv_pool_mib']:.0f} MiB, weights {sides['ours']['weight_mib']:.0f} MiB."
+    )
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads per side")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--batch", type=int, default=16, help="concurrent requests for aggregate tok/s")
+    p.add_argument("--hf-attn", default="eager,sdpa", help="comma list of HF attn_implementation")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (which articles)")
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="default: sized to the batch")
+    p.add_argument("--json", type=Path, default=None, help="write all results here")
+    p.add_argument("--only", choices=("ours", "hf"), default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.new_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1 or args.batch < 1:
+        p.error("need --new-tokens >= 2 and --prompt-tokens, --repeats, --batch >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.only is not None:
+        result = run_ours(args) if args.only == "ours" else run_hf(args)
+        args.json.write_text(json.dumps(result))
+        return 0
+    info = machine_info(MODULE, argv)
+    sides = {"ours": run_side(args, "ours", "")}
+    for attn in args.hf_attn.split(","):
+        sides[f"hf-{attn}"] = run_side(args, "hf", attn)
+    print(render(args, info, sides))
+    if args.json is not None:
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "only")}
+        report = {"machine": info, "config": config, "sides": sides, "summary": summarise(sides)}
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

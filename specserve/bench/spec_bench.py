@@ -1,0 +1,282 @@
+"""Issue 3's benchmark: speculation at batch 1 against N = 0, on real-text workloads.
+
+One engine is built with the largest N of ``--speculate``; each request caps its own k with
+``SamplingParams(speculate=N)``, so every N runs on the same loaded model, and N = 0 never calls
+the proposer. For each prompt every N runs back to back (the order rotates from prompt to
+prompt), so machine noise falls on all N alike.
+
+Per (workload, N), summed over its prompts:
+
+- tok/s: generated tokens / wall time from submit to last token (prefill included);
+  decode tok/s: (generated - 1) / (first token -> last token);
+- acc/step: accepted drafts per decode step (a step emits acc + 1 tokens);
+  acc/draft step: accepted per step that verified drafts; acceptance: accepted / drafted;
+- speedup: tok/s over N = 0's in the same run;
+- identical: prompts whose tokens equal N = 0's (greedy speculation must be lossless).
+
+    python -m specserve.bench.spec_bench [--speculate 0,1,2,3,5,8] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.bench.engine_bench import machine_info, machine_lines, markdown_table
+from specserve.bench.workloads import WorkloadItem, build_workload
+from specserve.config import PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.engine.engine import Engine
+from specserve.engine.request import SamplingParams
+
+MODULE = "specserve.bench.spec_bench"
+WORKLOADS = ("code-edit", "summarize", "chat-creative")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One request at one N."""
+
+    workload: str
+    item_id: str
+    n: int
+    prompt_tokens: int
+    tokens: list[int]  # generated ids
+    total_s: float  # submit -> last token
+    decode_s: float  # first token -> last token
+    steps: int  # engine steps (forward passes) of this request
+    prefill_steps: int  # steps up to and including the one that emitted the first token
+    draft_steps: int  # steps that verified at least one draft
+    drafted: int
+    accepted: int
+    accepted_per_position: list[int]  # [i]: draft steps that accepted more than i drafts
+
+
+def encode(engine: Engine, item: WorkloadItem) -> list[int]:
+    """Chat items through the tokenizer's chat template; raw prompts as they are."""
+    if item.messages is not None:
+        return engine.encode_chat([{"role": m.role, "content": m.content} for m in item.messages])
+    assert item.prompt is not None
+    return list(engine.tokenizer.encode(item.prompt, add_special_tokens=False))
+
+
+def run_one(engine: Engine, ids: list[int], params: SamplingParams) -> dict[str, Any]:
+    """Generate one request alone; engine-wide counter deltas are then this request's."""
+    stats, prop = engine.stats, engine.stats.proposer
+    steps0, drafts0, per_pos0 = stats.steps, prop.drafts, list(prop.accepted_per_position)
+    tokens: list[int] = []
+    start = time.perf_counter()
+    first, prefill_steps, last = None, 0, None
+    engine.add_request(ids, params)
+    while engine.has_work():
+        for out in engine.step():
+            tokens += out.new_token_ids
+            last = out
+        if first is None and tokens:
+            first, prefill_steps = time.perf_counter(), stats.steps - steps0
+    end = time.perf_counter()
+    assert first is not None and last is not None and last.finished
+    per_pos = prop.accepted_per_position
+    return {
+        "prompt_tokens": len(ids),
+        "tokens": tokens,
+        "total_s": end - start,
+        "decode_s": end - first,
+        "steps": stats.steps - steps0,
+        "prefill_steps": prefill_steps,
+        "draft_steps": prop.drafts - drafts0,
+        "drafted": last.drafted_tokens,
+        "accepted": last.accepted_tokens,
+        "accepted_per_position": [
+            c - (per_pos0[i] if i < len(per_pos0) else 0) for i, c in enumerate(per_pos)
+        ],
+    }
+
+
+def sweep(
+    engine: Engine, items: list[WorkloadItem], ns: list[int], args: argparse.Namespace
+) -> list[Run]:
+    """Every N for each prompt in turn, the N order rotated by one per prompt."""
+    runs = []
+    for j, item in enumerate(items):
+        ids = encode(engine, item)
+        for n in ns[j % len(ns) :] + ns[: j % len(ns)]:
+            params = SamplingParams(
+                max_new_tokens=args.new_tokens, ignore_eos=args.ignore_eos, speculate=n
+            )
+            run = Run(item.workload, item.id, n, **run_one(engine, ids, params))
+            runs.append(run)
+            rate = len(run.tokens) / run.total_s
+            print(
+                f"[spec_bench {j + 1}/{len(items)}] {item.id} N={n}: {len(run.tokens)} tokens, "
+                f"{rate:.1f} tok/s, accepted {run.accepted}/{run.drafted}",
+                file=sys.stderr,
+            )
+    return runs
+
+
+def summarise(runs: list[Run], ns: list[int]) -> list[dict[str, Any]]:
+    """One row per (workload, N), over that workload's prompts."""
+    ref = {r.item_id: r.tokens for r in runs if r.n == 0}
+    rows = []
+    for workload in dict.fromkeys(r.workload for r in runs):
+        base: dict[str, float] = {}
+        for n in ns:
+            group = [r for r in runs if r.workload == workload and r.n == n]
+            row = _row(group, ref)
+            base = base or row
+            row["speedup"] = row["tok_s"] / base["tok_s"]
+            row["decode_speedup"] = row["decode_tok_s"] / base["decode_tok_s"]
+            rows.append({"workload": workload, "n": n, **row})
+    return rows
+
+
+def _row(group: list[Run], ref: dict[str, list[int]]) -> dict[str, Any]:
+    generated = sum(len(r.tokens) for r in group)
+    decode_steps = sum(r.steps - r.prefill_steps for r in group)
+    drafted, accepted = sum(r.drafted for r in group), sum(r.accepted for r in group)
+    draft_steps = sum(r.draft_steps for r in group)
+    width = max((len(r.accepted_per_position) for r in group), default=0)
+    return {
+        "prompts": len(group),
+        "prompt_tokens_mean": sum(r.prompt_tokens for r in group) / len(group),
+        "generated": generated,
+        "tok_s": generated / sum(r.total_s for r in group),
+        "decode_tok_s": (generated - len(group)) / sum(r.decode_s for r in group),
+        "decode_steps": decode_steps,
+        "tokens_per_step": (generated - len(group)) / max(decode_steps, 1),
+        "accepted_per_step": accepted / max(decode_steps, 1),
+        "accepted_per_draft_step": accepted / draft_steps if draft_steps else 0.0,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "accepted_per_position": [
+            sum(r.accepted_per_position[i] for r in group if i < len(r.accepted_per_position))
+            for i in range(width)
+        ],
+        "identical": sum(r.tokens == ref.get(r.item_id) for r in group),
+    }
+
+
+_COLUMNS: tuple[tuple[str, str, str], ...] = (  # (header, row key, format)
+    ("N", "n", "d"),
+    ("tok/s", "tok_s", ".1f"),
+    ("speedup", "speedup", ".2f"),
+    ("decode tok/s", "decode_tok_s", ".1f"),
+    ("decode speedup", "decode_speedup", ".2f"),
+    ("tokens/step", "tokens_per_step", ".2f"),
+    ("acc/step", "accepted_per_step", ".2f"),
+    ("acc/draft step", "accepted_per_draft_step", ".2f"),
+    ("acceptance", "acceptance_rate", ".2f"),
+)
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    cells = [format(row[key], fmt) for _, key, fmt in _COLUMNS]
+    return [*cells, f"{row['identical']}/{row['prompts']}"]
+
+
+def render(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    header = [h for h, _, _ in _COLUMNS] + ["identical"]
+    parts = [
+        f"## spec_bench: SmolLM2-135M fp32, batch 1, proposer {args.proposer}, "
+        f"{args.new_tokens} new tokens, {args.prompts_per_workload} prompts per workload, "
+        f"{args.threads} threads\n\n{machine_lines(info)}"
+    ]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == workload]
+        best = max(mine, key=lambda r: r["speedup"])
+        table = [_cells(r) for r in mine]
+        parts.append(
+            f"### {workload} (mean prompt {mine[0]['prompt_tokens_mean']:.0f} tokens; "
+            f"best N = {best['n']}, {best['speedup']:.2f}x)\n\n{markdown_table(header, table)}"
+        )
+    return "\n\n".join(parts)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
+    p.add_argument("--speculate", default="0,1,2,3,5,8", help="comma list of N; must include 0")
+    p.add_argument(
+        "--proposer",
+        default=None,
+        choices=PROPOSERS,
+        help="default: draft with --draft-model, else ngram",
+    )
+    p.add_argument(
+        "--draft-model", default=None, help="HF directory or .gguf sharing the tokenizer"
+    )
+    p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list")
+    p.add_argument("--prompts-per-workload", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (which texts)")
+    p.add_argument("--json", type=Path, default=None, help="write all results here")
+    args = p.parse_args(argv)
+    args.proposer = args.proposer or ("draft" if args.draft_model else "ngram")
+    try:
+        args.ns = sorted({int(n) for n in args.speculate.split(",")})
+    except ValueError:
+        p.error(f"--speculate must be a comma list of integers, got {args.speculate!r}")
+    if args.ns[0] != 0:
+        p.error("--speculate must include 0, the baseline every speedup is measured against")
+    if args.new_tokens < 2 or args.prompts_per_workload < 1:
+        p.error("need --new-tokens >= 2 and --prompts-per-workload >= 1")
+    return args
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    """One engine for every N: speculate = the largest N; requests cap their own k."""
+    try:
+        spec = SpecConfig(
+            speculate=args.ns[-1],
+            proposer=args.proposer,
+            draft_model=args.draft_model,
+            ngram_max=args.ngram_max,
+        )
+        scheduler = SchedulerConfig(max_running_requests=1)  # batch 1; sizes the KV pool to one
+        config = EngineConfig(
+            device=args.device, num_threads=args.threads, scheduler=scheduler, spec=spec
+        )
+        return Engine(config)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    info = machine_info(MODULE, argv)
+    torch.set_num_threads(args.threads)
+    engine = build_engine(args)
+    items = [
+        item
+        for name in args.workloads.split(",")
+        for item in build_workload(name, args.prompts_per_workload, args.seed)
+    ]
+    warm = encode(engine, items[0])
+    for n in (0, args.ns[-1]):
+        run_one(engine, warm, SamplingParams(max_new_tokens=4, ignore_eos=True, speculate=n))
+    runs = sweep(engine, items, args.ns, args)
+    rows = summarise(runs, args.ns)
+    print(render(args, info, rows))
+    if args.json is not None:
+        config_out = {k: v for k, v in vars(args).items() if k not in ("json", "ns")}
+        runs_out = [asdict(r) for r in runs]
+        report = {"machine": info, "config": config_out, "summary": rows, "runs": runs_out}
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Both benchmark commands, end to end on the real embedded model, at toy sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specserve.bench import engine_bench, spec_bench
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def test_engine_bench_writes_every_metric(tmp_path: Path) -> None:
+    path = tmp_path / "engine.json"
+    argv = ["--threads", "1", "--repeats", "1", "--new-tokens", "4", "--prompt-tokens", "32"]
+    assert (
+        engine_bench.main([*argv, "--batch", "2", "--hf-attn", "eager", "--json", str(path)]) == 0
+    )
+
+    report = json.loads(path.read_text())
+    assert {"machine", "config", "sides", "summary"} <= set(report)
+    assert {"date", "cpu", "torch", "command"} <= set(report["machine"])
+    assert set(report["sides"]) == set(report["summary"]) == {"ours", "hf-eager"}
+    for side in report["sides"].values():
+        assert [len(t) for t in side["batch1_tokens"]] == [4]
+        assert side["batch_tokens_generated"] == 2 * 4
+        assert side["peak_rss_mib"] >= side["peak_rss_generating_mib"] > 0
+    assert report["sides"]["ours"]["kv_pool_mib"] > 0
+    hf = report["summary"]["hf-eager"]
+    for key in ("batch1_decode_tok_s", "batch_aggregate_tok_s", "batch1_prefill_ms"):
+        assert report["summary"]["ours"][key] > 0
+        assert hf[f"ours_advantage_{key}"] > 0
+    assert report["summary"]["ours"]["batch1_pct_of_bound"] > 0
+    assert hf["batch1_tokens_matching_ours"] == 4
+
+
+def test_spec_bench_is_lossless_and_writes_every_metric(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    workloads = "code-edit,summarize,chat-creative,code-complete"  # code-complete: raw prompt
+    argv = ["--new-tokens", "4", "--prompts-per-workload", "1", "--speculate", "0,2"]
+    assert (
+        spec_bench.main([*argv, "--threads", "1", "--workloads", workloads, "--json", str(path)])
+        == 0
+    )
+
+    report = json.loads(path.read_text())
+    assert {"machine", "config", "summary", "runs"} <= set(report)
+    rows = report["summary"]
+    assert [(r["workload"], r["n"]) for r in rows] == [
+        (w, n) for w in workloads.split(",") for n in (0, 2)
+    ]
+    for row in rows:
+        assert {"tok_s", "decode_tok_s", "speedup", "accepted_per_step", "acceptance_rate"} <= set(
+            row
+        )
+        assert row["identical"] == row["prompts"] == 1  # greedy speculation is lossless
+        assert row["accepted"] <= row["drafted"]
+        if row["n"] == 0:
+            assert row["drafted"] == 0 and row["speedup"] == 1.0
+    assert len(report["runs"]) == 4 * 2
