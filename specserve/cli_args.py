@@ -134,6 +134,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     add_flag(
         p, "--max-running-requests", "MAX_RUNNING_REQUESTS", 64, "sequences decoding at once", int
     )
+    add_flag(
+        p,
+        "--max-memory",
+        "MAX_MEMORY",
+        None,
+        "memory budget: bytes (8GiB) or a fraction of free memory (0.8); the KV pool gets what "
+        "weights and the measured peak activation leave (overrides --kv-cache-bytes)",
+    )
     add_flag(p, "--kv-cache-bytes", "KV_CACHE_BYTES", 2 << 30, "bytes for the paged KV cache", int)
 
 
@@ -144,6 +152,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             device=args.device,
             num_threads=args.num_threads,
             max_model_len=args.max_total_tokens,
+            max_memory=args.max_memory,
             cache=CacheConfig(max_kv_bytes=args.kv_cache_bytes),
             scheduler=SchedulerConfig(
                 max_batch_tokens=args.max_batch_tokens,
