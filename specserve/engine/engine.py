@@ -213,8 +213,9 @@ class Engine:
                 result = self._verify_sampled(d, run.logits[span], rows[span])
             else:
                 result = verify_deterministic(d.tokens if d else [], picks[span])
+            hidden = run.hidden[cursor + result.num_accepted]
             cursor += k + 1
-            out = self._commit(w, result, k)
+            out = self._commit(w, result, k, hidden)
             if out is not None:
                 outputs.append(out)
         return outputs
@@ -226,7 +227,9 @@ class Engine:
         seed = rows[0].params.seed or 0
         return verify_sampled(d.tokens, d.probs, target, seed, rows[0].out_pos)
 
-    def _commit(self, w: SeqWork, result: VerifyResult, k: int) -> RequestOutput | None:
+    def _commit(
+        self, w: SeqWork, result: VerifyResult, k: int, hidden: torch.Tensor
+    ) -> RequestOutput | None:
         seq = w.seq
         live = self._live.get(seq.request_id)
         if live is None or seq.is_finished:
@@ -256,7 +259,7 @@ class Engine:
         seq.num_computed = seq.num_tokens - 1
         self.res.allocator.truncate(seq.block_table, seq.num_computed)
         if self.res.proposer is not None:
-            self.res.proposer.sync(seq)
+            self.res.proposer.sync(seq, hidden)
         return self._output(live, new_ids, finished=False)
 
     def _stop_reason(self, live: _Live, token: int) -> str | None:

@@ -54,8 +54,10 @@ class Proposer(Protocol):
         """One Draft per sequence, with len(draft.tokens) <= k. Must not mutate `seqs`."""
         ...
 
-    def sync(self, seq: Sequence) -> None:
-        """The sequence's committed tokens changed (tokens accepted, rejected ones dropped)."""
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """The sequence's committed tokens changed (tokens accepted, rejected ones dropped).
+        `hidden` [hidden_size] is the target's final hidden state at the row that produced the
+        last committed token, from the same forward pass that verified (Medusa heads read it)."""
         ...
 
     def release(self, seq: Sequence) -> None:
@@ -79,8 +81,8 @@ class NgramProposer:
             out.append(Draft(tokens=found.tolist()))
         return out
 
-    def sync(self, seq: Sequence) -> None:
-        del seq
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        del seq, hidden
 
     def release(self, seq: Sequence) -> None:
         del seq
