@@ -20,6 +20,7 @@ from specserve.runner.cost import CostCurve, profile_cost
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
+from specserve.spec.draft import DraftModelProposer, load_draft_model
 from specserve.spec.policy import Gate, SpeculationPolicy
 from specserve.spec.proposer import NgramProposer, Proposer
 
@@ -62,19 +63,22 @@ def load_resources(config: EngineConfig) -> EngineResources:
     started = time.perf_counter()
     model = build_model(model_dir, device, _DTYPES[config.dtype])
     tokenizer = load_tokenizer(model_dir)
+    draft = load_draft(config, model, tokenizer, device)
     logger.info("loaded %s in %.1f s", model_dir, time.perf_counter() - started)
     arch = model.arch
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
     block_size = config.cache.block_size
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = param_bytes(model)
     memory = None
     if config.max_memory is not None:
-        memory = plan_memory(config, model, device, weight_bytes)
+        memory = plan_memory(config, model, device, weight_bytes, draft)
         num_blocks = memory.num_blocks
     else:
-        num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token, max_model_len)
+        draft_kv = draft.arch.kv_bytes_per_token if draft is not None else 0
+        num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token + draft_kv, max_model_len)
     allocator = BlockAllocator(num_blocks, block_size)
     runner = ModelRunner(model, num_blocks, block_size, device)
+    proposer = make_proposer(config, draft, num_blocks, device)
     return EngineResources(
         model_dir=model_dir,
         model=model,
@@ -82,14 +86,37 @@ def load_resources(config: EngineConfig) -> EngineResources:
         runner=runner,
         allocator=allocator,
         scheduler=Scheduler(config.scheduler, allocator),
-        proposer=make_proposer(config),
+        proposer=proposer,
         policy=make_policy(config, runner, allocator),
         eos_ids=eos_token_ids(model_dir, tokenizer),
         max_model_len=max_model_len,
         device=device,
-        weight_bytes=weight_bytes,
+        weight_bytes=weight_bytes + (param_bytes(draft) if draft is not None else 0),
         memory=memory,
     )
+
+
+def uses_draft(config: EngineConfig) -> bool:
+    """`--proposer draft`, or `auto` with a `--draft-model` given."""
+    spec = config.spec
+    return spec.proposer == "draft" or (spec.proposer == "auto" and spec.draft_model is not None)
+
+
+def param_bytes(model: LlamaForCausalLM) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def load_draft(
+    config: EngineConfig, target: LlamaForCausalLM, tokenizer: Any, device: torch.device
+) -> LlamaForCausalLM | None:
+    """The draft model when the draft proposer is on; ValueError naming what differs if it
+    cannot pair with the target."""
+    spec = config.spec
+    if spec.speculate == 0 or not uses_draft(config):
+        return None
+    assert spec.draft_model is not None  # SpecConfig requires it with proposer 'draft'
+    dtype = _DTYPES[config.dtype]
+    return load_draft_model(spec.draft_model, target.arch.vocab_size, tokenizer, device, dtype)
 
 
 def largest_step(config: EngineConfig) -> int:
@@ -101,30 +128,45 @@ def largest_step(config: EngineConfig) -> int:
 
 
 def plan_memory(
-    config: EngineConfig, model: LlamaForCausalLM, device: torch.device, weight_bytes: int
+    config: EngineConfig,
+    model: LlamaForCausalLM,
+    device: torch.device,
+    weight_bytes: int,
+    draft: LlamaForCausalLM | None = None,
 ) -> MemoryBudget:
     """Measure the largest steps' peak activation on a scratch KV pool and size the rest."""
     bs = config.cache.block_size
-    prefill, spec = config.scheduler.max_batch_tokens, largest_step(config)
+    limit = model.arch.max_position
+    prefill = min(config.scheduler.max_batch_tokens, limit)
+    spec = min(largest_step(config), limit)
     scratch = ModelRunner(model, blocks_for(prefill, bs), bs, device)
     table = list(range(blocks_for(prefill, bs)))
     peak = max(
         # a prefill chunk (one logits row) and a speculative step (logits on every row)
         measure_peak(lambda: scratch.run([RunItem([0] * prefill, 0, table, 1)]), device),
         measure_peak(lambda: scratch.run([RunItem([0] * spec, 0, table, spec)]), device),
+        # the draft's largest step: a catch-up of max_batch_tokens (the bound make_proposer sets)
+        draft_peak(draft, prefill, bs, device) if draft is not None else 0,
     )
     budget = MemoryBudget(
         max_memory=resolve_max_memory(config.max_memory or "", device),
         target_weights=weight_bytes,
-        draft_weights=0,
+        draft_weights=param_bytes(draft) if draft is not None else 0,
         activation_peak=peak,
         kv_bytes_per_token=model.arch.kv_bytes_per_token,
-        draft_kv_bytes_per_token=0,
+        draft_kv_bytes_per_token=draft.arch.kv_bytes_per_token if draft is not None else 0,
         block_size=bs,
     )
     budget.check()
     logger.info("memory budget: %s", budget.as_dict())
     return budget
+
+
+def draft_peak(draft: LlamaForCausalLM, tokens: int, bs: int, device: torch.device) -> int:
+    tokens = min(tokens, draft.arch.max_position)
+    scratch = ModelRunner(draft, blocks_for(tokens, bs), bs, device)
+    table = list(range(blocks_for(tokens, bs)))
+    return measure_peak(lambda: scratch.run([RunItem([0] * tokens, 0, table, 1)]), device)
 
 
 def kv_blocks_for(config: EngineConfig, kv_bytes_per_token: int, max_model_len: int) -> int:
@@ -159,10 +201,23 @@ def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def make_proposer(config: EngineConfig) -> Proposer | None:
+def make_proposer(
+    config: EngineConfig,
+    draft: LlamaForCausalLM | None = None,
+    num_blocks: int = 0,
+    device: torch.device | None = None,
+) -> Proposer | None:
+    """The configured proposer. The draft proposer needs its model (`load_draft`) and the
+    target's block count: its pool holds as many blocks, since a sequence's draft KV (n + k - 1
+    positions) never outgrows its target KV (n + k) and only running sequences hold any."""
     spec = config.spec
     if spec.speculate == 0:
         return None
+    if uses_draft(config):
+        if draft is None or device is None:
+            raise ValueError("the draft proposer needs its loaded model: see load_resources")
+        bs, max_tokens = config.cache.block_size, config.scheduler.max_batch_tokens
+        return DraftModelProposer(draft, num_blocks, bs, device, max_step_tokens=max_tokens)
     if spec.proposer in ("auto", "ngram"):
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     raise ValueError(f"proposer {spec.proposer!r} is not available in this build")

@@ -1,0 +1,284 @@
+"""Draft-model proposer: a second, smaller model with its own paged KV cache proposes k tokens.
+
+Per sequence the proposer keeps a block table and `num_computed`: the draft KV holds K/V for the
+sequence's first `num_computed` tokens. One `propose` call runs the draft autoregressively:
+
+    step 1:   feed tokens[num_computed:] (catch-up; at least the last token) -> d_1
+    step j:   feed d_{j-1} at position n + j - 2                             -> d_j,  j = 2..k
+
+so afterwards the draft KV holds n + k - 1 positions: the n tokens and d_1..d_{k-1}. After the
+engine commits, `sync` keeps only positions < seq.num_computed: those hold final tokens (accepted
+drafts are the ids the draft was fed); from the first rejected draft on, the rest is rolled back
+and its blocks freed.
+
+A catch-up longer than `max_step_tokens` in total (a sequence's first proposal after its prompt,
+or after many steps without speculation) is fed ahead in bounded forwards, so the draft's peak
+activation stays that of a `max_step_tokens` step.
+
+Sampled drafts come with q (the rows they were drawn from) for rejection sampling; the noise is a
+pure function of (request seed, output position), so a request's drafts do not depend on batching.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specserve.engine.request import SamplingParams, Sequence
+from specserve.models.llama import LlamaForCausalLM
+from specserve.models.loader import resolve_model_dir
+from specserve.models.registry import build_model, model_class, read_config
+from specserve.runner.model_runner import ModelRunner, RunItem
+from specserve.runner.sampler import SampleRow, processed_logits
+from specserve.scheduler.kv_blocks import BlockAllocator
+from specserve.spec.proposer import Draft
+
+
+@dataclass
+class _DraftState:
+    """One sequence's draft KV: its first `num_computed` tokens, in `block_table`."""
+
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+
+
+@dataclass
+class _Plan:
+    """One sequence's share of a `propose` call."""
+
+    state: _DraftState
+    params: SamplingParams
+    context: list[int]  # the sequence's tokens, then the drafts picked so far
+    num_tokens: int  # n: the sequence's own tokens (context[:n])
+    out_pos: int  # output position of d_1
+    k: int  # drafts to pick, >= 1
+    probs: list[torch.Tensor] = field(default_factory=list)  # k x [vocab] q rows when sampling
+
+    @property
+    def num_unfed(self) -> int:
+        return len(self.context) - self.state.num_computed
+
+    @property
+    def drafts(self) -> list[int]:
+        return self.context[self.num_tokens :]
+
+    def draft(self) -> Draft:
+        probs = torch.stack(self.probs) if self.probs else None  # [k, vocab]
+        return Draft(tokens=self.drafts, probs=probs)
+
+
+class DraftModelProposer:
+    """Proposes with a draft model; see the module docstring for the KV bookkeeping."""
+
+    name = "draft"
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        max_step_tokens: int | None = None,
+    ) -> None:
+        self.model = model
+        self.max_step_tokens = max_step_tokens
+        self.runner = ModelRunner(model, num_blocks, block_size, device)
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self._states: dict[int, _DraftState] = {}
+
+    @classmethod
+    def load(
+        cls,
+        draft_path: str,
+        *,
+        target_vocab_size: int,
+        target_tokenizer: Any,
+        device: torch.device,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        max_step_tokens: int | None = None,
+    ) -> DraftModelProposer:
+        """Load the draft at `draft_path` (HF dir or GGUF); ValueError if it cannot pair with the
+        target (vocabulary size, tokenizer vocabulary, eos/bos)."""
+        model = load_draft_model(draft_path, target_vocab_size, target_tokenizer, device, dtype)
+        return cls(model, num_blocks, block_size, device, max_step_tokens)
+
+    # ------------------------------------------------------------ memory accounting
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.runner.kv_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    # ------------------------------------------------------------------- protocol
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        plans = [self._plan(seq, k) for seq, k in zip(seqs, ks, strict=True)]
+        active = [p for p in plans if p is not None]
+        self._catch_up(active)
+        while active:
+            self._step(active)
+            active = [p for p in active if len(p.drafts) < p.k]
+        return [p.draft() if p is not None else Draft(tokens=[]) for p in plans]
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        del hidden  # the draft reads its own states, not the target's
+        state = self._states.get(seq.seq_id)
+        if state is not None:
+            self._rewind(state, seq.num_computed)
+
+    def release(self, seq: Sequence) -> None:
+        state = self._states.pop(seq.seq_id, None)
+        if state is not None:
+            self.allocator.free(state.block_table)
+
+    # ---------------------------------------------------------------- internals
+    def _plan(self, seq: Sequence, k: int) -> _Plan | None:
+        """Reserve draft KV for up to k drafts; None when not even one fits (never raises)."""
+        n = seq.num_tokens
+        state = self._states.setdefault(seq.seq_id, _DraftState())
+        # Feed at least the last token: the first step needs logits at position n - 1. After
+        # `sync` this is a no-op. Without it, it would still be enough, as commits only append:
+        # the first rejected draft's position becomes the correction's, n - 1.
+        self._rewind(state, min(state.num_computed, n - 1))
+        # k drafts feed positions up to n + k - 2, which must exist in the draft's RoPE table
+        # and fit in the blocks this sequence holds plus the free ones.
+        capacity = (len(state.block_table) + self.allocator.num_free) * self.allocator.block_size
+        k = min(k, self.model.arch.max_position - n + 1, capacity - n + 1)
+        if k < 1:
+            return None
+        self.allocator.grow(state.block_table, n + k - 1)
+        return _Plan(state, seq.params, seq.token_ids, n, len(seq.output_ids), k)
+
+    def _catch_up(self, plans: list[_Plan]) -> None:
+        """While the first drafting step would feed more than `max_step_tokens`, feed backlog
+        ahead in forwards of at most that many tokens."""
+        limit = self.max_step_tokens
+        while limit is not None and sum(p.num_unfed for p in plans) > limit:
+            items = _take_backlog(plans, limit)
+            if not items:
+                return  # only last tokens remain: the drafting step must feed them together
+            self.runner.run(items)
+
+    def _step(self, plans: list[_Plan]) -> None:
+        """One batched draft forward: feed each plan's unfed context, pick its next draft."""
+        items = [
+            RunItem(p.context[p.state.num_computed :], p.state.num_computed, p.state.block_table, 1)
+            for p in plans
+        ]
+        logits = self.runner.run(items).logits  # [len(plans), vocab]
+        for p, row in zip(plans, logits, strict=True):
+            p.state.num_computed = len(p.context)
+            _pick(p, row)
+
+    def _rewind(self, state: _DraftState, num_tokens: int) -> None:
+        state.num_computed = min(state.num_computed, num_tokens)
+        self.allocator.truncate(state.block_table, state.num_computed)
+
+
+def _take_backlog(plans: list[_Plan], limit: int) -> list[RunItem]:
+    """Up to `limit` unfed tokens, never a plan's last (its logits start the drafting), as run
+    items without logits; marks them fed."""
+    items = []
+    for p in plans:
+        start = p.state.num_computed
+        take = min(p.num_tokens - 1 - start, limit)
+        if take > 0:
+            items.append(RunItem(p.context[start : start + take], start, p.state.block_table, 0))
+            p.state.num_computed += take
+            limit -= take
+    return items
+
+
+def _pick(plan: _Plan, logits: torch.Tensor) -> None:  # logits: [vocab]
+    """Append the next draft: argmax of the processed logits when greedy, else a sample from
+    q = softmax(processed logits), whose row is kept for rejection sampling."""
+    out_pos = plan.out_pos + len(plan.drafts)
+    z = processed_logits(logits, SampleRow(plan.params, plan.context, out_pos))  # [vocab]
+    if plan.params.greedy:
+        plan.context.append(int(torch.argmax(z)))
+        return
+    q = torch.softmax(z, dim=-1)  # [vocab] float32
+    seed = plan.params.seed if plan.params.seed is not None else 0
+    token = torch.multinomial(q, 1, generator=_draft_generator(seed, out_pos, q.device))
+    plan.context.append(int(token.item()))
+    plan.probs.append(q)
+
+
+def _draft_generator(seed: int, out_pos: int, device: torch.device) -> torch.Generator:
+    """A generator that is a pure function of (seed, output position), keyed apart from the
+    target's counter-based noise so draft and verification randomness stay independent."""
+    digest = hashlib.blake2b(f"draft/{seed}/{out_pos}".encode(), digest_size=8).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+# ------------------------------------------------------------------ loading and pairing
+def load_draft_model(
+    draft_path: str,
+    target_vocab_size: int,
+    target_tokenizer: Any,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> LlamaForCausalLM:
+    """Resolve, check against the target, then build the draft model."""
+    # Imported here: resources imports this module to build the proposer.
+    from specserve.engine.resources import load_tokenizer
+
+    draft_dir = resolve_model_dir(draft_path)
+    cfg = read_config(draft_dir)
+    arch = model_class(cfg).arch_from_hf(cfg)
+    draft_tokenizer = load_tokenizer(draft_dir)
+    check_compatible(arch.vocab_size, target_vocab_size, draft_tokenizer, target_tokenizer)
+    return build_model(draft_dir, device, dtype)
+
+
+def check_compatible(
+    draft_vocab_size: int, target_vocab_size: int, draft_tokenizer: Any, target_tokenizer: Any
+) -> None:
+    """Raise ValueError naming what differs between the draft and the target vocabularies."""
+    if draft_vocab_size != target_vocab_size:
+        raise ValueError(
+            f"draft model is incompatible with the target: draft vocab_size {draft_vocab_size} "
+            f"!= target vocab_size {target_vocab_size}"
+        )
+    problem = tokenizer_difference(draft_tokenizer, target_tokenizer)
+    if problem is not None:
+        raise ValueError(
+            f"draft model is incompatible with the target: tokenizers differ: {problem}"
+        )
+
+
+def tokenizer_difference(draft: Any, target: Any) -> str | None:
+    """None when both map the same strings to the same ids with the same eos/bos, else what
+    differs, each kind counted with its first example (by target id)."""
+    d, t = draft.get_vocab(), target.get_vocab()
+    parts = []
+    moved = sorted((tok for tok in d.keys() & t.keys() if d[tok] != t[tok]), key=t.__getitem__)
+    if moved:
+        tok = moved[0]
+        parts.append(
+            f"{len(moved)} tokens map to different ids (first: {tok!r} -> {d[tok]} in the draft "
+            f"vs {t[tok]} in the target)"
+        )
+    for side, have, lack in (("draft", d, t), ("target", t, d)):
+        only = sorted(have.keys() - lack.keys(), key=have.__getitem__)
+        if only:
+            parts.append(f"{len(only)} tokens only in the {side} (first: {only[0]!r})")
+    for special in ("eos", "bos"):
+        d_id, t_id = getattr(draft, f"{special}_token_id"), getattr(target, f"{special}_token_id")
+        if d_id != t_id:
+            parts.append(f"{special} token id {d_id} in the draft vs {t_id} in the target")
+    return "; ".join(parts) or None
