@@ -45,6 +45,7 @@ def make_model_dir(
     hidden: int = 64,
     layers: int = 2,
     with_tokenizer: bool = True,
+    tied: bool = False,
 ) -> Path:
     """Write config.json + model.safetensors for a tiny random model of the given family."""
     import transformers
@@ -59,7 +60,7 @@ def make_model_dir(
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
-        tie_word_embeddings=arch == "llama",
+        tie_word_embeddings=tied,
         eos_token_id=2,
         bos_token_id=1,
     )
@@ -72,9 +73,11 @@ def make_model_dir(
     config = cfg_cls(**common, **extra)
     torch.manual_seed(seed)
     model = model_cls(config).float()
-    # Random init is near-uniform; scale the embeddings so argmax margins are not razor-thin.
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(20.0)
+    # Random init gives near-uniform logits; a larger output projection gives clear argmax
+    # margins and varied, partly repetitive text (a tied model would just echo its input).
+    if not tied:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(20.0)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     if with_tokenizer:

@@ -12,11 +12,13 @@ from specserve.runner.model_runner import ModelRunner, RunItem
 from tests.tiny import make_model_dir
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_logits_match_hf_prefill_and_decode(arch: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arch", "tied"), [("llama", False), ("llama", True), ("qwen2", False), ("mistral", False)]
+)
+def test_logits_match_hf_prefill_and_decode(arch: str, tied: bool, tmp_path: Path) -> None:
     import transformers
 
-    model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=3)
+    model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=3, tied=tied)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir)).float().eval()
     ours = build_model(model_dir, torch.device("cpu"))
     runner = ModelRunner(ours, num_blocks=16, block_size=4, device=torch.device("cpu"))
