@@ -309,6 +309,12 @@ class Engine:
             num_output_tokens=len(seq.output_ids),
             drafted_tokens=seq.spec.drafted,
             accepted_tokens=seq.spec.accepted,
+            spec_steps=seq.spec.steps,
+            queue_seconds=(
+                seq.first_scheduled_time - seq.arrival_time
+                if seq.first_scheduled_time is not None
+                else None
+            ),
             error=error,
         )
 

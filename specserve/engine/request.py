@@ -74,6 +74,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     num_preemptions: int = 0
     spec: SpecCounts = field(default_factory=SpecCounts)
@@ -113,4 +114,7 @@ class RequestOutput:
     num_output_tokens: int
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    spec_steps: int = 0  # steps in which this request verified drafts
+    # Seconds from arrival to first being scheduled; set once the request has been scheduled.
+    queue_seconds: float | None = None
     error: str | None = None

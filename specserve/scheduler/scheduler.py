@@ -10,6 +10,7 @@ speculation never causes a preemption.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,6 +120,8 @@ class Scheduler:
             self.waiting.popleft()
             self.allocator.grow(seq.block_table, seq.num_computed + n)
             seq.status = SeqStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
             budget -= n
