@@ -1,4 +1,4 @@
-"""`specserve` command line: generate (stream one completion to stdout)."""
+"""`specserve` command line: generate, serve, bench, diagnose."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import argparse
 import logging
 import sys
 
+from specserve.bench.cli import add_bench_parsers
 from specserve.cli_args import add_engine_args, engine_config_from_args
+from specserve.server.cli import add_serve_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print tokens/s and speculation counts to stderr at the end",
     )
     gen.set_defaults(func=cmd_generate)
+    add_serve_parser(sub)
+    add_bench_parsers(sub)
     return parser
 
 

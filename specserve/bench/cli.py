@@ -1,0 +1,369 @@
+"""`specserve bench` (goodput sweep against a server) and `specserve diagnose` (a server's state).
+
+    specserve bench --url http://127.0.0.1:8080 --workload code-edit --speculate 0,2,4
+    specserve bench --request-rate 0.5,1,2 --duration 60 --slo-ttft 1 --slo-itl 0.05
+    specserve bench --launch "specserve serve --num-threads 1" --speculate 0,4 ...  # restarts
+    specserve bench --from-results bench-out/results.json --slo-itl 0.05 --out again
+
+The sweep runs every (workload, load, N) cell in turn and writes to --out: results.json (raw
+per-request records), report.md, one PNG per workload and metric, and speculation-profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from specserve.bench import loadgen, report
+from specserve.bench.loadgen import Budget, Cell, CellKey, GenSettings
+from specserve.bench.workloads import BUILDERS, WorkloadItem, resolve_workload
+
+logger = logging.getLogger("specserve.bench")
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def add_bench_parsers(subparsers: Any) -> None:
+    """Register `bench` and `diagnose` on the `specserve` subcommand parser."""
+    from specserve.bench.diagnose import add_diagnose_parser
+
+    p = subparsers.add_parser(
+        "bench",
+        help="goodput sweep over N x load x workload against a server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _target_args(p.add_argument_group("target"))
+    _sweep_args(p.add_argument_group("sweep"))
+    _judge_args(p.add_argument_group("generation"), p.add_argument_group("judgement"))
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output directory")
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="RESULTS.json",
+        help="no traffic: re-judge a previous run's records into --out",
+    )
+    p.set_defaults(func=cmd_bench)
+    add_diagnose_parser(subparsers)
+
+
+def _target_args(target: Any) -> None:
+    target.add_argument("--url", default=DEFAULT_URL, help=f"server to load ({DEFAULT_URL})")
+    target.add_argument(
+        "--launch",
+        metavar="CMD",
+        help="start CMD once per N (appending "
+        "--port P --speculate N unless CMD has {port} / {speculate}) and load it",
+    )
+    target.add_argument(
+        "--launch-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a launched server gets to answer /health (default 300)",
+    )
+    target.add_argument(
+        "--model",
+        help="the server's --model, to fingerprint the profile when "
+        "/info does not report fingerprints (default: taken from /info)",
+    )
+    target.add_argument("--draft-model", help="the server's --draft-model, likewise")
+    target.add_argument("--api-key", help="bearer token, if the server requires one")
+
+
+def _sweep_args(sweep: Any) -> None:
+    sweep.add_argument(
+        "--workload",
+        action="append",
+        metavar="NAME|FILE.jsonl",
+        help=f"repeatable; names: {', '.join(BUILDERS)} (default: all)",
+    )
+    sweep.add_argument(
+        "--speculate",
+        type=_ints,
+        metavar="N,N,...",
+        help="per-request N values; 0 is always added (default: 0 and the server's N)",
+    )
+    loads = sweep.add_mutually_exclusive_group()
+    loads.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=[1, 4, 16],
+        metavar="C,C,...",
+        help="closed loop: requests in flight (default 1,4,16)",
+    )
+    loads.add_argument(
+        "--request-rate",
+        type=_floats,
+        metavar="R,R,...",
+        help="open loop: Poisson arrivals, requests/s",
+    )
+    stop = sweep.add_mutually_exclusive_group()
+    stop.add_argument("--num-requests", type=int, help="requests per cell (default 16)")
+    stop.add_argument("--duration", type=float, help="seconds of sending per cell")
+    sweep.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="unrecorded requests per workload per server before its cells (default 1)",
+    )
+
+
+def _judge_args(gen: Any, judge: Any) -> None:
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="(default 128)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--seed", type=int, default=0, help="request i of a cell uses seed + i")
+    gen.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+    gen.add_argument("--request-timeout", type=float, default=600.0, help="seconds (default 600)")
+    judge.add_argument("--slo-ttft", type=float, default=2.0, help="seconds (default 2.0)")
+    judge.add_argument(
+        "--slo-itl",
+        type=float,
+        default=0.1,
+        help="seconds per token, a request's mean (default 0.1)",
+    )
+    judge.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.02,
+        help="N must beat N=0's goodput by this fraction to be recommended (default 0.02)",
+    )
+    judge.add_argument(
+        "--contention-tol",
+        type=float,
+        default=0.02,
+        help="relative change that counts for the contention flag (default 0.02)",
+    )
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+@dataclass
+class Plan:
+    workloads: dict[str, list[WorkloadItem]]
+    speculate: list[int] | None  # None: 0 and the server's N
+    mode: loadgen.Mode
+    loads: list[float]
+    budget: Budget
+    settings: GenSettings
+    warmup: int
+    headers: dict[str, str] = field(default_factory=dict)
+    infos: list[dict[str, Any]] = field(default_factory=list)  # /info of each server used
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    budget = Budget(args.num_requests if args.num_requests or args.duration else 16, args.duration)
+    size = budget.num_requests or 64
+    workloads: dict[str, list[WorkloadItem]] = {}
+    for ref in args.workload or list(BUILDERS):
+        items = resolve_workload(ref, size, args.seed)
+        for item in items:
+            workloads.setdefault(item.workload, []).append(item)
+    open_loop = args.request_rate is not None
+    return Plan(
+        workloads=workloads,
+        speculate=sorted({0, *args.speculate}) if args.speculate else None,
+        mode="open" if open_loop else "closed",
+        loads=[float(x) for x in (args.request_rate if open_loop else args.concurrency)],
+        budget=budget,
+        settings=GenSettings(
+            args.max_new_tokens, args.temperature, args.seed, args.ignore_eos, args.request_timeout
+        ),
+        warmup=args.warmup,
+        headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = getattr(args, "command_line", None) or "specserve " + shlex.join(sys.argv[1:])
+    if args.from_results:
+        saved = json.loads(args.from_results.read_text(encoding="utf-8"))
+        cells, meta = loadgen.cells_from_json(saved["cells"]), saved["meta"]
+    else:
+        try:
+            plan = plan_from_args(args)
+            cells = asyncio.run(_run_plan(plan, args))
+        except (ValueError, RuntimeError, OSError, httpx.HTTPError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        meta = _meta(args, plan, command)
+    _write_outputs(args, cells, meta)
+    print(f"wrote {args.out}/results.json, report.md, *.png, speculation-profile.json")
+    return 0
+
+
+def _meta(args: argparse.Namespace, plan: Plan, command: str) -> dict[str, Any]:
+    from specserve.bench.profile import fingerprints
+
+    info = plan.infos[-1] if plan.infos else {}
+    target, proposer = fingerprints(info, args.model, args.draft_model)
+    return {
+        "command": command,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "url": args.url if not args.launch else None,
+        "launch": args.launch,
+        "model": info.get("model_id"),
+        "proposer": (info.get("speculation") or {}).get("proposer"),
+        "infos": plan.infos,
+        "settings": vars(plan.settings),
+        "target": target,
+        "proposer_fingerprint": proposer,
+    }
+
+
+def _write_outputs(args: argparse.Namespace, cells: list[Cell], meta: dict[str, Any]) -> None:
+    from specserve.bench.profile import make_profile, write_json_atomically
+
+    slo = report.Slo(args.slo_ttft, args.slo_itl)
+    stats = [report.cell_stats(c, slo) for c in cells]
+    recs = report.recommend(stats, args.min_gain)
+    contention = report.find_contention(stats, args.contention_tol)
+    out: Path = args.out
+    results = {"meta": meta, "slo": vars(slo), "cells": loadgen.cells_to_json(cells)}
+    write_json_atomically(out / "results.json", results)
+    (out / "report.md").write_text(
+        report.markdown(stats, slo, recs, contention, meta), encoding="utf-8"
+    )
+    report.plot(stats, out)
+    profile = make_profile(
+        report.profile_entries(recs),
+        meta.get("target"),
+        meta.get("proposer_fingerprint"),
+        meta["command"],
+        vars(slo),
+    )
+    write_json_atomically(out / "speculation-profile.json", profile)
+
+
+# ---------------------------------------------------------------------------------- running
+async def _run_plan(plan: Plan, args: argparse.Namespace) -> list[Cell]:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    total = len(plan.workloads) * len(plan.loads) * (len(plan.speculate or [0, 1]))
+    with Progress(console=Console(stderr=True)) as bar:
+        task = bar.add_task("bench", total=total * (plan.budget.num_requests or 1))
+        if not args.launch:
+            return await _sweep(args.url, plan, plan.speculate, bar, task)
+        if plan.speculate is None:
+            raise ValueError("--launch needs --speculate: there is no server to ask for N")
+        cells: list[Cell] = []
+        for n in plan.speculate:
+            async with launched(args.launch, n, args.launch_timeout, args.out) as url:
+                cells += await _sweep(url, plan, [n], bar, task)
+        return cells
+
+
+async def _sweep(url: str, plan: Plan, ns: list[int] | None, bar: Any, task: Any) -> list[Cell]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(
+        base_url=url, limits=limits, timeout=60, headers=plan.headers
+    ) as client:
+        info = (await client.get("/info")).raise_for_status().json()
+        plan.infos.append(info)
+        server_n = int(info["speculation"]["speculate"])
+        ns = ns if ns is not None else plan.speculate or sorted({0, server_n})
+        if max(ns) > server_n:
+            raise ValueError(
+                f"--speculate {max(ns)} is above the server's N={server_n}; "
+                "restart it with a larger --speculate, or use --launch"
+            )
+        cells = []
+        for workload, items in plan.workloads.items():
+            for i in range(plan.warmup):
+                await loadgen.send(client, items[i % len(items)], max(ns), plan.settings, i, 0.0)
+            for load in plan.loads:
+                for n in ns:
+                    key = CellKey(workload, n, plan.mode, load)
+                    bar.update(task, description=f"{workload} N={n} load={load:g}")
+                    cells.append(await _cell(client, items, key, plan, bar, task))
+        return cells
+
+
+async def _cell(
+    client: Any, items: list[WorkloadItem], key: CellKey, plan: Plan, bar: Any, task: Any
+) -> Cell:
+    def done(_: loadgen.RequestRecord) -> None:
+        if plan.budget.num_requests:
+            bar.advance(task)
+
+    before = await loadgen.scrape_counters(client)
+    records, duration = await loadgen.run_cell(client, items, key, plan.budget, plan.settings, done)
+    after = await loadgen.scrape_counters(client)
+    if not plan.budget.num_requests:
+        bar.advance(task)
+    return Cell(key, duration, records, loadgen.counter_delta(before, after))
+
+
+# ------------------------------------------------------------------------------ --launch
+def launch_argv(cmd: str, n: int, port: int) -> list[str]:
+    """The server command for N: placeholders filled, else `--port P --speculate N` appended."""
+    if "{port}" in cmd or "{speculate}" in cmd:
+        return shlex.split(cmd.format(port=port, speculate=n))
+    return [*shlex.split(cmd), "--port", str(port), "--speculate", str(n)]
+
+
+@contextlib.asynccontextmanager
+async def launched(cmd: str, n: int, timeout: float, out_dir: Path) -> AsyncIterator[str]:
+    """A fresh server with N = n on a free loopback port; its log goes to out_dir."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with open(out_dir / f"server-N{n}.log", "wb") as log:
+        proc = subprocess.Popen(launch_argv(cmd, n, port), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                await _wait_healthy(client, proc, timeout)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _wait_healthy(client: Any, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    import httpx
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"launched server exited with code {proc.returncode}; "
+                "see its server-N*.log in --out"
+            )
+        try:
+            if (await client.get("/health", timeout=5)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"launched server did not answer /health within {timeout:g} s")

@@ -1,0 +1,286 @@
+"""Speculation profiles: the bench's recommendation, tied to the artifacts it was measured on.
+
+A profile is JSON::
+
+    {"format": "specserve-speculation-profile/1", "created": ISO-8601, "command": str,
+     "slo": {"ttft_s", "itl_s"}, "default_workload": str,
+     "workloads": {name: {"speculate": N, "speculate_max_batch": M | null,
+                          "best_by_load": {load: N}, "mode": "closed" | "open"}},
+     "target": {"config_sha256", "weights_sha256"} | null,
+     "proposer": {"kind", "artifact": {"config_sha256", "weights_sha256"} | null} | null}
+
+`speculate_max_batch` is the gate (`--speculate-max-batch`): null means speculation paid at every
+measured load. A fingerprint hashes what decides the model's outputs: config.json (canonical JSON,
+so formatting does not count) and the bytes of every weights file. A server loading a profile
+checks both with `check_profile`; a mismatch means the recommendation is stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "specserve-speculation-profile/1"
+_EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # /info's model_id when serving the embedded default
+_HASH_INDEX_FILE = "file-hashes.json"
+_CHUNK = 1 << 20
+_MEDUSA_PREFIX = "medusa_"  # heads stored beside the target's weights (models/registry.py)
+
+Fingerprint = dict[str, Any]
+
+
+# ------------------------------------------------------------------------------ fingerprints
+def target_fingerprint(model_dir: Path, cache_dir: Path | None = None) -> Fingerprint:
+    """Hashes of the target's config.json and its own weights (Medusa heads excluded)."""
+    files = [p for p in _weights(model_dir) if not p.name.startswith(_MEDUSA_PREFIX)]
+    return {
+        "config_sha256": config_sha256(model_dir / "config.json"),
+        "weights_sha256": files_sha256(files, cache_dir),
+    }
+
+
+def proposer_fingerprint(
+    kind: str | None, model_dir: Path | None = None, cache_dir: Path | None = None
+) -> Fingerprint | None:
+    """The proposer's artifact: a draft model directory, or the target's Medusa heads.
+
+    `kind` is the active proposer's name (None: speculation off). n-gram has no artifact.
+    `model_dir` is the draft model's directory for "draft", the heads directory for "medusa"
+    (the target's own, when the heads ship inside the checkpoint).
+    """
+    if kind is None:
+        return None
+    if kind == "ngram":
+        return {"kind": kind, "artifact": None}
+    if model_dir is None:
+        raise ValueError(f"proposer {kind!r} needs its model directory to be fingerprinted")
+    if kind == "medusa":  # heads: medusa_*.safetensors (+ config.json) in their own directory
+        heads = [p for p in _weights(model_dir) if p.name.startswith(_MEDUSA_PREFIX)]
+        config = model_dir / "config.json"
+        return {
+            "kind": kind,
+            "artifact": {
+                "config_sha256": config_sha256(config) if config.is_file() else None,
+                "weights_sha256": files_sha256(heads, cache_dir),
+            },
+        }
+    return {"kind": kind, "artifact": target_fingerprint(model_dir, cache_dir)}
+
+
+def config_sha256(path: Path) -> str:
+    canonical = json.dumps(json.loads(path.read_text(encoding="utf-8")), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def files_sha256(files: list[Path], cache_dir: Path | None = None) -> str:
+    """One digest over (name, sha256 of bytes) of each file, in name order."""
+    h = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.name):
+        h.update(f"{path.name}\0{cached_sha256(path, cache_dir)}\n".encode())
+    return h.hexdigest()
+
+
+def cached_sha256(path: Path, cache_dir: Path | None = None) -> str:
+    """sha256 of a file's bytes, remembered per (path, size, mtime) so restarts skip rehashing."""
+    from specserve.models.loader import default_cache_dir
+
+    cache_dir = default_cache_dir() if cache_dir is None else cache_dir
+    stat = path.stat()
+    key, stamp = str(path.resolve()), {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    index_path = cache_dir / _HASH_INDEX_FILE
+    index = _read_json_object(index_path)
+    entry = index.get(key)
+    entry = entry if isinstance(entry, dict) else {}
+    if all(entry.get(k) == v for k, v in stamp.items()) and isinstance(entry.get("sha256"), str):
+        return str(entry["sha256"])
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    index = {k: v for k, v in index.items() if Path(k).is_file()}
+    index[key] = {**stamp, "sha256": h.hexdigest()}
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(index_path, index)
+    except OSError:
+        pass  # an unwritable cache only costs a rehash next time
+    return h.hexdigest()
+
+
+def _weights(model_dir: Path) -> list[Path]:
+    return sorted(model_dir.glob("*.safetensors"))
+
+
+# ---------------------------------------------------------------------------------- profiles
+def make_profile(
+    workloads: dict[str, dict[str, Any]],
+    target: Fingerprint | None,
+    proposer: Fingerprint | None,
+    command: str,
+    slo: dict[str, float],
+) -> dict[str, Any]:
+    """A profile for `workloads` (name -> entry as in the module docstring); the first is the
+    default a server applies when not told which pool it serves."""
+    from datetime import UTC, datetime
+
+    return {
+        "format": FORMAT,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "slo": slo,
+        "default_workload": next(iter(workloads)),
+        "workloads": workloads,
+        "target": target,
+        "proposer": proposer,
+    }
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """Read and validate a profile; raises ValueError naming the file and the problem."""
+    try:
+        profile = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read speculation profile {path}: {exc}") from exc
+    if not isinstance(profile, dict) or profile.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a speculation profile (expected format {FORMAT!r})")
+    workloads = profile.get("workloads")
+    if not isinstance(workloads, dict) or not workloads:
+        raise ValueError(f"{path}: 'workloads' must be a non-empty object")
+    for name, entry in workloads.items():
+        n, gate = entry.get("speculate"), entry.get("speculate_max_batch")
+        if not isinstance(n, int) or n < 0 or not (gate is None or isinstance(gate, int)):
+            raise ValueError(
+                f"{path}: workload {name!r} needs speculate >= 0 and an int or "
+                "null speculate_max_batch"
+            )
+    return profile
+
+
+def profile_setting(profile: dict[str, Any], workload: str | None = None) -> tuple[int, int | None]:
+    """(N, speculate_max_batch) for `workload`; None picks the profile's default workload."""
+    name = workload or profile.get("default_workload") or next(iter(profile["workloads"]))
+    entry = profile["workloads"].get(name)
+    if entry is None:
+        raise ValueError(f"profile has no workload {name!r}; it has {sorted(profile['workloads'])}")
+    return int(entry["speculate"]), entry.get("speculate_max_batch")
+
+
+def check_profile(
+    profile: dict[str, Any], target: Fingerprint, proposer: Fingerprint | None
+) -> list[str]:
+    """Why the profile does not apply to the loaded artifacts; empty when it does."""
+    problems = []
+    saved = profile.get("target")
+    if not saved:
+        problems.append("the profile records no target fingerprint, so it cannot be verified")
+    else:
+        for key in ("config_sha256", "weights_sha256"):
+            if saved.get(key) != target.get(key):
+                problems.append(
+                    _changed(f"target checkpoint {key[:-7]}", saved.get(key), target.get(key))
+                )
+    wanted = profile.get("proposer")
+    if wanted and any(profile_setting(profile, w)[0] for w in profile["workloads"]):
+        if proposer is None:
+            problems.append(
+                f"the profile was measured with proposer {wanted.get('kind')!r}, "
+                "but speculation is off"
+            )
+        elif wanted.get("kind") != proposer.get("kind"):
+            problems.append(
+                f"the profile was measured with proposer {wanted.get('kind')!r}, "
+                f"the server runs {proposer.get('kind')!r}"
+            )
+        elif wanted.get("artifact") != proposer.get("artifact"):
+            problems.append(
+                f"the {proposer['kind']} proposer's artifact changed since the profile was measured"
+            )
+    return problems
+
+
+class StaleProfileError(ValueError):
+    """The profile was measured on other artifacts and --strict-profile is set."""
+
+
+def review_profile(
+    profile: dict[str, Any],
+    path: str | Path,
+    target: Fingerprint,
+    proposer: Fingerprint | None,
+    strict: bool = False,
+) -> list[str]:
+    """`check_profile`, then log one warning per stale profile, or raise under `strict`."""
+    problems = check_profile(profile, target, proposer)
+    if problems:
+        message = (
+            f"speculation profile {path} is stale and must be re-measured with "
+            "`specserve bench`: " + "; ".join(problems)
+        )
+        if strict:
+            raise StaleProfileError(message)
+        logger.warning("%s", message)
+    return problems
+
+
+def _changed(what: str, old: Any, new: Any) -> str:
+    return f"{what} changed (profile {str(old)[:12]}, loaded {str(new)[:12]})"
+
+
+def write_json_atomically(path: Path, payload: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def fingerprints(
+    info: dict[str, Any], model: str | None = None, draft_model: str | None = None
+) -> tuple[Fingerprint | None, Fingerprint | None]:
+    """(target, proposer) fingerprints of the server that answered `info` (its /info).
+
+    The server's own `fingerprints` field wins. Otherwise they are computed here, from `model`
+    / `draft_model` or the paths /info names, which works when the bench runs beside the server.
+    """
+    if isinstance(info.get("fingerprints"), dict):
+        return info["fingerprints"].get("target"), info["fingerprints"].get("proposer")
+    from specserve.models.loader import resolve_model_dir
+
+    spec = info.get("speculation") or {}
+    model_id = str(info.get("model_id", ""))
+    ref = model or (model_id if Path(model_id).exists() else None)
+    if ref is None and not model_id.endswith(_EMBEDDED_NAME):
+        logger.warning("cannot fingerprint model %r: pass --model", model_id)
+        return None, None
+    try:
+        target_dir = resolve_model_dir(ref)
+        kind = spec.get("proposer")
+        draft = draft_model or spec.get("draft_model")
+        heads = spec.get("medusa")
+        artifact_dir = (
+            (Path(heads) if heads else target_dir)
+            if kind == "medusa"
+            else (resolve_model_dir(draft) if kind == "draft" and draft else None)
+        )
+        return target_fingerprint(target_dir), proposer_fingerprint(kind, artifact_dir)
+    except (OSError, ValueError) as exc:
+        logger.warning("cannot fingerprint the served artifacts: %s", exc)
+        return None, None

@@ -1,0 +1,167 @@
+"""FastAPI app factory: TGI and OpenAI routes, /info, /health, /metrics, errors, guard.
+
+The app does not own the engine's lifetime: whoever serves it (see `server/cli.py`) drains the
+HTTP connections first and then shuts the AsyncEngine down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specserve import __version__
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.engine import Engine
+from specserve.server import openai_api, tgi
+from specserve.server.context import Ctx, ServerContext
+from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
+from specserve.server.metrics import ServerMetrics, snapshot
+from specserve.server.middleware import GuardMiddleware
+from specserve.server.schemas import Info, MemoryInfo, SpeculationInfo
+from specserve.server.service import ClientGone, GenerationService
+from specserve.server.settings import Limits, ServerSettings
+
+logger = logging.getLogger(__name__)
+
+# Label values for request counts; anything else is "other" (bounded cardinality).
+GENERATION_ROUTES = frozenset(
+    {"/", "/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"}
+)
+CLIENT_CLOSED_REQUEST = 499  # nginx's code: nobody is left to read the response
+
+
+def create_app(async_engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+    engine = async_engine.engine
+    limits = async_engine.run_locked(lambda e: Limits.from_engine(e, settings))
+    metrics = ServerMetrics(lambda: async_engine.run_locked(snapshot))
+    service = GenerationService(
+        async_engine, metrics, settings.max_concurrent_requests, settings.retry_after_s
+    )
+    special = frozenset(int(i) for i in engine.tokenizer.all_special_ids)
+    app = FastAPI(
+        title="specserve",
+        version=__version__,
+        description="TGI- and OpenAI-compatible LLM server with speculative decoding.",
+    )
+    app.state.ctx = ServerContext(async_engine, settings, limits, metrics, service, special)
+    app.include_router(tgi.router)
+    app.include_router(openai_api.router)
+    app.add_api_route("/health", health, methods=["GET"], tags=["status"])
+    app.add_api_route("/info", info, methods=["GET"], response_model=Info, tags=["status"])
+    app.add_api_route("/metrics", prometheus, methods=["GET"], tags=["status"])
+    _install_error_handlers(app, metrics)
+
+    def on_reject(path: str, outcome: str) -> None:
+        metrics.count(path if path in GENERATION_ROUTES else "other", outcome)
+
+    app.add_middleware(
+        GuardMiddleware,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_body_bytes,
+        on_reject=on_reject,
+    )
+    return app
+
+
+def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    def count(request: Request, outcome: str) -> None:
+        path = request.url.path
+        metrics.count(path if path in GENERATION_ROUTES else "other", outcome)
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        if not exc.counted:
+            count(request, exc.kind.outcome)
+        return error_response(request.url.path, exc)
+
+    async def on_validation(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        count(request, "invalid")
+        return error_response(request.url.path, from_validation_errors(exc.errors()))
+
+    async def on_gone(request: Request, exc: Exception) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this answer, so the traceback is logged once, by uvicorn.
+        count(request, "error")
+        err = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", ErrorKind.GENERATION)
+        return error_response(request.url.path, err)
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(ClientGone, on_gone)
+    app.add_exception_handler(Exception, on_crash)
+
+
+async def health(ctx: Ctx) -> JSONResponse:
+    """200 while serving; 503 once shutdown has begun (stop routing new requests here)."""
+    if ctx.service.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def info(ctx: Ctx) -> Info:
+    """Model, dtype, speculation config, proposer and memory budget."""
+    return await asyncio.to_thread(ctx.async_engine.run_locked, lambda e: _info(ctx, e))
+
+
+def _info(ctx: ServerContext, engine: Engine) -> Info:
+    res, cfg, s = engine.res, engine.config, ctx.settings
+    alloc = res.allocator
+    return Info(
+        model_id=s.model_id,
+        model_dtype=cfg.dtype,
+        model_device_type=res.device.type,
+        max_concurrent_requests=s.max_concurrent_requests,
+        max_stop_sequences=ctx.limits.max_stop_sequences,
+        max_input_tokens=ctx.limits.max_input_tokens,
+        max_total_tokens=ctx.limits.max_total_tokens,
+        max_batch_total_tokens=ctx.limits.kv_capacity_tokens,
+        max_batch_prefill_tokens=cfg.scheduler.max_batch_tokens,
+        version=__version__,
+        speculation=SpeculationInfo(
+            speculate=cfg.spec.speculate,
+            proposer=res.proposer.name if res.proposer is not None else None,
+            configured_proposer=cfg.spec.proposer,
+            draft_model=cfg.spec.draft_model,
+        ),
+        memory=MemoryInfo(
+            weights_bytes=res.weight_bytes,
+            kv_cache_bytes=res.runner.kv_bytes,
+            kv_cache_tokens=alloc.num_blocks * alloc.block_size,
+            kv_block_size=alloc.block_size,
+            kv_blocks=alloc.num_blocks,
+            budget=_budget(res),
+            available_bytes=available_memory(res.device),
+        ),
+    )
+
+
+def _budget(res: object) -> dict[str, int] | None:
+    plan = getattr(res, "memory", None)  # present when the engine planned memory itself
+    return dict(plan.as_dict()) if plan is not None else None
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Free bytes on the device (CUDA) or in the host (CPU), where the platform tells."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+async def prometheus(ctx: Ctx) -> Response:
+    """Prometheus exposition (text format 0.0.4)."""
+    body = await asyncio.to_thread(ctx.metrics.render)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,189 @@
+"""`specserve serve`: load the engine, log what was resolved, serve HTTP, drain on shutdown.
+
+Shutdown (SIGTERM or Ctrl-C): /health turns 503 and new generation requests get 503; uvicorn
+stops accepting connections and waits up to --drain-timeout for in-flight requests to finish;
+then the engine loop is stopped. A second Ctrl-C forces exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args
+from specserve.config import EngineConfig
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.engine import Engine
+from specserve.server.settings import ServerSettings
+
+logger = logging.getLogger("specserve.serve")
+
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# (flag, environment variable, default, help, type) of the serve-only flags.
+SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
+    (
+        "--host",
+        "HOSTNAME",
+        "127.0.0.1",
+        "address to listen on; loopback by default, 0.0.0.0 for every interface (TGI's default)",
+        str,
+    ),
+    ("--port", "PORT", 8080, "port to listen on", int),
+    (
+        "--max-input-tokens",
+        "MAX_INPUT_TOKENS",
+        None,
+        "longest prompt in tokens (unset = the context window minus one)",
+        int,
+    ),
+    (
+        "--max-concurrent-requests",
+        "MAX_CONCURRENT_REQUESTS",
+        128,
+        "generation requests in flight (running + queued); more get 429 with Retry-After",
+        int,
+    ),
+    (
+        "--api-key",
+        "API_KEY",
+        None,
+        "require 'Authorization: Bearer <key>' on every route except /health and /metrics",
+        str,
+    ),
+    (
+        "--max-body-bytes",
+        "MAX_BODY_BYTES",
+        2_000_000,
+        "largest request body; larger ones get 413",
+        int,
+    ),
+    (
+        "--drain-timeout",
+        "DRAIN_TIMEOUT",
+        30.0,
+        "seconds in-flight requests get to finish at shutdown",
+        float,
+    ),
+)
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `serve` on the `specserve` subcommand parser."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="serve the TGI- and OpenAI-compatible HTTP API",
+        description="Serve /generate, /generate_stream, /v1/completions, /v1/chat/completions, "
+        "/v1/models, /info, /health and /metrics. Every flag can also be set through the "
+        "environment variable named in its help.",
+    )
+    add_engine_args(p)
+    for flag, env, default, help_text, cast in SERVE_FLAGS:
+        add_flag(p, flag, env, default, help_text, cast)
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    try:
+        return ServerSettings(
+            model_id=args.model or DEFAULT_MODEL_ID,
+            max_input_tokens=args.max_input_tokens,
+            max_concurrent_requests=args.max_concurrent_requests,
+            api_key=args.api_key,
+            max_body_bytes=args.max_body_bytes,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from specserve.server.app import create_app
+
+    config = engine_config_from_args(args)
+    settings = settings_from_args(args)
+    try:
+        engine = Engine(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log_startup(config, settings, engine)
+    async_engine = AsyncEngine(engine)
+    app = create_app(async_engine, settings)
+    service = app.state.ctx.service
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            timeout_graceful_shutdown=int(args.drain_timeout),
+        ),
+        on_drain=lambda: setattr(service, "draining", True),
+    )
+    asyncio.run(_serve(server, async_engine, args.drain_timeout))
+    return 0
+
+
+async def _serve(server: uvicorn.Server, async_engine: AsyncEngine, drain_timeout: float) -> None:
+    try:
+        await server.serve()  # returns once connections are drained (or the timeout passed)
+    finally:
+        await async_engine.shutdown(timeout=drain_timeout)
+        logger.info("engine stopped")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server that tells the app shutdown has begun, then drains. Unlike uvicorn's own
+    handler it does not re-raise the signal after a graceful drain, so the engine is stopped
+    after the server returns and the process exits 0."""
+
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_drain = on_drain
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_drain()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+        else:
+            self.should_exit = True
+
+
+def log_startup(config: EngineConfig, settings: ServerSettings, engine: Engine) -> None:
+    """The resolved configuration and the memory budget, one line each."""
+    shown = asdict(settings) | {"api_key": "<set>" if settings.api_key else None}
+    logger.info("engine config: %s", asdict(config))
+    logger.info("server settings: %s", shown)
+    res = engine.res
+    alloc = res.allocator
+    kv_tokens = alloc.num_blocks * alloc.block_size
+    proposer = res.proposer.name if res.proposer is not None else "off"
+    logger.info(
+        "model %s on %s: context %d tokens; speculation N=%d proposer=%s",
+        res.model_dir,
+        res.device,
+        engine.max_model_len,
+        config.spec.speculate,
+        proposer,
+    )
+    logger.info(
+        "memory budget: weights %.1f MiB + KV cache %.1f MiB (%d blocks x %d = %d tokens) "
+        "= %.1f MiB",
+        res.weight_bytes / 2**20,
+        res.runner.kv_bytes / 2**20,
+        alloc.num_blocks,
+        alloc.block_size,
+        kv_tokens,
+        (res.weight_bytes + res.runner.kv_bytes) / 2**20,
+    )

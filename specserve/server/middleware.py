@@ -1,0 +1,107 @@
+"""ASGI guard in front of every route: bearer-token auth and the request body size limit.
+
+The body is read here, up to the limit, before the app sees it: a declared Content-Length over
+the limit is refused without reading, and a chunked body is refused as soon as it crosses the
+limit. The app then receives the buffered body, and later `receive()` calls (disconnect
+watching) go straight to the server.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from specserve.server.errors import ApiError, ErrorKind, error_response
+
+# Probes and scrapers run without credentials.
+PUBLIC_PATHS = frozenset({"/health", "/metrics"})
+OnReject = Callable[[str, str], None]  # (path, outcome)
+
+
+def token_matches(header: str | None, api_key: str) -> bool:
+    """Constant-time check of an `Authorization: Bearer <key>` header."""
+    scheme, _, token = (header or "").partition(" ")
+    ok_scheme = scheme.lower() == "bearer"
+    same = hmac.compare_digest(token.strip().encode(), api_key.encode())
+    return ok_scheme and same
+
+
+class GuardMiddleware:
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, max_body_bytes: int, on_reject: OnReject
+    ) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        needs_key = self.api_key is not None and path not in PUBLIC_PATHS
+        if needs_key and not token_matches(headers.get("authorization"), self.api_key or ""):
+            err = ApiError(
+                401,
+                "missing or invalid API key (Authorization: Bearer <key>)",
+                ErrorKind.UNAUTHORIZED,
+                None,
+                {"WWW-Authenticate": "Bearer"},
+            )
+            await self._reject(scope, receive, send, err, "unauthorized")
+            return
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._reject(scope, receive, send, self._too_large(), "too_large")
+            return
+        body = await self._read_body(receive)
+        if body is None:
+            await self._reject(scope, receive, send, self._too_large(), "too_large")
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            413,
+            f"request body is larger than {self.max_body_bytes} bytes (--max-body-bytes)",
+            ErrorKind.TOO_LARGE,
+        )
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None once it passes the limit."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks)  # disconnected: the app will notice
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _reject(
+        self, scope: Scope, receive: Receive, send: Send, err: ApiError, outcome: str
+    ) -> None:
+        self.on_reject(scope["path"], outcome)
+        await error_response(scope["path"], err)(scope, receive, send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,174 @@
+"""OpenAI request and response shapes for /v1/completions, /v1/chat/completions and /v1/models.
+
+Fields OpenAI defines but this server cannot honour are accepted only at their neutral value, so
+that clients sending defaults work and clients asking for more get a clear 400. Extensions:
+`top_k`, `repetition_penalty`, `speculate`, `ignore_eos`; usage reports speculation as
+`completion_tokens_details.accepted_prediction_tokens` / `rejected_prediction_tokens`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specserve.server.schemas import U64_MAX, Strict
+
+FinishReasonOpenAI = Literal["stop", "length"]
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(Strict):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = Field(default=None, description="any value; this server serves one model")
+    temperature: float | None = Field(default=None, ge=0, le=2, description="0 = greedy; default 1")
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=1, description="only 1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = Field(default=None, description="up to 4 stop sequences")
+    seed: int | None = Field(default=None, ge=0, le=U64_MAX)
+    presence_penalty: float | None = Field(
+        default=None, ge=-2, le=2, description="only 0 is supported"
+    )
+    frequency_penalty: float | None = Field(
+        default=None, ge=-2, le=2, description="only 0 is supported"
+    )
+    logit_bias: dict[str, float] | None = Field(default=None, description="only empty is supported")
+    user: str | None = None
+    # Extensions.
+    top_k: int | None = Field(default=None, ge=0, description="extension: 0 = off")
+    repetition_penalty: float | None = Field(default=None, gt=0, description="extension")
+    speculate: int | None = Field(
+        default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
+    )
+    ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        ..., description="one prompt: text or token ids"
+    )
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool = Field(default=False, description="not supported; must be false")
+    logprobs: int | None = Field(default=None, ge=0, description="not supported; must be null")
+    best_of: int | None = Field(default=None, ge=1, description="only 1 is supported")
+    suffix: str | None = Field(default=None, description="not supported; must be null")
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    # Lenient on purpose: clients send back assistant messages with extra null fields.
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="not supported")
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1, description="default: the context left")
+    max_completion_tokens: int | None = Field(default=None, ge=1, description="alias of max_tokens")
+    logprobs: bool | None = Field(default=None, description="not supported; must be false")
+    top_logprobs: int | None = Field(default=None, ge=0, description="not supported; must be null")
+    response_format: dict[str, Any] | None = Field(
+        default=None, description='only {"type": "text"}'
+    )
+    tools: list[dict[str, Any]] | None = Field(default=None, description="not supported")
+    tool_choice: str | dict[str, Any] | None = Field(default=None, description="only none")
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = Field(..., description="speculated tokens accepted")
+    rejected_prediction_tokens: int = Field(..., description="speculated tokens rejected")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: CompletionTokensDetails
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReasonOpenAI | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReasonOpenAI
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: FinishReasonOpenAI | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specserve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,213 @@
+"""Request bodies -> (prompt token ids, SamplingParams), checked against the server's limits.
+
+Every rejection is an `ApiError` whose message names the field and the limit. These checks run
+before the request reaches the engine, so a stream never starts for a request the engine would
+refuse.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specserve.engine.request import SamplingParams
+from specserve.server.errors import invalid
+from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from specserve.server.schemas import GenerateParameters, GenerateRequest
+from specserve.server.settings import Limits
+
+TGI_DEFAULT_MAX_NEW_TOKENS = 100
+Encode = Callable[[str], list[int]]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompt_ids: list[int]
+    params: SamplingParams
+
+    @property
+    def seed(self) -> int | None:
+        return None if self.params.greedy else self.params.seed
+
+
+# ------------------------------------------------------------------------------ shared checks
+def check_prompt(ids: list[int], limits: Limits, field: str) -> None:
+    if not ids:
+        raise invalid(field, "must not be empty")
+    if any(not 0 <= t < limits.vocab_size for t in ids):
+        raise invalid(field, f"token ids must be in [0, {limits.vocab_size})")
+    if len(ids) > limits.max_input_tokens:
+        raise invalid(
+            field,
+            f"has {len(ids)} tokens; the limit is {limits.max_input_tokens} (--max-input-tokens)",
+        )
+
+
+def resolve_max_new(
+    requested: int | None, default: int | None, n_input: int, limits: Limits, field: str
+) -> int:
+    """The output budget: the requested one if it fits, else the default capped by what fits."""
+    room = min(limits.max_total_tokens, limits.kv_capacity_tokens) - n_input
+    if requested is None:
+        if room < 1:
+            raise invalid(
+                field,
+                f"the prompt leaves no room: the KV cache holds "
+                f"{limits.kv_capacity_tokens} tokens and the prompt has {n_input}",
+            )
+        return min(default or room, room)
+    if n_input + requested > limits.max_total_tokens:
+        raise invalid(
+            field,
+            f"prompt tokens ({n_input}) + {field} ({requested}) must be <= "
+            f"{limits.max_total_tokens} (the context window, --max-total-tokens)",
+        )
+    if n_input + requested > limits.kv_capacity_tokens:
+        raise invalid(
+            field,
+            f"prompt tokens ({n_input}) + {field} ({requested}) must be <= "
+            f"{limits.kv_capacity_tokens} (the KV cache size)",
+        )
+    return requested
+
+
+def check_speculate(value: int | None, limits: Limits, field: str) -> int | None:
+    if value is not None and value > limits.speculate:
+        raise invalid(
+            field,
+            f"must be between 0 and {limits.speculate} (the server's --speculate); got {value}",
+        )
+    return value
+
+
+def check_stop(stops: list[str], limits: Limits, field: str) -> tuple[str, ...]:
+    if len(stops) > limits.max_stop_sequences:
+        raise invalid(
+            field,
+            f"at most {limits.max_stop_sequences} stop sequences are allowed; got {len(stops)}",
+        )
+    if any(not s for s in stops):
+        raise invalid(field, "stop sequences must be non-empty")
+    return tuple(stops)
+
+
+def require_default(field: str, value: Any, allowed: tuple[Any, ...], what: str) -> None:
+    """Reject a value this server cannot honour; `what` says what is accepted."""
+    if value not in allowed:
+        raise invalid(field, f"not supported by this server ({what})")
+
+
+def fresh_seed() -> int:
+    return random.getrandbits(63)
+
+
+# ------------------------------------------------------------------------------------- TGI
+def prepare_tgi(req: GenerateRequest, encode: Encode, limits: Limits) -> Prepared:
+    p = req.parameters
+    _tgi_unsupported(p)
+    ids = encode(req.inputs)
+    if p.truncate is not None:
+        if p.truncate > limits.max_input_tokens:
+            raise invalid(
+                "parameters.truncate", f"must be <= {limits.max_input_tokens} (--max-input-tokens)"
+            )
+        ids = ids[-p.truncate :]
+    check_prompt(ids, limits, "inputs")
+    max_new = resolve_max_new(
+        p.max_new_tokens,
+        TGI_DEFAULT_MAX_NEW_TOKENS,
+        len(ids),
+        limits,
+        "parameters.max_new_tokens",
+    )
+    # As TGI: any warper (temperature != 1, top_k, top_p < 1) turns sampling on.
+    warpers = p.temperature not in (None, 1.0) or p.top_k is not None or p.top_p not in (None, 1.0)
+    sampling = p.do_sample or warpers
+    params = SamplingParams(
+        max_new_tokens=max_new,
+        temperature=(p.temperature or 1.0) if sampling else 0.0,
+        top_k=p.top_k or 0,
+        top_p=p.top_p or 1.0,
+        repetition_penalty=p.repetition_penalty or 1.0,
+        seed=(fresh_seed() if p.seed is None else p.seed) if sampling else None,
+        stop=check_stop(p.stop, limits, "parameters.stop"),
+        ignore_eos=p.ignore_eos,
+        speculate=check_speculate(p.speculate, limits, "parameters.speculate"),
+    )
+    return Prepared(ids, params)
+
+
+def _tgi_unsupported(p: GenerateParameters) -> None:
+    require_default("parameters.best_of", p.best_of, (None, 1), "max_best_of is 1")
+    require_default("parameters.frequency_penalty", p.frequency_penalty, (None, 0.0), "only 0")
+    require_default("parameters.grammar", p.grammar, (None,), "must be null")
+    require_default("parameters.top_n_tokens", p.top_n_tokens, (None, 0), "only 0")
+    require_default("parameters.typical_p", p.typical_p, (None, 1.0), "only 1.0")
+    require_default("parameters.watermark", p.watermark, (False,), "must be false")
+    require_default("parameters.adapter_id", p.adapter_id, (None,), "must be null")
+
+
+# ---------------------------------------------------------------------------------- OpenAI
+def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -> Prepared:
+    require_default("echo", req.echo, (False,), "must be false")
+    require_default("logprobs", req.logprobs, (None, 0), "must be null")
+    require_default("best_of", req.best_of, (None, 1), "only 1")
+    require_default("suffix", req.suffix, (None, ""), "must be null")
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise invalid("prompt", f"only one prompt per request is supported; got {len(prompt)}")
+        prompt = prompt[0]
+    ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    check_prompt(ids, limits, "prompt")
+    max_new = resolve_max_new(req.max_tokens, None, len(ids), limits, "max_tokens")
+    return Prepared(ids, openai_sampling(req, max_new, limits))
+
+
+def prepare_chat(
+    req: ChatCompletionRequest,
+    encode_chat: Callable[[list[dict[str, str]]], list[int]],
+    limits: Limits,
+) -> Prepared:
+    require_default("logprobs", req.logprobs, (None, False), "must be false")
+    require_default("top_logprobs", req.top_logprobs, (None, 0), "must be null")
+    require_default("tools", req.tools or None, (None,), "tools are not supported")
+    require_default("tool_choice", req.tool_choice, (None, "none"), 'only "none"')
+    fmt = (req.response_format or {}).get("type", "text")
+    require_default("response_format", fmt, ("text",), 'only {"type": "text"}')
+    messages = []
+    for i, m in enumerate(req.messages):
+        require_default(f"messages[{i}].tool_calls", m.tool_calls or None, (None,), "no tools")
+        content = (
+            m.content
+            if isinstance(m.content, str)
+            else "\n".join(part.text for part in m.content or [])
+        )
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    ids = encode_chat(messages)
+    check_prompt(ids, limits, "messages")
+    asked = req.max_completion_tokens or req.max_tokens
+    field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    max_new = resolve_max_new(asked, None, len(ids), limits, field)
+    return Prepared(ids, openai_sampling(req, max_new, limits))
+
+
+def openai_sampling(req: SamplingFields, max_new: int, limits: Limits) -> SamplingParams:
+    require_default("presence_penalty", req.presence_penalty, (None, 0.0), "only 0")
+    require_default("frequency_penalty", req.frequency_penalty, (None, 0.0), "only 0")
+    require_default("logit_bias", req.logit_bias or None, (None,), "must be empty")
+    temperature = 1.0 if req.temperature is None else req.temperature
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingParams(
+        max_new_tokens=max_new,
+        temperature=temperature,
+        top_k=req.top_k or 0,
+        top_p=req.top_p or 1.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        seed=None if temperature == 0 else (fresh_seed() if req.seed is None else req.seed),
+        stop=check_stop(stops, limits, "stop"),
+        ignore_eos=req.ignore_eos,
+        speculate=check_speculate(req.speculate, limits, "speculate"),
+    )

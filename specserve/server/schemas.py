@@ -1,0 +1,173 @@
+"""TGI request and response shapes, plus /info.
+
+Field names and meanings follow text-generation-inference. Extensions (not in TGI) are marked;
+they are optional, so TGI clients never need them: `speculate` and `ignore_eos` in the
+parameters, and the per-request speculation counts `drafted_tokens` / `accepted_tokens` in the
+details.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+U64_MAX = 2**64 - 1
+
+FinishReasonTGI = Literal["length", "eos_token", "stop_sequence"]
+
+
+class Strict(BaseModel):
+    """Request models reject unknown fields (a typo must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class GenerateParameters(Strict):
+    best_of: int | None = Field(default=None, ge=1, description="only 1 is supported")
+    decoder_input_details: bool = Field(
+        default=False, description="return the prompt tokens in details"
+    )
+    details: bool = Field(default=False, description="return generation details")
+    do_sample: bool = Field(
+        default=False,
+        description="sample; a temperature != 1, top_k or top_p < 1 also turns sampling on",
+    )
+    frequency_penalty: float | None = Field(default=None, description="only 0 is supported")
+    grammar: dict[str, Any] | None = Field(default=None, description="not supported; must be null")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, description="default: 100, capped by the context left after the prompt"
+    )
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    return_full_text: bool | None = Field(
+        default=None, description="prepend the prompt to the output"
+    )
+    seed: int | None = Field(default=None, ge=0, le=U64_MAX)
+    stop: list[str] = Field(default_factory=list, description="stop sequences (at most 4)")
+    temperature: float | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, gt=0)
+    top_n_tokens: int | None = Field(default=None, ge=0, description="only 0 is supported")
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    truncate: int | None = Field(
+        default=None, ge=1, description="keep only the last N prompt tokens"
+    )
+    typical_p: float | None = Field(default=None, gt=0, le=1, description="only 1 is supported")
+    watermark: bool = Field(default=False, description="not supported; must be false")
+    adapter_id: str | None = Field(default=None, description="not supported; must be null")
+    # Extensions.
+    speculate: int | None = Field(
+        default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
+    )
+    ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
+
+
+class GenerateRequest(Strict):
+    inputs: str = Field(..., description="the prompt")
+    parameters: GenerateParameters = Field(default_factory=lambda: GenerateParameters())
+
+
+class CompatGenerateRequest(GenerateRequest):
+    stream: bool = False
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    logprob: float | None = Field(
+        default=None, description="null: this server does not report logprobs"
+    )
+    special: bool
+
+
+class PrefillToken(BaseModel):
+    id: int
+    text: str
+    logprob: float | None = None
+
+
+class Details(BaseModel):
+    finish_reason: FinishReasonTGI
+    generated_tokens: int
+    seed: int | None = None
+    prefill: list[PrefillToken] = Field(default_factory=list)
+    tokens: list[Token] = Field(default_factory=list)
+    top_tokens: list[list[Token]] | None = None
+    best_of_sequences: list[dict[str, Any]] | None = None
+    drafted_tokens: int = Field(default=0, description="extension: tokens proposed by speculation")
+    accepted_tokens: int = Field(
+        default=0, description="extension: proposed tokens the model accepted"
+    )
+
+
+class GenerateResponse(BaseModel):
+    generated_text: str
+    details: Details | None = None
+
+
+class StreamDetails(BaseModel):
+    finish_reason: FinishReasonTGI
+    generated_tokens: int
+    seed: int | None = None
+    input_length: int
+    drafted_tokens: int = Field(default=0, description="extension: tokens proposed by speculation")
+    accepted_tokens: int = Field(
+        default=0, description="extension: proposed tokens the model accepted"
+    )
+
+
+class StreamResponse(BaseModel):
+    index: int
+    token: Token
+    top_tokens: list[Token] | None = None
+    generated_text: str | None = None
+    details: StreamDetails | None = None
+
+
+class SpeculationInfo(BaseModel):
+    speculate: int = Field(..., description="server-wide N: max drafted tokens per step")
+    proposer: str | None = Field(..., description="active proposer; null when speculation is off")
+    configured_proposer: str
+    draft_model: str | None
+
+
+class MemoryInfo(BaseModel):
+    weights_bytes: int
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    kv_block_size: int
+    kv_blocks: int
+    budget: dict[str, int] | None = Field(
+        default=None,
+        description="the engine's memory plan (with --max-memory): weights, "
+        "activation peak, KV and headroom, in bytes",
+    )
+    available_bytes: int | None = Field(
+        default=None, description="device (or host) memory still free now, where measurable"
+    )
+
+
+class Info(BaseModel):
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    model_device_type: str
+    model_pipeline_tag: str = "text-generation"
+    max_concurrent_requests: int
+    max_best_of: int = 1
+    max_stop_sequences: int
+    max_input_tokens: int
+    max_total_tokens: int
+    max_batch_total_tokens: int = Field(..., description="KV cache capacity in tokens")
+    max_batch_prefill_tokens: int = Field(..., description="tokens scored in one forward pass")
+    max_client_batch_size: int = 1
+    router: str = "specserve"
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None
+    speculation: SpeculationInfo
+    memory: MemoryInfo
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    error_type: str

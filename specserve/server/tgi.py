@@ -1,0 +1,187 @@
+"""TGI-compatible routes: POST /generate, /generate_stream and / (which dispatches on `stream`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from specserve.engine.request import RequestOutput
+from specserve.server.context import Ctx, ServerContext, new_id
+from specserve.server.errors import ApiError, error_body
+from specserve.server.params import Prepared, prepare_tgi
+from specserve.server.schemas import (
+    CompatGenerateRequest,
+    Details,
+    ErrorResponse,
+    FinishReasonTGI,
+    GenerateRequest,
+    GenerateResponse,
+    PrefillToken,
+    StreamDetails,
+    StreamResponse,
+    Token,
+)
+from specserve.server.service import Collected, Tracked
+from specserve.server.sse import EventStream, sse
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["TGI"])
+
+_FINISH: dict[str, FinishReasonTGI] = {"eos": "eos_token", "stop": "stop_sequence"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorResponse},
+    422: {"model": ErrorResponse},
+    424: {"model": ErrorResponse},
+    429: {"model": ErrorResponse},
+    503: {"model": ErrorResponse},
+}
+_SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "TGI token events"}
+}
+
+
+def finish_reason(out: RequestOutput) -> FinishReasonTGI:
+    return _FINISH.get(out.finish_reason or "", "length")
+
+
+def _tokens(ctx: ServerContext, out: RequestOutput) -> list[Token]:
+    texts = ctx.token_texts(out.new_token_ids, out.new_text)
+    return [
+        Token(id=t, text=s, logprob=None, special=t in ctx.special_ids)
+        for t, s in zip(out.new_token_ids, texts, strict=True)
+    ]
+
+
+@router.post("/generate", response_model=GenerateResponse, responses=_ERRORS)
+async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> JSONResponse:
+    """Generate text for `inputs`; `parameters.details` adds per-token details."""
+    response, headers = await _generate(body, request, ctx, "/generate")
+    return JSONResponse(response.model_dump(mode="json"), headers=headers)
+
+
+async def _generate(
+    body: GenerateRequest, request: Request, ctx: Ctx, route: str
+) -> tuple[GenerateResponse, dict[str, str]]:
+    prep = prepare_tgi(body, ctx.encode, ctx.limits)
+    tracked = ctx.service.admit(route)
+    result = await ctx.service.collect(request, tracked, prep, new_id("gen"))
+    elapsed_ms = int((time.monotonic() - tracked.arrival) * 1000)
+    n = len(result.token_ids)
+    headers = {
+        "x-prompt-tokens": str(len(prep.prompt_ids)),
+        "x-generated-tokens": str(n),
+        "x-total-time": str(elapsed_ms),
+        "x-time-per-token": str(elapsed_ms // max(n, 1)),
+    }
+    return _response(ctx, body, prep, result), headers
+
+
+def _response(
+    ctx: ServerContext, body: GenerateRequest, prep: Prepared, result: Collected
+) -> GenerateResponse:
+    p = body.parameters
+    prefix = body.inputs if p.return_full_text else ""
+    if not p.details:
+        return GenerateResponse(generated_text=prefix + result.text)
+    final = result.final
+    texts = [ctx.tokenizer.decode([t], skip_special_tokens=True) for t in result.token_ids]
+    details = Details(
+        finish_reason=finish_reason(final),
+        generated_tokens=final.num_output_tokens,
+        seed=prep.seed,
+        prefill=_prefill(ctx, prep) if p.decoder_input_details else [],
+        tokens=[
+            Token(id=t, text=s, logprob=None, special=t in ctx.special_ids)
+            for t, s in zip(result.token_ids, texts, strict=True)
+        ],
+        drafted_tokens=final.drafted_tokens,
+        accepted_tokens=final.accepted_tokens,
+    )
+    return GenerateResponse(generated_text=prefix + result.text, details=details)
+
+
+def _prefill(ctx: ServerContext, prep: Prepared) -> list[PrefillToken]:
+    return [
+        PrefillToken(id=t, text=ctx.tokenizer.decode([t]), logprob=None) for t in prep.prompt_ids
+    ]
+
+
+@router.post("/generate_stream", response_model=None, responses={**_SSE, **_ERRORS})
+async def generate_stream(body: GenerateRequest, ctx: Ctx) -> EventStream:
+    """Stream one TGI token event per generated token; the last carries the text and details."""
+    return _stream(body, ctx, "/generate_stream")
+
+
+def _stream(body: GenerateRequest, ctx: ServerContext, route: str) -> EventStream:
+    prep = prepare_tgi(body, ctx.encode, ctx.limits)
+    tracked = ctx.service.admit(route)
+    return EventStream(_events(ctx, body, prep, tracked), lambda: ctx.service.close(tracked))
+
+
+async def _events(
+    ctx: ServerContext, body: GenerateRequest, prep: Prepared, tracked: Tracked
+) -> AsyncIterator[str]:
+    p = body.parameters
+    text = body.inputs if p.return_full_text else ""
+    index = 0
+    try:
+        run = ctx.service.run(tracked, prep, new_id("gen"))
+        async with contextlib.aclosing(run) as outs:
+            async for out in outs:
+                if out.finished and out.finish_reason in ("error", "abort"):
+                    msg = f"generation failed: {out.error or out.finish_reason}"
+                    yield sse({"error": msg, "error_type": "generation"})
+                    return
+                await asyncio.sleep(0)  # let the loop notice a disconnect between outputs
+                text += out.new_text
+                tokens = _tokens(ctx, out)
+                for i, token in enumerate(tokens):
+                    index += 1
+                    last = out.finished and i == len(tokens) - 1
+                    yield sse(
+                        StreamResponse(
+                            index=index,
+                            token=token,
+                            generated_text=text if last else None,
+                            details=_stream_details(out, prep) if last and p.details else None,
+                        )
+                    )
+    except ApiError as err:
+        yield sse(error_body("/generate_stream", err))
+    except Exception as exc:  # headers are sent: the error must travel as an event
+        logger.exception("stream failed")
+        yield sse({"error": f"internal error: {exc}", "error_type": "generation"})
+
+
+def _stream_details(out: RequestOutput, prep: Prepared) -> StreamDetails:
+    return StreamDetails(
+        finish_reason=finish_reason(out),
+        generated_tokens=out.num_output_tokens,
+        seed=prep.seed,
+        input_length=out.num_prompt_tokens,
+        drafted_tokens=out.drafted_tokens,
+        accepted_tokens=out.accepted_tokens,
+    )
+
+
+@router.post(
+    "/",
+    response_model=None,
+    responses={200: {"model": list[GenerateResponse], **_SSE[200]}, **_ERRORS},
+    summary="TGI compat route: /generate, or /generate_stream when stream is true",
+)
+async def compat_generate(
+    body: CompatGenerateRequest, request: Request, ctx: Ctx
+) -> JSONResponse | EventStream:
+    req = GenerateRequest(inputs=body.inputs, parameters=body.parameters)
+    if body.stream:
+        return _stream(req, ctx, "/")
+    response, headers = await _generate(req, request, ctx, "/")
+    return JSONResponse([response.model_dump(mode="json")], headers=headers)

@@ -1,0 +1,70 @@
+"""--api-key (here through its environment form, API_KEY): bearer token or 401."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from specserve.server.middleware import token_matches
+from tests.server.conftest import Server, start_server
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def auth_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("logs") / "auth-server.log"
+    server = start_server(["--model", str(tiny_model)], log, env={"API_KEY": KEY})
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": f"Bearer {KEY}x"},
+        {"Authorization": "Bearer"},
+    ],
+)
+def test_missing_or_wrong_key_gets_401(auth_server: Server, headers: dict[str, str]) -> None:
+    body = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
+    r = httpx.post(auth_server.url + "/generate", json=body, headers=headers)
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert r.json()["error_type"] == "unauthorized"
+    r = httpx.get(auth_server.url + "/v1/models", headers=headers)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(auth_server.url + "/info", headers=headers).status_code == 401
+
+
+def test_right_key_passes_and_probes_stay_open(auth_server: Server) -> None:
+    good = {"Authorization": f"Bearer {KEY}"}
+    body = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
+    assert httpx.post(auth_server.url + "/generate", json=body, headers=good).status_code == 200
+    assert httpx.get(auth_server.url + "/health").status_code == 200
+    metrics = httpx.get(auth_server.url + "/metrics").text
+    assert 'specserve_requests_total{outcome="unauthorized",route="/generate"}' in metrics
+
+
+def test_openai_sdk_with_and_without_key(auth_server: Server) -> None:
+    ok = openai.OpenAI(base_url=auth_server.url + "/v1", api_key=KEY)
+    assert ok.completions.create(model="m", prompt="hi", max_tokens=2).usage is not None
+    bad = openai.OpenAI(base_url=auth_server.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model="m", prompt="hi", max_tokens=2)
+
+
+def test_token_matches() -> None:
+    assert token_matches(f"Bearer {KEY}", KEY)
+    assert token_matches(f"bearer {KEY}", KEY)
+    assert not token_matches(None, KEY)
+    assert not token_matches(KEY, KEY)
+    assert not token_matches(f"Bearer {KEY[:-1]}", KEY)
+    assert not token_matches("Bearer ünïcode", KEY)

@@ -1,0 +1,147 @@
+"""Each bad input gets a 4xx whose message names the field and the limit; the server goes on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.server.conftest import Server
+
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 30  # > 64 tokens
+
+
+def tgi(server: Server, parameters: dict[str, object], inputs: str = "Hello") -> httpx.Response:
+    return httpx.post(server.url + "/generate", json={"inputs": inputs, "parameters": parameters})
+
+
+@pytest.mark.parametrize(
+    ("parameters", "needles"),
+    [
+        ({"max_new_tokens": -1}, ["parameters.max_new_tokens", "greater than or equal to 1"]),
+        ({"max_new_tokens": 0}, ["parameters.max_new_tokens", "1"]),
+        ({"temperature": -0.5}, ["parameters.temperature", "greater than 0"]),
+        ({"temperature": 0}, ["parameters.temperature", "greater than 0"]),
+        ({"top_p": 0}, ["parameters.top_p", "greater than 0"]),
+        ({"top_p": 1.5}, ["parameters.top_p", "less than or equal to 1"]),
+        ({"top_k": 0}, ["parameters.top_k", "greater than 0"]),
+        ({"repetition_penalty": 0}, ["parameters.repetition_penalty", "greater than 0"]),
+        ({"speculate": 5}, ["parameters.speculate", "between 0 and 4", "--speculate"]),
+        ({"speculate": -1}, ["parameters.speculate", "greater than or equal to 0"]),
+        ({"max_new_tokens": 5000}, ["parameters.max_new_tokens", "4096", "--max-total-tokens"]),
+        ({"stop": ["a", "b", "c", "d", "e"]}, ["parameters.stop", "at most 4"]),
+        ({"stop": [""]}, ["parameters.stop", "non-empty"]),
+        ({"best_of": 2}, ["parameters.best_of", "max_best_of is 1"]),
+        ({"truncate": 100}, ["parameters.truncate", "64", "--max-input-tokens"]),
+        ({"top_n_tokens": 3}, ["parameters.top_n_tokens", "not supported"]),
+        ({"watermark": True}, ["parameters.watermark", "not supported"]),
+        ({"no_such_field": 1}, ["parameters.no_such_field", "unknown field"]),
+        ({"max_new_tokens": "many"}, ["parameters.max_new_tokens", "integer"]),
+    ],
+)
+def test_tgi_bad_parameters(
+    tiny_server: Server, parameters: dict[str, object], needles: list[str]
+) -> None:
+    r = tgi(tiny_server, parameters)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error_type"] == "validation"
+    for needle in needles:
+        assert needle in body["error"], body["error"]
+
+
+def test_prompt_over_max_input_tokens(tiny_server: Server) -> None:
+    r = tgi(tiny_server, {}, inputs=LONG_PROMPT)
+    assert r.status_code == 422
+    assert "inputs" in r.json()["error"] and "64 (--max-input-tokens)" in r.json()["error"]
+    r = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": LONG_PROMPT})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "prompt" and "64" in err["message"]
+    chat = {"messages": [{"role": "user", "content": LONG_PROMPT}]}
+    r = httpx.post(tiny_server.url + "/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_empty_and_missing_inputs(tiny_server: Server) -> None:
+    r = tgi(tiny_server, {}, inputs="")
+    assert r.status_code == 422 and "inputs: must not be empty" in r.json()["error"]
+    r = httpx.post(tiny_server.url + "/generate", json={"parameters": {}})
+    assert r.status_code == 422 and "inputs: Field required" in r.json()["error"]
+
+
+@pytest.mark.parametrize("route", ["/generate", "/generate_stream", "/v1/completions"])
+def test_invalid_json(tiny_server: Server, route: str) -> None:
+    r = httpx.post(
+        tiny_server.url + route,
+        content=b'{"inputs": "x",',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400
+    text = r.text
+    assert "not valid JSON" in text
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "needle"),
+    [
+        ({"prompt": "hi", "max_tokens": -3}, "max_tokens", "greater than or equal to 1"),
+        ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal to 0"),
+        ({"prompt": "hi", "temperature": 3}, "temperature", "less than or equal to 2"),
+        ({"prompt": "hi", "top_p": 0}, "top_p", "greater than 0"),
+        ({"prompt": "hi", "speculate": 9}, "speculate", "between 0 and 4"),
+        ({"prompt": "hi", "n": 2}, "n", "less than or equal to 1"),
+        ({"prompt": "hi", "echo": True}, "echo", "not supported"),
+        ({"prompt": "hi", "max_tokens": 5000}, "max_tokens", "4096"),
+        ({"prompt": ["a", "b"]}, "prompt", "one prompt"),
+        ({"prompt": [1, 2, 999999]}, "prompt", "token ids must be in [0, 320)"),
+        ({"prompt": "hi", "frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
+        ({"prompt": "hi", "bogus": 1}, "bogus", "unknown field"),
+    ],
+)
+def test_openai_bad_parameters(
+    tiny_server: Server, body: dict[str, object], param: str, needle: str
+) -> None:
+    r = httpx.post(tiny_server.url + "/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param
+    assert param in err["message"] and needle in err["message"], err["message"]
+
+
+def test_openai_temperature_zero_is_greedy(tiny_server: Server) -> None:
+    body = {"prompt": "The quick brown", "max_tokens": 6, "temperature": 0, "seed": 1}
+    a = httpx.post(tiny_server.url + "/v1/completions", json=body).json()
+    b = httpx.post(tiny_server.url + "/v1/completions", json={**body, "seed": 2}).json()
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+
+
+def test_chat_rejects_tools_and_bad_roles(tiny_server: Server) -> None:
+    url = tiny_server.url + "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    r = httpx.post(url, json={"messages": msgs, "tools": [{"type": "function"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    r = httpx.post(url, json={"messages": [{"role": "robot", "content": "hi"}]})
+    assert r.status_code == 400 and "messages[0].role" in r.json()["error"]["message"]
+    r = httpx.post(url, json={"messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+
+
+def test_body_over_limit_gets_413(tiny_server: Server) -> None:
+    big = b'{"inputs": "' + b"a" * 300_000 + b'"}'
+    headers = {"content-type": "application/json"}
+    r = httpx.post(tiny_server.url + "/generate", content=big, headers=headers)
+    assert r.status_code == 413 and "200000" in r.json()["error"]
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the limit applies while reading
+        yield b'{"inputs": "'
+        for _ in range(30):
+            yield b"a" * 10_000
+        yield b'"}'
+
+    r = httpx.post(tiny_server.url + "/v1/completions", content=chunked(), headers=headers)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "payload_too_large"
+    assert tgi(tiny_server, {"max_new_tokens": 2}).status_code == 200

@@ -1,0 +1,83 @@
+"""/metrics parses with prometheus-client's parser, names follow conventions, counters move."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import Server, idle, scrape
+
+EXPECTED = {
+    "specserve_requests": "counter",
+    "specserve_requests_in_flight": "gauge",
+    "specserve_request_queue_seconds": "histogram",
+    "specserve_time_to_first_token_seconds": "histogram",
+    "specserve_inter_token_latency_seconds": "histogram",
+    "specserve_request_duration_seconds": "histogram",
+    "specserve_request_input_tokens": "histogram",
+    "specserve_request_output_tokens": "histogram",
+    "specserve_batch_size": "gauge",
+    "specserve_queue_size": "gauge",
+    "specserve_kv_cache_blocks_used": "gauge",
+    "specserve_kv_cache_blocks": "gauge",
+    "specserve_preemptions": "counter",
+    "specserve_generated_tokens": "counter",
+    "specserve_engine_steps": "counter",
+    "specserve_spec_drafts": "counter",
+    "specserve_spec_drafted_tokens": "counter",
+    "specserve_spec_accepted_tokens": "counter",
+    "specserve_spec_accepted_tokens_by_position": "counter",
+}
+# Copy-heavy: the n-gram proposer finds the continuation in the prompt itself.
+COPY_PROMPT = "one two three four five six seven eight one two three four five six"
+
+
+def test_metrics_parse_with_expected_families(tiny_server: Server) -> None:
+    httpx.post(tiny_server.url + "/generate", json={"inputs": "hi"})
+    r = httpx.get(tiny_server.url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f.type for f in text_string_to_metric_families(r.text)}
+    for name, kind in EXPECTED.items():
+        assert families.get(name) == kind, (name, families.get(name))
+    for name in families:
+        assert name.startswith("specserve_"), name
+    assert "_created" not in r.text
+
+
+def test_speculation_counters_move_when_speculating(tiny_server: Server) -> None:
+    before = idle(tiny_server.url)
+    body = {
+        "inputs": COPY_PROMPT,
+        "parameters": {"max_new_tokens": 40, "ignore_eos": True, "details": True},
+    }
+    details = httpx.post(tiny_server.url + "/generate", json=body).json()["details"]
+    after = idle(tiny_server.url)
+
+    def moved(key: str) -> float:
+        return after.get(key, 0) - before.get(key, 0)
+
+    drafted = 'specserve_spec_drafted_tokens_total{proposer="ngram"}'
+    accepted = 'specserve_spec_accepted_tokens_total{proposer="ngram"}'
+    assert moved(drafted) == details["drafted_tokens"] > 0
+    assert moved(accepted) == details["accepted_tokens"]
+    assert moved('specserve_engine_steps_total{speculation="on"}') > 0
+    assert moved("specserve_generated_tokens_total") == 40
+    assert moved('specserve_requests_total{outcome="success",route="/generate"}') == 1
+    assert moved("specserve_request_output_tokens_sum") == 40
+    assert moved("specserve_time_to_first_token_seconds_count") == 1
+    if details["accepted_tokens"]:
+        pos0 = 'specserve_spec_accepted_tokens_by_position_total{position="0",proposer="ngram"}'
+        assert moved(pos0) > 0
+
+
+def test_speculate_zero_request_drafts_nothing(tiny_server: Server) -> None:
+    before = idle(tiny_server.url)
+    body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 20, "speculate": 0}}
+    assert httpx.post(tiny_server.url + "/generate", json=body).status_code == 200
+    after = scrape(tiny_server.url)
+    drafted = 'specserve_spec_drafted_tokens_total{proposer="ngram"}'
+    assert after.get(drafted, 0) == before.get(drafted, 0)
+    assert (
+        after['specserve_engine_steps_total{speculation="off"}']
+        > before['specserve_engine_steps_total{speculation="off"}']
+    )
