@@ -1,28 +1,48 @@
 """asyncio front for the engine: the step loop runs in a background thread.
 
-`generate()` yields RequestOutputs as the engine produces them. Leaving the iterator early
-(a client disconnect, a cancelled task) aborts the request, which frees its KV blocks.
+Only the step thread touches the engine's mutable state. `generate()` validates on the caller's
+side (read-only), then hands the request to the thread through an inbox; aborts go the same way.
+So a long forward pass never blocks the event loop. Leaving the `generate()` iterator early (a
+client disconnect, a cancelled task) aborts the request, which frees its KV blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
 
 
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # held by the step thread while it touches the engine
+        self._inbox: list[_Add | _Abort] = []
+        self._wake = threading.Condition()  # guards _inbox and _stopping
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        self._ids = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="specserve-engine", daemon=True)
         self._thread.start()
@@ -35,13 +55,15 @@ class AsyncEngine:
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's outputs. Raises ValueError (before any output) on bad input."""
+        ids, params = self.engine.prepare(prompt, params)
+        rid = request_id or f"async-{next(self._ids)}"
+        if rid in self._queues:
+            raise ValueError(f"request id {rid!r} is already in use")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        with self._wake:
-            if self._stopping:
-                raise RuntimeError("engine is shutting down")
-            rid = self.engine.add_request(prompt, params, request_id)
-            self._queues[rid] = (asyncio.get_running_loop(), queue)
-            self._wake.notify()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        if not self._post(_Add(rid, ids, params)):
+            self._queues.pop(rid, None)
+            raise RuntimeError("engine is shutting down")
         finished = False
         try:
             while not finished:
@@ -53,34 +75,57 @@ class AsyncEngine:
                 self.abort(rid)
             self._queues.pop(rid, None)
 
-    def abort(self, request_id: str) -> bool:
-        with self._wake:
-            found = self.engine.abort(request_id)
-            self._wake.notify()
-            return found
+    def abort(self, request_id: str) -> None:
+        self._post(_Abort(request_id), even_when_stopping=True)
 
-    def run_locked(self, fn):  # type: ignore[no-untyped-def]
-        """Call fn(engine) while holding the engine lock (reads of live state)."""
+    def run_locked(self, fn: Callable[[Engine], T]) -> T:
+        """Call fn(engine) between steps (for consistent reads of live state)."""
         with self._lock:
             return fn(self.engine)
+
+    def _post(self, item: _Add | _Abort, even_when_stopping: bool = False) -> bool:
+        with self._wake:
+            if self._stopping and not even_when_stopping:
+                return False
+            self._inbox.append(item)
+            self._wake.notify()
+            return True
 
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self.engine.has_work() and not self._stopping:
+                while not self._inbox and not self.engine.has_work() and not self._stopping:
                     self._wake.wait()
-                if self._stopping and not self.engine.has_work():
+                inbox, self._inbox = self._inbox, []
+                if self._stopping and not inbox and not self.engine.has_work():
                     return
+            with self._lock:
+                failed = [self._apply(item) for item in inbox]
                 try:
                     outputs = self.engine.step()
                 except Exception:  # keep serving; the step already failed its own requests
                     logger.exception("engine step failed")
                     outputs = []
-            for out in outputs:
-                target = self._queues.get(out.request_id)
-                if target is not None:
-                    loop, queue = target
-                    loop.call_soon_threadsafe(queue.put_nowait, out)
+            self._deliver([f for f in failed if f is not None] + outputs)
+
+    def _apply(self, item: _Add | _Abort) -> RequestOutput | None:
+        if isinstance(item, _Abort):
+            self.engine.abort(item.request_id)
+            return None
+        try:
+            self.engine.add_prepared(item.ids, item.params, item.request_id)
+        except ValueError as exc:
+            return RequestOutput(
+                item.request_id, [], "", True, "error", len(item.ids), 0, error=str(exc)
+            )
+        return None
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            target = self._queues.get(out.request_id)
+            if target is not None:
+                loop, queue = target
+                loop.call_soon_threadsafe(queue.put_nowait, out)
 
     async def shutdown(self, timeout: float = 30.0) -> None:
         """Stop accepting requests, let those in flight finish, then stop the thread."""

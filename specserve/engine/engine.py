@@ -87,11 +87,23 @@ class Engine:
         request_id: str | None = None,
     ) -> str:
         """Queue a request; raises ValueError naming the limit on bad input."""
-        params = params or SamplingParams()
-        ids = self._prompt_ids(prompt)
+        ids, params = self.prepare(prompt, params or SamplingParams())
+        return self.add_prepared(ids, params, request_id)
+
+    def prepare(
+        self, prompt: str | list[int], params: SamplingParams
+    ) -> tuple[list[int], SamplingParams]:
+        """Tokenize and validate without touching engine state (safe from any thread).
+        A sampled request without a seed gets a random one here, so it can be reported."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate(ids, params)
         if not params.greedy and params.seed is None:
-            params = _with_seed(params, random.getrandbits(63))
+            params = replace(params, seed=random.getrandbits(63))
+        return ids, params
+
+    def add_prepared(
+        self, ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -99,6 +111,10 @@ class Engine:
         self._live[request_id] = _Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
         self.scheduler.add(seq)
         return request_id
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt text -> token ids, without adding special tokens (templates add their own)."""
+        return list(self.res.tokenizer.encode(text, add_special_tokens=False))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks. False if it is unknown or finished."""
@@ -110,11 +126,6 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._finished_outputs)
-
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.res.tokenizer.encode(prompt, add_special_tokens=False))
-        return list(prompt)
 
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
@@ -331,7 +342,3 @@ class Engine:
             drafts_reserved={w.seq.seq_id: w.max_drafts for w in batch.work if w.max_drafts},
             drafts_proposed={sid: len(d.tokens) for sid, d in drafts.items()},
         )
-
-
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    return replace(params, seed=seed)

@@ -31,7 +31,7 @@ class ServerContext:
 
     def encode(self, text: str) -> list[int]:
         """As the engine encodes a text prompt (no special tokens added)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.async_engine.engine.encode(text)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         return self.async_engine.engine.encode_chat(messages)
