@@ -20,17 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from specserve.models.hashing import cached_sha256
+from specserve.models.loader import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "specserve-speculation-profile/1"
 _EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # /info's model_id when serving the embedded default
-_HASH_INDEX_FILE = "file-hashes.json"
-_CHUNK = 1 << 20
 _MEDUSA_PREFIX = "medusa_"  # heads stored beside the target's weights (models/registry.py)
 
 Fingerprint = dict[str, Any]
@@ -83,34 +82,7 @@ def files_sha256(files: list[Path], cache_dir: Path | None = None) -> str:
     """One digest over (name, sha256 of bytes) of each file, in name order."""
     h = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.name):
-        h.update(f"{path.name}\0{cached_sha256(path, cache_dir)}\n".encode())
-    return h.hexdigest()
-
-
-def cached_sha256(path: Path, cache_dir: Path | None = None) -> str:
-    """sha256 of a file's bytes, remembered per (path, size, mtime) so restarts skip rehashing."""
-    from specserve.models.loader import default_cache_dir
-
-    cache_dir = default_cache_dir() if cache_dir is None else cache_dir
-    stat = path.stat()
-    key, stamp = str(path.resolve()), {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    index_path = cache_dir / _HASH_INDEX_FILE
-    index = _read_json_object(index_path)
-    entry = index.get(key)
-    entry = entry if isinstance(entry, dict) else {}
-    if all(entry.get(k) == v for k, v in stamp.items()) and isinstance(entry.get("sha256"), str):
-        return str(entry["sha256"])
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    index = {k: v for k, v in index.items() if Path(k).is_file()}
-    index[key] = {**stamp, "sha256": h.hexdigest()}
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(index_path, index)
-    except OSError:
-        pass  # an unwritable cache only costs a rehash next time
+        h.update(f"{path.name}\0{cached_sha256(path, cache_dir or default_cache_dir())}\n".encode())
     return h.hexdigest()
 
 
@@ -231,25 +203,6 @@ def review_profile(
 
 def _changed(what: str, old: Any, new: Any) -> str:
     return f"{what} changed (profile {str(old)[:12]}, loaded {str(new)[:12]})"
-
-
-def write_json_atomically(path: Path, payload: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def _read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def fingerprints(

