@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -18,13 +16,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.engine import Engine
 from specserve.server import openai_api, tgi
 from specserve.server.context import Ctx, ServerContext
 from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
+from specserve.server.info import info
 from specserve.server.metrics import ServerMetrics, snapshot
 from specserve.server.middleware import GuardMiddleware
-from specserve.server.schemas import Info, MemoryInfo, SpeculationInfo
+from specserve.server.provenance import Provenance
+from specserve.server.schemas import Info
 from specserve.server.service import ClientGone, GenerationService
 from specserve.server.settings import Limits, ServerSettings
 
@@ -37,7 +36,10 @@ GENERATION_ROUTES = frozenset(
 CLIENT_CLOSED_REQUEST = 499  # nginx's code: nobody is left to read the response
 
 
-def create_app(async_engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+def create_app(
+    async_engine: AsyncEngine, settings: ServerSettings, provenance: Provenance | None = None
+) -> FastAPI:
+    """`provenance`: the fingerprints and speculation profile checked at start-up, if any."""
     engine = async_engine.engine
     limits = async_engine.run_locked(lambda e: Limits.from_engine(e, settings))
     metrics = ServerMetrics(lambda: async_engine.run_locked(snapshot))
@@ -50,7 +52,11 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         version=__version__,
         description="TGI- and OpenAI-compatible LLM server with speculative decoding.",
     )
-    app.state.ctx = ServerContext(async_engine, settings, limits, metrics, service, special)
+    app.state.ctx = ServerContext(
+        async_engine, settings, limits, metrics, service, special, provenance
+    )
+    if provenance is not None and provenance.profile is not None:
+        metrics.show_profile(provenance.profile.stale)
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
     app.add_api_route("/health", health, methods=["GET"], tags=["status"])
@@ -106,59 +112,6 @@ async def health(ctx: Ctx) -> JSONResponse:
     if ctx.service.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     return JSONResponse({"status": "ok"})
-
-
-async def info(ctx: Ctx) -> Info:
-    """Model, dtype, speculation config, proposer and memory budget."""
-    return await asyncio.to_thread(ctx.async_engine.run_locked, lambda e: _info(ctx, e))
-
-
-def _info(ctx: ServerContext, engine: Engine) -> Info:
-    res, cfg, s = engine.res, engine.config, ctx.settings
-    alloc = res.allocator
-    return Info(
-        model_id=s.model_id,
-        model_dtype=cfg.dtype,
-        model_device_type=res.device.type,
-        max_concurrent_requests=s.max_concurrent_requests,
-        max_stop_sequences=ctx.limits.max_stop_sequences,
-        max_input_tokens=ctx.limits.max_input_tokens,
-        max_total_tokens=ctx.limits.max_total_tokens,
-        max_batch_total_tokens=ctx.limits.kv_capacity_tokens,
-        max_batch_prefill_tokens=cfg.scheduler.max_batch_tokens,
-        version=__version__,
-        speculation=SpeculationInfo(
-            speculate=cfg.spec.speculate,
-            proposer=res.proposer.name if res.proposer is not None else None,
-            configured_proposer=cfg.spec.proposer,
-            draft_model=cfg.spec.draft_model,
-        ),
-        memory=MemoryInfo(
-            weights_bytes=res.weight_bytes,
-            kv_cache_bytes=res.runner.kv_bytes,
-            kv_cache_tokens=alloc.num_blocks * alloc.block_size,
-            kv_block_size=alloc.block_size,
-            kv_blocks=alloc.num_blocks,
-            budget=_budget(res),
-            available_bytes=available_memory(res.device),
-        ),
-    )
-
-
-def _budget(res: object) -> dict[str, int] | None:
-    plan = getattr(res, "memory", None)  # present when the engine planned memory itself
-    return dict(plan.as_dict()) if plan is not None else None
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Free bytes on the device (CUDA) or in the host (CPU), where the platform tells."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 async def prometheus(ctx: Ctx) -> Response:

@@ -1,5 +1,10 @@
 """`specserve serve`: load the engine, log what was resolved, serve HTTP, drain on shutdown.
 
+With --speculation-profile, the profile's N and gate replace --speculate and
+--speculate-max-batch; once the engine has loaded, the profile is checked against the loaded
+target and proposer (see `server/provenance.py`): stale means a warning, or exit 2 under
+--strict-profile.
+
 Shutdown (SIGTERM or Ctrl-C): /health turns 503 and new generation requests get 503; uvicorn
 stops accepting connections and waits up to --drain-timeout for in-flight requests to finish;
 then the engine loop is stopped. A second Ctrl-C forces exit.
@@ -19,10 +24,11 @@ from typing import Any
 
 import uvicorn
 
-from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args
+from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args, env_default
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
+from specserve.server.provenance import ProfileChoice, Provenance, load_choice, review
 from specserve.server.settings import ServerSettings
 
 logger = logging.getLogger("specserve.serve")
@@ -75,7 +81,23 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
         "seconds in-flight requests get to finish at shutdown",
         float,
     ),
+    (
+        "--speculation-profile",
+        "SPECULATION_PROFILE",
+        None,
+        "speculation profile JSON written by `specserve bench`: its N and gate replace "
+        "--speculate and --speculate-max-batch; checked against the loaded model and proposer",
+        str,
+    ),
+    (
+        "--profile-workload",
+        "PROFILE_WORKLOAD",
+        None,
+        "which of the profile's workloads to apply (unset = the profile's default)",
+        str,
+    ),
 )
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -90,6 +112,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_engine_args(p)
     for flag, env, default, help_text, cast in SERVE_FLAGS:
         add_flag(p, flag, env, default, help_text, cast)
+    p.add_argument(
+        "--strict-profile",
+        action="store_true",
+        default=env_default("STRICT_PROFILE", False, parse_bool),
+        help="refuse to start (exit 2) when the speculation profile was measured on other "
+        "artifacts [env: STRICT_PROFILE; default: False]",
+    )
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -107,19 +136,45 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit(f"error: {exc}") from exc
 
 
+def parse_bool(value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"expected one of {_TRUE + _FALSE}")
+
+
+def apply_profile(args: argparse.Namespace) -> ProfileChoice | None:
+    """Load --speculation-profile and put its setting into the engine flags."""
+    if args.speculation_profile is None:
+        return None
+    choice = load_choice(args.speculation_profile, args.profile_workload)
+    args.speculate, args.speculate_max_batch = choice.speculate, choice.speculate_max_batch
+    logger.info(
+        "speculation profile %s, workload %r: --speculate %d --speculate-max-batch %s",
+        choice.path,
+        choice.workload,
+        choice.speculate,
+        choice.speculate_max_batch,
+    )
+    return choice
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from specserve.server.app import create_app
 
-    config = engine_config_from_args(args)
-    settings = settings_from_args(args)
     try:
+        choice = apply_profile(args)
+        config = engine_config_from_args(args)
+        settings = settings_from_args(args)
         engine = Engine(config)
-    except ValueError as exc:
+        provenance = review(engine, choice, strict=args.strict_profile)
+    except ValueError as exc:  # StaleProfileError included
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log_startup(config, settings, engine)
+    log_startup(config, settings, engine, provenance)
     async_engine = AsyncEngine(engine)
-    app = create_app(async_engine, settings)
+    app = create_app(async_engine, settings, provenance)
     service = app.state.ctx.service
     server = DrainingServer(
         uvicorn.Config(
@@ -160,8 +215,10 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def log_startup(config: EngineConfig, settings: ServerSettings, engine: Engine) -> None:
-    """The resolved configuration and the memory budget, one line each."""
+def log_startup(
+    config: EngineConfig, settings: ServerSettings, engine: Engine, provenance: Provenance
+) -> None:
+    """The resolved configuration, the fingerprints and the memory budget, one line each."""
     shown = asdict(settings) | {"api_key": "<set>" if settings.api_key else None}
     logger.info("engine config: %s", asdict(config))
     logger.info("server settings: %s", shown)
@@ -187,3 +244,6 @@ def log_startup(config: EngineConfig, settings: ServerSettings, engine: Engine) 
         kv_tokens,
         (res.weight_bytes + res.runner.kv_bytes) / 2**20,
     )
+    if provenance.fingerprints is not None:
+        fps = provenance.fingerprints
+        logger.info("fingerprints: target %s; proposer %s", fps.target, fps.proposer)

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.server.metrics import ServerMetrics
+from specserve.server.provenance import Provenance
 from specserve.server.service import GenerationService
 from specserve.server.settings import Limits, ServerSettings
 
@@ -23,6 +24,7 @@ class ServerContext:
     metrics: ServerMetrics
     service: GenerationService
     special_ids: frozenset[int]
+    provenance: Provenance | None = None  # fingerprints and profile review from start-up
     started: int = field(default_factory=lambda: int(time.time()))
 
     @property

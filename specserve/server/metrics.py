@@ -1,8 +1,9 @@
 """Prometheus metrics on a per-app registry (several apps may live in one process).
 
 Request-side series (counts, latencies, lengths) are observed as requests run. Engine-side series
-(batch size, KV blocks, speculation counters) are read from the engine at scrape time, under the
-engine lock, so they are never stale and cost nothing between scrapes.
+(batch size, KV blocks, speculation counters, the policy's chosen k, gated steps and predicted
+speedup) are read from the engine at scrape time, under the engine lock, so they are never stale
+and cost nothing between scrapes.
 """
 
 from __future__ import annotations
@@ -18,14 +19,41 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput
+from specserve.spec.policy import SpeculationPolicy
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+GATE_REASONS = ("max_batch", "max_tokens")  # spec/policy.py Gate.closed_by
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    """The speculation policy's counters at one instant."""
+
+    adaptive: bool
+    k_chosen: tuple[int, ...]  # [k] for k in 0..N: sequence-steps given k drafts
+    gated: dict[str, int]  # reason -> steps whose drafts a gate switched off
+    predicted_speedup: float  # adaptive: J(chosen k) / J(0) at the last decision
+
+
+def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
+    stats = policy.stats
+    return PolicySnapshot(
+        adaptive=policy.adaptive,
+        k_chosen=tuple(stats.k_chosen.get(k, 0) for k in range(max_k + 1)),
+        gated=dict(stats.gated),
+        predicted_speedup=stats.predicted_speedup,
+    )
 
 
 @dataclass(frozen=True)
@@ -45,6 +73,7 @@ class EngineSnapshot:
     drafted_tokens: int
     accepted_tokens: int
     accepted_per_position: tuple[int, ...]  # [i]: steps whose draft at position i was accepted
+    policy: PolicySnapshot | None  # None when speculation is off
 
 
 def snapshot(engine: Engine) -> EngineSnapshot:
@@ -65,6 +94,11 @@ def snapshot(engine: Engine) -> EngineSnapshot:
         drafted_tokens=stats.proposer.drafted_tokens,
         accepted_tokens=stats.proposer.accepted_tokens,
         accepted_per_position=tuple(stats.proposer.accepted_per_position),
+        policy=(
+            policy_snapshot(engine.res.policy, engine.config.spec.speculate)
+            if engine.res.policy is not None
+            else None
+        ),
     )
 
 
@@ -91,6 +125,8 @@ class EngineCollector(Collector):
         steps.add_metric(["off"], s.nonspec_steps)
         yield steps
         yield from _spec_families(s)
+        if s.policy is not None:
+            yield from _policy_families(s.policy)
 
 
 def _spec_families(s: EngineSnapshot) -> Iterator[Metric]:
@@ -117,6 +153,36 @@ def _spec_families(s: EngineSnapshot) -> Iterator[Metric]:
         for i, n in enumerate(s.accepted_per_position):
             by_pos.add_metric([s.proposer, str(i)], n)
     yield from (drafts, drafted, accepted, by_pos)
+
+
+def _policy_families(p: PolicySnapshot) -> Iterator[Metric]:
+    # A histogram over k in 0..N: bucket le="k" counts sequence-steps given at most k drafts.
+    cumulative, total = 0, 0
+    buckets: list[tuple[str, float]] = []
+    for k, n in enumerate(p.k_chosen):
+        cumulative, total = cumulative + n, total + k * n
+        buckets.append((str(k), cumulative))
+    buckets.append(("+Inf", cumulative))
+    yield HistogramMetricFamily(
+        "specserve_spec_k_chosen",
+        "Drafts the policy allowed one sequence in one decode step (after the gates)",
+        buckets=buckets,
+        sum_value=total,
+    )
+    gated = CounterMetricFamily(
+        "specserve_spec_gated_steps",
+        "Steps whose speculation a gate switched off (--speculate-max-batch/-max-tokens)",
+        labels=["reason"],
+    )
+    for reason in GATE_REASONS:
+        gated.add_metric([reason], p.gated.get(reason, 0))
+    yield gated
+    if p.adaptive:
+        yield _gauge(
+            "specserve_spec_predicted_speedup",
+            "Adaptive policy: expected tokens/s of the chosen k over k=0, at its last decision",
+            p.predicted_speedup,
+        )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -171,6 +237,14 @@ class ServerMetrics:
             r, "specserve_request_output_tokens", "Generated length of completed requests", tok
         )
         r.register(EngineCollector(read_engine))
+
+    def show_profile(self, stale: bool) -> None:
+        """Export whether the applied speculation profile is stale (only when one is applied)."""
+        Gauge(
+            "specserve_speculation_profile_stale",
+            "1 when the speculation profile was measured on other artifacts: re-measure it",
+            registry=self.registry,
+        ).set(int(stale))
 
     def count(self, route: str, outcome: str) -> None:
         self.requests.labels(route=route, outcome=outcome).inc()

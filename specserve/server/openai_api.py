@@ -68,6 +68,7 @@ def usage(out: RequestOutput) -> Usage:
         completion_tokens_details=CompletionTokensDetails(
             accepted_prediction_tokens=out.accepted_tokens,
             rejected_prediction_tokens=out.drafted_tokens - out.accepted_tokens,
+            speculation_steps=out.spec_steps,
         ),
     )
 

@@ -3,7 +3,8 @@
 Fields OpenAI defines but this server cannot honour are accepted only at their neutral value, so
 that clients sending defaults work and clients asking for more get a clear 400. Extensions:
 `top_k`, `repetition_penalty`, `speculate`, `ignore_eos`; usage reports speculation as
-`completion_tokens_details.accepted_prediction_tokens` / `rejected_prediction_tokens`.
+`completion_tokens_details.accepted_prediction_tokens` / `rejected_prediction_tokens`, plus the
+extension `speculation_steps`.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionTokensDetails(BaseModel):
     accepted_prediction_tokens: int = Field(..., description="speculated tokens accepted")
     rejected_prediction_tokens: int = Field(..., description="speculated tokens rejected")
+    speculation_steps: int = Field(
+        default=0, description="extension: steps in which this request verified drafts"
+    )
 
 
 class Usage(BaseModel):

@@ -2,8 +2,8 @@
 
 Field names and meanings follow text-generation-inference. Extensions (not in TGI) are marked;
 they are optional, so TGI clients never need them: `speculate` and `ignore_eos` in the
-parameters, and the per-request speculation counts `drafted_tokens` / `accepted_tokens` in the
-details.
+parameters, and the per-request speculation counts `drafted_tokens` / `accepted_tokens` /
+`speculation_steps` in the details.
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ class Details(BaseModel):
     accepted_tokens: int = Field(
         default=0, description="extension: proposed tokens the model accepted"
     )
+    speculation_steps: int = Field(
+        default=0, description="extension: steps in which this request verified drafts"
+    )
 
 
 class GenerateResponse(BaseModel):
@@ -113,6 +116,9 @@ class StreamDetails(BaseModel):
     accepted_tokens: int = Field(
         default=0, description="extension: proposed tokens the model accepted"
     )
+    speculation_steps: int = Field(
+        default=0, description="extension: steps in which this request verified drafts"
+    )
 
 
 class StreamResponse(BaseModel):
@@ -123,11 +129,52 @@ class StreamResponse(BaseModel):
     details: StreamDetails | None = None
 
 
+class CostFit(BaseModel):
+    intercept_s: float = Field(..., description="least-squares c(0): the step's fixed cost")
+    per_token_s: float = Field(..., description="least-squares slope: seconds per scored token")
+
+
+class CostCurveInfo(BaseModel):
+    tokens: list[int] = Field(..., description="T: tokens scored in one step (profiled grid)")
+    seconds: list[float] = Field(..., description="c(T): measured step time, non-decreasing")
+    fit: CostFit
+
+
 class SpeculationInfo(BaseModel):
     speculate: int = Field(..., description="server-wide N: max drafted tokens per step")
     proposer: str | None = Field(..., description="active proposer; null when speculation is off")
     configured_proposer: str
     draft_model: str | None
+    policy: str = Field(..., description="static (every sequence drafts its cap) or adaptive")
+    max_batch: int | None = Field(
+        default=None, description="gate: no drafts when more sequences run than this"
+    )
+    max_tokens: int | None = Field(
+        default=None, description="gate: no drafts when the step would score more tokens"
+    )
+    cost_curve: CostCurveInfo | None = Field(
+        default=None, description="the step cost c(T) profiled at start-up (adaptive policy)"
+    )
+
+
+class ProfileInfo(BaseModel):
+    path: str
+    workload: str = Field(..., description="the profile's workload whose setting was applied")
+    speculate: int = Field(..., description="N the profile recommends (applied)")
+    speculate_max_batch: int | None = Field(..., description="gate the profile recommends")
+    stale: bool = Field(
+        ..., description="the loaded artifacts differ from those the profile was measured on"
+    )
+    problems: list[str] = Field(..., description="what differs; empty when not stale")
+
+
+class FingerprintsInfo(BaseModel):
+    target: dict[str, Any] | None = Field(
+        ..., description="sha256 of the target's config.json and weights"
+    )
+    proposer: dict[str, Any] | None = Field(
+        ..., description="proposer kind and its artifact's hashes; null when speculation is off"
+    )
 
 
 class MemoryInfo(BaseModel):
@@ -153,6 +200,7 @@ class Info(BaseModel):
     model_device_type: str
     model_pipeline_tag: str = "text-generation"
     max_concurrent_requests: int
+    max_running_requests: int = Field(..., description="sequences decoding at once")
     max_best_of: int = 1
     max_stop_sequences: int
     max_input_tokens: int
@@ -165,6 +213,12 @@ class Info(BaseModel):
     sha: str | None = None
     docker_label: str | None = None
     speculation: SpeculationInfo
+    speculation_profile: ProfileInfo | None = Field(
+        default=None, description="the --speculation-profile applied at start-up"
+    )
+    fingerprints: FingerprintsInfo | None = Field(
+        default=None, description="what a speculation profile is checked against"
+    )
     memory: MemoryInfo
 
 

@@ -103,6 +103,7 @@ def _response(
         ],
         drafted_tokens=final.drafted_tokens,
         accepted_tokens=final.accepted_tokens,
+        speculation_steps=final.spec_steps,
     )
     return GenerateResponse(generated_text=prefix + result.text, details=details)
 
@@ -168,6 +169,7 @@ def _stream_details(out: RequestOutput, prep: Prepared) -> StreamDetails:
         input_length=out.num_prompt_tokens,
         drafted_tokens=out.drafted_tokens,
         accepted_tokens=out.accepted_tokens,
+        speculation_steps=out.spec_steps,
     )
 
 

@@ -40,6 +40,15 @@ _FLAG_ENV = (
     "MAX_BODY_BYTES",
     "KV_CACHE_BYTES",
     "MAX_RUNNING_REQUESTS",
+    "SPECULATION_POLICY",
+    "SPECULATE_MAX_BATCH",
+    "SPECULATE_MAX_TOKENS",
+    "MAX_MEMORY",
+    "NGRAM_MAX",
+    "DRAIN_TIMEOUT",
+    "SPECULATION_PROFILE",
+    "PROFILE_WORKLOAD",
+    "STRICT_PROFILE",
 )
 TINY_CONTEXT = 4096
 TINY_FLAGS = [
@@ -85,14 +94,18 @@ class Server:
         return self.proc.returncode
 
 
+def server_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without flag variables, single-threaded, plus `env`."""
+    full_env = {k: v for k, v in os.environ.items() if k not in _FLAG_ENV}
+    full_env |= {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    return full_env | {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
+
+
 def start_server(
     flags: list[str], log: Path, env: dict[str, str] | None = None, timeout: float = 180
 ) -> Server:
     """`specserve serve` with `flags` (and flag environment variables from `env` only)."""
     port = free_port()
-    full_env = {k: v for k, v in os.environ.items() if k not in _FLAG_ENV}
-    full_env |= {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    full_env |= {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
     cmd = [
         sys.executable,
         "-m",
@@ -107,7 +120,7 @@ def start_server(
         *flags,
     ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=server_env(env))
     server = Server(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -27,6 +27,8 @@ EXPECTED = {
     "specserve_spec_drafted_tokens": "counter",
     "specserve_spec_accepted_tokens": "counter",
     "specserve_spec_accepted_tokens_by_position": "counter",
+    "specserve_spec_k_chosen": "histogram",
+    "specserve_spec_gated_steps": "counter",
 }
 # Copy-heavy: the n-gram proposer finds the continuation in the prompt itself.
 COPY_PROMPT = "one two three four five six seven eight one two three four five six"
@@ -60,7 +62,9 @@ def test_speculation_counters_move_when_speculating(tiny_server: Server) -> None
     accepted = 'specserve_spec_accepted_tokens_total{proposer="ngram"}'
     assert moved(drafted) == details["drafted_tokens"] > 0
     assert moved(accepted) == details["accepted_tokens"]
-    assert moved('specserve_engine_steps_total{speculation="on"}') > 0
+    assert (
+        0 < details["speculation_steps"] <= moved('specserve_engine_steps_total{speculation="on"}')
+    )
     assert moved("specserve_generated_tokens_total") == 40
     assert moved('specserve_requests_total{outcome="success",route="/generate"}') == 1
     assert moved("specserve_request_output_tokens_sum") == 40

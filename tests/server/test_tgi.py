@@ -50,6 +50,7 @@ def test_stream_matches_generate_and_carries_details(tiny_server: Server) -> Non
     assert det["finish_reason"] == "length" and det["generated_tokens"] == 20
     assert det["input_length"] > 0
     assert det["drafted_tokens"] == whole["details"]["drafted_tokens"]
+    assert det["speculation_steps"] == whole["details"]["speculation_steps"]
 
 
 def test_stream_without_details_has_none(tiny_server: Server) -> None:
@@ -115,12 +116,21 @@ def test_info_and_health(tiny_server: Server) -> None:
     info = httpx.get(tiny_server.url + "/info").json()
     assert info["max_input_tokens"] == 64 and info["max_total_tokens"] == 4096
     assert info["max_concurrent_requests"] == 4
+    assert info["max_running_requests"] == 64
     assert info["speculation"] == {
         "speculate": 4,
         "proposer": "ngram",
         "configured_proposer": "auto",
         "draft_model": None,
+        "policy": "static",
+        "max_batch": None,
+        "max_tokens": None,
+        "cost_curve": None,
     }
+    assert info["speculation_profile"] is None
+    fps = info["fingerprints"]
+    assert len(fps["target"]["weights_sha256"]) == 64
+    assert fps["proposer"] == {"kind": "ngram", "artifact": None}
     mem = info["memory"]
     assert mem["weights_bytes"] > 0 and mem["kv_cache_bytes"] > 0
     assert mem["kv_cache_tokens"] == mem["kv_blocks"] * mem["kv_block_size"]

@@ -1,0 +1,86 @@
+"""The speculation policy seen from outside: /info shows the policy, gates and profiled cost
+curve; /metrics exports the chosen k, gated steps and predicted speedup, and they move."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import Server, idle, start_server, wait_for
+from tests.server.test_metrics import COPY_PROMPT
+
+K_COUNT = "specserve_spec_k_chosen_count"
+GATED = 'specserve_spec_gated_steps_total{reason="max_batch"}'
+SPEEDUP = "specserve_spec_predicted_speedup"
+
+
+@pytest.fixture(scope="module")
+def adaptive_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("logs") / "adaptive-server.log"
+    flags = ["--model", str(tiny_model), "--speculate", "3", "--speculation-policy", "adaptive"]
+    flags += ["--speculate-max-batch", "1", "--max-running-requests", "4"]
+    flags += ["--max-total-tokens", "4096", "--kv-cache-bytes", "16000000"]
+    server = start_server(flags, log)
+    yield server
+    server.stop()
+
+
+def test_info_shows_policy_gates_and_cost_curve(adaptive_server: Server) -> None:
+    info = httpx.get(adaptive_server.url + "/info").json()
+    spec = info["speculation"]
+    assert spec["policy"] == "adaptive" and spec["speculate"] == 3
+    assert spec["max_batch"] == 1 and spec["max_tokens"] is None
+    assert info["max_running_requests"] == 4
+    curve = spec["cost_curve"]
+    assert len(curve["tokens"]) == len(curve["seconds"]) >= 2
+    assert curve["tokens"] == sorted(curve["tokens"]) and curve["tokens"][-1] == 4 * (3 + 1)
+    assert curve["seconds"] == sorted(curve["seconds"]) and curve["seconds"][0] > 0
+    assert set(curve["fit"]) == {"intercept_s", "per_token_s"}
+
+
+def test_policy_metrics_parse(adaptive_server: Server) -> None:
+    text = httpx.get(adaptive_server.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["specserve_spec_k_chosen"].type == "histogram"
+    buckets = [
+        s.labels["le"]
+        for s in families["specserve_spec_k_chosen"].samples
+        if s.name.endswith("_bucket")
+    ]
+    assert buckets == ["0", "1", "2", "3", "+Inf"]
+    assert families["specserve_spec_gated_steps"].type == "counter"
+    reasons = {s.labels["reason"] for s in families["specserve_spec_gated_steps"].samples}
+    assert reasons == {"max_batch", "max_tokens"}
+    assert families[SPEEDUP].type == "gauge"
+
+
+def test_policy_metrics_move_after_requests(adaptive_server: Server) -> None:
+    url = adaptive_server.url
+    before = idle(url)
+    body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 30, "ignore_eos": True}}
+    assert httpx.post(url + "/generate", json=body).status_code == 200
+    alone = idle(url)
+    assert alone[K_COUNT] > before[K_COUNT]  # one count per sequence per decode step
+    assert alone[GATED] == before[GATED]  # one running sequence: the max-batch gate stays open
+    assert alone[SPEEDUP] >= 1.0  # k=0 is always a candidate, so the chosen k is never worse
+
+    # A second request while a long one runs: two sequences exceed --speculate-max-batch 1.
+    long_body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 1500, "ignore_eos": True}}
+    long_run = threading.Thread(
+        target=httpx.post, args=(url + "/generate",), kwargs={"json": long_body, "timeout": 120}
+    )
+    long_run.start()
+    wait_for(url, lambda m: m["specserve_batch_size"] == 1)
+    assert httpx.post(url + "/generate", json=body, timeout=120).status_code == 200
+    long_run.join()
+    after = idle(url)
+    assert after[GATED] > alone[GATED]
+    assert (
+        after['specserve_spec_k_chosen_bucket{le="0"}']
+        > alone['specserve_spec_k_chosen_bucket{le="0"}']
+    )
