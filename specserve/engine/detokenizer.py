@@ -66,7 +66,15 @@ class IncrementalDetokenizer:
         return self._release(final=False)
 
     def flush(self) -> str:
-        """Release any held-back text (the sequence finished for another reason)."""
+        """Release any held-back text (the sequence finished for another reason), including
+        a trailing partial character, as a one-shot decode of all tokens would show it."""
+        if not self.stopped and self._read < len(self.ids):
+            prev = self.tokenizer.decode(
+                self.ids[self._prefix : self._read], skip_special_tokens=True
+            )
+            full = self.tokenizer.decode(self.ids[self._prefix :], skip_special_tokens=True)
+            self.text += full[len(prev) :]
+            self._read = len(self.ids)
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
