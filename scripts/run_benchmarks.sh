@@ -9,20 +9,21 @@ what="${1:-all}"
 out="${2:-docs/bench}"
 mkdir -p "$out"
 export OMP_WAIT_POLICY=PASSIVE
+threads="${THREADS:-2}"  # torch threads of the benchmarked process / server
 
 if [[ $what == engine || $what == all ]]; then
-  python -m specserve.bench.engine_bench --threads 2 --repeats 3 --json "$out/engine.json" \
+  python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --json "$out/engine.json" \
     | tee "$out/engine.md"
 fi
 
 if [[ $what == spec || $what == all ]]; then
-  python -m specserve.bench.spec_bench --threads 2 --speculate 0,1,2,3,5,8 \
+  python -m specserve.bench.spec_bench --threads "$threads" --speculate 0,1,2,3,5,8 \
     --prompts-per-workload 3 --new-tokens 128 --json "$out/spec.json" | tee "$out/spec.md"
 fi
 
 serve_bg() {  # serve_bg PORT ARGS... : start a server (2 threads; the load generator has none)
   local port=$1; shift
-  specserve serve --port "$port" --num-threads 2 --max-running-requests 32 "$@" \
+  specserve serve --port "$port" --num-threads "$threads" --max-running-requests 32 "$@" \
     >"$out/server-$port.log" 2>&1 &
   echo $! >"$out/server-$port.pid"
   for _ in $(seq 300); do
@@ -37,7 +38,7 @@ if [[ $what == goodput || $what == all ]]; then
   serve_bg 8311 --speculate 8
   specserve bench --url http://127.0.0.1:8311 --speculate 0,2,4,8 --concurrency 1,4,16 \
     --workload code-edit --workload summarize --workload code-complete \
-    --workload chat-creative --num-requests 16 --max-new-tokens 64 \
+    --workload chat-creative --duration 15 --max-new-tokens 48 --ignore-eos \
     --slo-ttft 3 --slo-itl 0.15 --out "$out/goodput"
   stop_bg 8311
 fi
@@ -46,12 +47,12 @@ if [[ $what == policy || $what == all ]]; then
   # Static N=5 (N swept per request: 0 and 5) against the adaptive policy, same workload.
   serve_bg 8312 --speculate 5
   specserve bench --url http://127.0.0.1:8312 --speculate 0,5 --concurrency 1,4,16,32 \
-    --workload code-edit --num-requests 32 --max-new-tokens 64 \
+    --workload code-edit --duration 15 --max-new-tokens 48 --ignore-eos \
     --slo-ttft 3 --slo-itl 0.15 --out "$out/policy-static"
   stop_bg 8312
   serve_bg 8313 --speculate 5 --speculation-policy adaptive
   specserve bench --url http://127.0.0.1:8313 --speculate 5 --concurrency 1,4,16,32 \
-    --workload code-edit --num-requests 32 --max-new-tokens 64 \
+    --workload code-edit --duration 15 --max-new-tokens 48 --ignore-eos \
     --slo-ttft 3 --slo-itl 0.15 --out "$out/policy-adaptive"
   stop_bg 8313
 fi
