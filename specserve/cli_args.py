@@ -67,8 +67,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--proposer",
         "PROPOSER",
         "auto",
-        "who proposes drafts: auto (Medusa heads if the checkpoint has them, else "
-        "n-gram), ngram, draft, medusa",
+        "who proposes drafts: auto (the draft model if --draft-model is given, else n-gram), "
+        "ngram, draft; medusa is not wired into the engine yet and is refused",
         choices=PROPOSERS,
     )
     add_flag(

@@ -220,7 +220,9 @@ def make_proposer(
         return DraftModelProposer(draft, num_blocks, bs, device, max_step_tokens=max_tokens)
     if spec.proposer in ("auto", "ngram"):
         return NgramProposer(spec.ngram_min, spec.ngram_max)
-    raise ValueError(f"proposer {spec.proposer!r} is not available in this build")
+    raise ValueError(
+        f"proposer {spec.proposer!r} is not available yet: use --proposer ngram or draft"
+    )
 
 
 def make_policy(
