@@ -9,6 +9,7 @@ import sys
 from specserve.bench.cli import add_bench_parsers
 from specserve.cli_args import add_engine_args, engine_config_from_args
 from specserve.server.cli import add_serve_parser
+from specserve.spec.medusa_cli import add_medusa_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.set_defaults(func=cmd_generate)
     add_serve_parser(sub)
+    add_medusa_parser(sub)
     add_bench_parsers(sub)
     return parser
 

@@ -16,6 +16,16 @@ from specserve.config import (
     SpecConfig,
 )
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_bool(value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"expected one of {_TRUE + _FALSE}")
+
 
 def env_default(env: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
     value = os.environ.get(env)
@@ -58,8 +68,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         p,
         "--speculate",
         "SPECULATE",
-        0,
-        "max proposed tokens per sequence per step (0 = speculation off)",
+        None,
+        "max proposed tokens per sequence per step (0 = speculation off; unset = the number "
+        "of Medusa heads when Medusa serves, else 0)",
         int,
     )
     add_flag(
@@ -67,8 +78,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--proposer",
         "PROPOSER",
         "auto",
-        "who proposes drafts: auto (the draft model if --draft-model is given, else n-gram), "
-        "ngram, draft; medusa is not wired into the engine yet and is refused",
+        "who proposes drafts: auto (the draft model if --draft-model is given, else Medusa "
+        "heads if the checkpoint has them or --medusa is given, else n-gram), ngram, draft, "
+        "medusa (heads from --medusa, the checkpoint, or the shipped heads for the default "
+        "model; n-gram when there are none)",
         choices=PROPOSERS,
     )
     add_flag(
@@ -102,6 +115,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "DRAFT_MODEL",
         None,
         "draft model (HF directory or .gguf) sharing the target's tokenizer",
+    )
+    add_flag(
+        p,
+        "--medusa",
+        "MEDUSA",
+        None,
+        "Medusa heads directory (config.json with medusa_num_heads + medusa_lm_head.safetensors); "
+        "unset: heads beside the model's weights, or the shipped heads for the default model "
+        "with --proposer medusa",
+    )
+    p.add_argument(
+        "--force-medusa",
+        action="store_true",
+        default=env_default("FORCE_MEDUSA", False, parse_bool),
+        help="load Medusa heads whose recorded base fingerprint differs from the loaded base "
+        "(warns) [env: FORCE_MEDUSA; default: False]",
     )
     add_flag(
         p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches", int
@@ -146,7 +175,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    from specserve.spec.medusa import default_speculate
+
     try:
+        speculate = args.speculate
+        if speculate is None:
+            speculate = default_speculate(args.model, args.proposer, args.medusa)
         return EngineConfig(
             model=args.model,
             device=args.device,
@@ -159,9 +193,11 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                 max_running_requests=args.max_running_requests,
             ),
             spec=SpecConfig(
-                speculate=args.speculate,
+                speculate=speculate,
                 proposer=args.proposer,
                 draft_model=args.draft_model,
+                medusa=args.medusa,
+                force_medusa=args.force_medusa,
                 ngram_max=args.ngram_max,
                 policy=args.speculation_policy,
                 max_batch=args.speculate_max_batch,

@@ -45,6 +45,11 @@ class SpecConfig:
     speculate: int = 0
     proposer: ProposerName = "auto"
     draft_model: str | None = None
+    # Medusa heads directory (TGI layout). None: heads beside the model's weights, or, with
+    # proposer "medusa", the shipped heads trained for exactly this base.
+    medusa: str | None = None
+    # Load heads whose recorded base fingerprint differs from the loaded base (with a warning).
+    force_medusa: bool = False
     ngram_min: int = 1
     ngram_max: int = 4
     # static: every sequence proposes its cap; adaptive: k per sequence from live acceptance

@@ -21,6 +21,7 @@ from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
 from specserve.spec.draft import DraftModelProposer, load_draft_model
+from specserve.spec.medusa import medusa_proposer
 from specserve.spec.policy import Gate, SpeculationPolicy
 from specserve.spec.proposer import NgramProposer, Proposer
 
@@ -78,7 +79,7 @@ def load_resources(config: EngineConfig) -> EngineResources:
         num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token + draft_kv, max_model_len)
     allocator = BlockAllocator(num_blocks, block_size)
     runner = ModelRunner(model, num_blocks, block_size, device)
-    proposer = make_proposer(config, draft, num_blocks, device)
+    proposer = make_proposer(config, draft, num_blocks, device, model, model_dir)
     return EngineResources(
         model_dir=model_dir,
         model=model,
@@ -206,6 +207,8 @@ def make_proposer(
     draft: LlamaForCausalLM | None = None,
     num_blocks: int = 0,
     device: torch.device | None = None,
+    target: LlamaForCausalLM | None = None,
+    model_dir: Path | None = None,
 ) -> Proposer | None:
     """The configured proposer. The draft proposer needs its model (`load_draft`) and the
     target's block count: its pool holds as many blocks, since a sequence's draft KV (n + k - 1
@@ -218,11 +221,15 @@ def make_proposer(
             raise ValueError("the draft proposer needs its loaded model: see load_resources")
         bs, max_tokens = config.cache.block_size, config.scheduler.max_batch_tokens
         return DraftModelProposer(draft, num_blocks, bs, device, max_step_tokens=max_tokens)
-    if spec.proposer in ("auto", "ngram"):
+    if spec.proposer in ("auto", "medusa") and target is not None and model_dir is not None:
+        medusa = medusa_proposer(
+            model_dir, target, spec.proposer, spec.speculate, spec.medusa, spec.force_medusa
+        )
+        if medusa is not None:
+            return medusa
+    if spec.proposer in ("auto", "ngram", "medusa"):
         return NgramProposer(spec.ngram_min, spec.ngram_max)
-    raise ValueError(
-        f"proposer {spec.proposer!r} is not available yet: use --proposer ngram or draft"
-    )
+    raise ValueError(f"proposer {spec.proposer!r} is not available in this build")
 
 
 def make_policy(

@@ -24,7 +24,13 @@ from typing import Any
 
 import uvicorn
 
-from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args, env_default
+from specserve.cli_args import (
+    add_engine_args,
+    add_flag,
+    engine_config_from_args,
+    env_default,
+    parse_bool,
+)
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
@@ -97,7 +103,6 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
         str,
     ),
 )
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -134,14 +139,6 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         )
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
-
-
-def parse_bool(value: str) -> bool:
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise ValueError(f"expected one of {_TRUE + _FALSE}")
 
 
 def apply_profile(args: argparse.Namespace) -> ProfileChoice | None:

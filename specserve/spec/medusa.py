@@ -1,0 +1,411 @@
+"""Medusa heads: TGI-layout checkpoints, coupling to one base checkpoint, and the proposer.
+
+Head i maps the base's final-normed hidden state h_t (the row whose logits chose token t+1) to
+logits for token t+i+2, so one h yields the top-1 chain [head_0(h), head_1(h), ...] after the
+base's own next token. A head is `medusa_num_layers` residual blocks x + silu(W x + b), then an
+lm_head: its own, or the base's (shared, so the artifact holds only the blocks).
+
+Checkpoint directory (the layout TGI reads)::
+
+    config.json                  {"medusa_num_heads": H, "medusa_num_layers": L,
+                                  "base_model_name_or_path": str,
+                                  "base_fingerprint": {"config": hex, "weights": hex} | absent}
+    medusa_lm_head.safetensors   "{i}.{j}.linear.weight" [hidden, hidden], "{i}.{j}.linear.bias"
+                                 [hidden] for i < H, j < L; "{i}.{L}.weight" [vocab, hidden]
+                                 for every head, or for none (shared base lm_head); optional
+                                 "draft_vocab" [K] int64 (ours, see MedusaHeads)
+
+The heads may also sit beside the base's weights (its config.json then carries the medusa_*
+keys). `resolve_medusa` picks the heads and N; `MedusaProposer.load` checks the coupling.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specserve.engine.request import Sequence
+from specserve.models.llama import LlamaForCausalLM
+from specserve.models.registry import model_class, read_config
+from specserve.spec.proposer import Draft
+
+logger = logging.getLogger(__name__)
+
+HEADS_FILE = "medusa_lm_head.safetensors"
+CONFIG_FILE = "config.json"
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "medusa"
+
+Fingerprint = dict[str, str]
+
+
+# ------------------------------------------------------------------------------------ modules
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)  # the block starts as the identity
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., hidden]
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.ModuleList):
+    """Head i is module "{i}": `num_layers` ResBlocks as "{i}.{j}", then, unless the base
+    lm_head is shared, its own lm_head as "{i}.{num_layers}". State-dict keys are TGI's.
+
+    `draft_vocab` (optional, ours; TGI ignores the tensor) lists the token ids the proposer may
+    draft: argmax over those rows only. Drafts are only proposals, so this cannot change
+    outputs; with a shared lm_head it cuts the heads' cost by vocab / len(draft_vocab).
+    """
+
+    draft_vocab: torch.Tensor | None  # [K] int64, sorted
+
+    def __init__(
+        self, hidden_size: int, num_heads: int, num_layers: int, vocab_size: int | None = None
+    ) -> None:
+        heads = []
+        for _ in range(num_heads):
+            head = nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)))
+            if vocab_size is not None:
+                head.append(nn.Linear(hidden_size, vocab_size, bias=False))
+            heads.append(head)
+        super().__init__(heads)
+        self.hidden_size, self.num_layers, self.vocab_size = hidden_size, num_layers, vocab_size
+        self.shares_lm_head = vocab_size is None
+        self.register_buffer("draft_vocab", None)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self)
+
+    def states(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Residual stacks only: hidden [N, hidden] -> [N, num_heads, hidden]."""
+        heads = cast(list[nn.Sequential], list(self)[: num_heads or len(self)])
+        return torch.stack([head[: self.num_layers](hidden) for head in heads], dim=1)
+
+    def logits(
+        self, hidden: torch.Tensor, base_lm_head: nn.Module, num_heads: int | None = None
+    ) -> torch.Tensor:  # hidden [N, hidden] -> [N, num_heads, vocab]
+        if self.shares_lm_head:
+            return base_lm_head(self.states(hidden, num_heads))
+        heads = list(self)[: num_heads or len(self)]
+        return torch.stack([head(hidden) for head in heads], dim=1)
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    num_heads: int
+    num_layers: int
+    base_model_name_or_path: str
+    base_fingerprint: Fingerprint | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # kept as is (e.g. training summary)
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1 or self.num_layers < 0:
+            raise ValueError(
+                f"need medusa_num_heads >= 1 and medusa_num_layers >= 0, "
+                f"got {self.num_heads}, {self.num_layers}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            **self.extra,
+            "medusa_num_heads": self.num_heads,
+            "medusa_num_layers": self.num_layers,
+            "base_model_name_or_path": self.base_model_name_or_path,
+        }
+        if self.base_fingerprint is not None:
+            out["base_fingerprint"] = self.base_fingerprint
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> MedusaConfig:
+        known = ("medusa_num_heads", "medusa_num_layers", "base_model_name_or_path")
+        return cls(
+            num_heads=int(raw["medusa_num_heads"]),
+            num_layers=int(raw.get("medusa_num_layers", 1)),
+            base_model_name_or_path=str(raw.get("base_model_name_or_path", "")),
+            base_fingerprint=raw.get("base_fingerprint"),
+            extra={k: v for k, v in raw.items() if k not in (*known, "base_fingerprint")},
+        )
+
+
+# --------------------------------------------------------------------------- checkpoint I/O
+def is_heads_dir(path: Path) -> bool:
+    if not ((path / HEADS_FILE).is_file() and (path / CONFIG_FILE).is_file()):
+        return False
+    return "medusa_num_heads" in read_config(path)
+
+
+def read_medusa_config(heads_dir: Path) -> MedusaConfig:
+    if not is_heads_dir(heads_dir):
+        raise ValueError(
+            f"{heads_dir} is not a Medusa checkpoint: expected {CONFIG_FILE} with "
+            f"medusa_num_heads and {HEADS_FILE}"
+        )
+    return MedusaConfig.from_json(read_config(heads_dir))
+
+
+def load_medusa(heads_dir: Path) -> tuple[MedusaHeads, MedusaConfig]:
+    """Heads in float32 on the CPU, mapped from TGI tensor names; strict about names."""
+    cfg = read_medusa_config(heads_dir)
+    tensors = load_file(str(heads_dir / HEADS_FILE))
+    draft_vocab = tensors.pop("draft_vocab", None)
+    n, layers = cfg.num_heads, cfg.num_layers
+    own = [f"{i}.{layers}.weight" in tensors for i in range(n)]
+    if any(own) and not all(own):
+        raise ValueError(f"{heads_dir}: some heads have their own lm_head and some do not")
+    first = tensors.get("0.0.linear.weight") if layers else tensors.get(f"0.{layers}.weight")
+    if first is None:
+        raise ValueError(f"{heads_dir / HEADS_FILE} has no tensors for head 0")
+    vocab = tensors[f"0.{layers}.weight"].shape[0] if all(own) else None
+    heads = MedusaHeads(first.shape[-1], n, layers, vocab)
+    heads.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+    if draft_vocab is not None:
+        heads.draft_vocab = draft_vocab.long()
+    return heads.eval(), cfg
+
+
+def save_medusa(
+    heads: MedusaHeads, out_dir: Path, cfg: MedusaConfig, dtype: torch.dtype = torch.float16
+) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {
+        k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+        for k, v in heads.state_dict().items()
+    }
+    save_file(state, str(out_dir / HEADS_FILE), metadata={"format": "pt"})
+    (out_dir / HEADS_FILE).chmod(0o644)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------------ fingerprint
+def fingerprint(model_dir: Path) -> Fingerprint:
+    """What decides a base checkpoint's hidden states, hashed (sha256, 16 hex digits each).
+
+    config: the architecture as our decoder reads it (class + ModelArch fields), so formatting
+    and bookkeeping keys (transformers_version, dtype, ...) do not count. weights: every tensor's
+    name, dtype, shape and bytes in name order, so sharding and file metadata do not count.
+    Medusa files beside the weights are excluded.
+    """
+    cfg = read_config(model_dir)
+    cls = model_class(cfg)
+    arch = {"class": cls.__name__, **asdict(cls.arch_from_hf(cfg))}
+    config = hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()
+    files = sorted(p for p in model_dir.glob("*.safetensors") if not p.name.startswith("medusa_"))
+    stamps = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return {"config": config[:16], "weights": _tensors_sha256(stamps)[:16]}
+
+
+@functools.cache
+def _tensors_sha256(stamps: tuple[tuple[str, int, int], ...]) -> str:
+    where: dict[str, str] = {}  # tensor name -> file
+    for path, _, _ in stamps:
+        with safe_open(path, framework="pt") as f:
+            where.update((name, path) for name in f.keys())  # noqa: SIM118 - not a dict
+    h = hashlib.sha256()
+    for name in sorted(where):
+        with safe_open(where[name], framework="pt") as f:
+            t = f.get_tensor(name)
+        h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def check_fingerprint(heads_dir: Path, cfg: MedusaConfig, base_dir: Path, force: bool) -> None:
+    """Refuse heads trained for another base (ValueError), unless `force` (then warn)."""
+    if cfg.base_fingerprint is None:
+        logger.warning(
+            "Medusa heads %s record no base_fingerprint: cannot check they were trained for %s",
+            heads_dir,
+            base_dir,
+        )
+        return
+    actual = fingerprint(base_dir)
+    if cfg.base_fingerprint == actual:
+        return
+    msg = (
+        f"Medusa heads {heads_dir} were trained for base fingerprint {cfg.base_fingerprint} "
+        f"({cfg.base_model_name_or_path}), but the loaded base {base_dir} has fingerprint "
+        f"{actual}; retrain them (specserve train-medusa) or pass --force-medusa"
+    )
+    if not force:
+        raise ValueError(msg)
+    logger.warning("%s (--force-medusa: loading them anyway; acceptance may be poor)", msg)
+
+
+# --------------------------------------------------------------------------------- proposer
+class MedusaProposer:
+    """Top-1 chain from the heads, batched over sequences. Proposing costs only the heads: the
+    hidden state comes from `sync`, i.e. from the target pass that verified the last step."""
+
+    name = "medusa"
+
+    def __init__(
+        self, heads: MedusaHeads, base_lm_head: nn.Linear, heads_dir: Path | None = None
+    ) -> None:
+        self.heads, self.base_lm_head, self.heads_dir = heads, base_lm_head, heads_dir
+        vocab = heads.draft_vocab
+        # [hidden, K]: the shared lm_head's rows for the draft vocabulary, gathered once and
+        # transposed (a few rows times a contiguous [in, out] matrix is the fast CPU GEMM)
+        self._vocab_cols = (
+            base_lm_head.weight.detach()[vocab].T.contiguous()
+            if vocab is not None and heads.shares_lm_head
+            else None
+        )
+        # seq_id -> (num_tokens when synced, hidden [hidden_size] of the row that chose the last)
+        self._last: dict[int, tuple[int, torch.Tensor]] = {}
+
+    @classmethod
+    def load(
+        cls, heads_dir: Path, base: LlamaForCausalLM, base_dir: Path, force: bool = False
+    ) -> MedusaProposer:
+        heads, cfg = load_medusa(heads_dir)
+        arch = base.arch
+        vocab = heads.vocab_size
+        if heads.hidden_size != arch.hidden_size or vocab not in (None, arch.vocab_size):
+            raise ValueError(
+                f"Medusa heads {heads_dir} (hidden {heads.hidden_size}, vocab {vocab or 'shared'}) "
+                f"do not fit base {base_dir} (hidden {arch.hidden_size}, vocab {arch.vocab_size})"
+            )
+        check_fingerprint(heads_dir, cfg, base_dir, force)
+        param = next(base.parameters())
+        logger.info("Medusa: %d heads x %d layers from %s", len(heads), cfg.num_layers, heads_dir)
+        return cls(heads.to(param.device, param.dtype), base.lm_head, heads_dir)
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads.num_heads
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = [Draft(tokens=[]) for _ in seqs]
+        rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True)) if k and self._ready(s)]
+        if not rows:
+            return drafts
+        hidden = torch.stack([self._last[seqs[i].seq_id][1] for i in rows])  # [B, hidden]
+        n = min(max(ks[i] for i in rows), self.num_heads)
+        with torch.inference_mode():
+            chains = self._top1(hidden, n).tolist()  # [B, n]
+        for i, chain in zip(rows, chains, strict=True):
+            drafts[i] = Draft(tokens=chain[: ks[i]])
+        return drafts
+
+    def _top1(self, hidden: torch.Tensor, n: int) -> torch.Tensor:  # [B, hidden] -> [B, n]
+        vocab = self.heads.draft_vocab
+        if vocab is None:
+            return self.heads.logits(hidden, self.base_lm_head, n).argmax(-1)
+        if self._vocab_cols is not None:
+            return vocab[(self.heads.states(hidden, n) @ self._vocab_cols).argmax(-1)]
+        return vocab[self.heads.logits(hidden, self.base_lm_head, n)[..., vocab].argmax(-1)]
+
+    def _ready(self, seq: Sequence) -> bool:
+        last = self._last.get(seq.seq_id)
+        return last is not None and last[0] == seq.num_tokens
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        self._last[seq.seq_id] = (seq.num_tokens, hidden.detach().clone())
+
+    def release(self, seq: Sequence) -> None:
+        self._last.pop(seq.seq_id, None)
+
+
+# ------------------------------------------------------------------------------- resolution
+@dataclass(frozen=True)
+class MedusaChoice:
+    heads_dir: Path | None  # None: no Medusa (n-gram, or speculation off)
+    speculate: int  # the effective N
+
+
+def resolve_medusa(
+    model_dir: Path, proposer: str, speculate: int | None, medusa: str | None = None
+) -> MedusaChoice:
+    """Which heads serve `model_dir`, and the effective N.
+
+    Heads come from `medusa` (a heads directory), else from `model_dir` itself when it holds
+    them; with proposer "medusa" also from the shipped heads whose base fingerprint matches.
+    No heads: proposer "medusa" falls back to n-gram (logged). `speculate` None means the
+    number of heads (0 without Medusa); a larger N than the heads is refused, as TGI does.
+    """
+    heads_dir = _find_heads(model_dir, proposer, medusa)
+    if heads_dir is None:
+        if proposer == "medusa":
+            then = f"n-gram with N={speculate}" if speculate else "off (n-gram needs --speculate N)"
+            logger.info(
+                "--proposer medusa: no Medusa heads for %s (pass --medusa DIR); "
+                "falling back to n-gram: speculation %s",
+                model_dir,
+                then,
+            )
+        return MedusaChoice(None, speculate or 0)
+    num_heads = read_medusa_config(heads_dir).num_heads
+    if speculate is None:
+        return MedusaChoice(heads_dir, num_heads)
+    if speculate > num_heads:
+        raise ValueError(
+            f"--speculate {speculate} is more than the {num_heads} Medusa heads in {heads_dir}: "
+            f"pass --speculate {num_heads} or less, or leave it unset"
+        )
+    return MedusaChoice(heads_dir, speculate)
+
+
+def _find_heads(model_dir: Path, proposer: str, medusa: str | None) -> Path | None:
+    if proposer not in ("auto", "medusa"):
+        if medusa is not None:
+            logger.warning("--medusa %s is ignored with --proposer %s", medusa, proposer)
+        return None
+    if medusa is not None:
+        read_medusa_config(Path(medusa))  # a clear error when it is not a heads directory
+        return Path(medusa)
+    if is_heads_dir(model_dir):
+        return model_dir
+    return shipped_heads_for(model_dir) if proposer == "medusa" else None
+
+
+def shipped_heads_for(model_dir: Path) -> Path | None:
+    """The shipped heads trained for exactly this base (config and weights), if any."""
+    candidates = [d for d in sorted(SHIPPED_DIR.glob("*")) if is_heads_dir(d)]
+    if not candidates:
+        return None
+    actual = fingerprint(model_dir)
+    for d in candidates:
+        if read_medusa_config(d).base_fingerprint == actual:
+            return d
+    return None
+
+
+def medusa_proposer(
+    model_dir: Path,
+    base: LlamaForCausalLM,
+    proposer: str,
+    speculate: int,
+    medusa: str | None = None,
+    force: bool = False,
+) -> MedusaProposer | None:
+    """The Medusa proposer for `--proposer auto|medusa`; None means n-gram serves instead."""
+    heads_dir = resolve_medusa(model_dir, proposer, speculate, medusa).heads_dir
+    return None if heads_dir is None else MedusaProposer.load(heads_dir, base, model_dir, force)
+
+
+def default_speculate(model: str | None, proposer: str, medusa: str | None = None) -> int:
+    """N when --speculate is not given: the number of heads when Medusa serves, else 0."""
+    if proposer not in ("auto", "medusa"):
+        return 0
+    from specserve.models.loader import resolve_model_dir
+
+    try:
+        model_dir = resolve_model_dir(model)
+    except ValueError:
+        return 0  # loading the engine reports the bad model
+    return resolve_medusa(model_dir, proposer, None, medusa).speculate

@@ -1,0 +1,365 @@
+"""Medusa-1 training by self-distillation: the base is frozen and the heads learn its own output.
+
+1. Collect: the base greedily continues workload prompts (stdlib code edits, news articles,
+   HumanEval, creative chat) in our engine, batched. A recording proposer keeps the hidden state
+   `sync` hands it each step: h_p, the final-normed row that chose output token x_p.
+2. Train: head i at h_p predicts x_{p+i+1}, the token i+1 places after the base's own next
+   token, with cross-entropy through the base's frozen lm_head (shared, so only the residual
+   blocks learn). Softmax and drafts range over the draft vocabulary: every token the base
+   emitted in the training continuations (what it actually says; a few thousand ids). That is
+   the proposer's argmax set too, so training matches drafting, and both cost a fraction of
+   the full lm_head. Prompts are split into train and held-out sets, never positions.
+3. Report per-head top-1 accuracy of the drafts on the held-out split (a target outside the
+   draft vocabulary counts as a miss) and the mean accepted length a top-1 chain would reach
+   there: sum over i of P(heads 0..i all right).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.progress import Progress
+
+from specserve.bench.workloads import WorkloadItem, build_workload
+from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.engine.engine import Engine
+from specserve.engine.request import SamplingParams, Sequence
+from specserve.engine.resources import load_resources
+from specserve.spec.medusa import MedusaConfig, MedusaHeads, fingerprint, save_medusa
+from specserve.spec.proposer import Draft
+
+logger = logging.getLogger(__name__)
+
+WORKLOADS = ("code-edit", "summarize", "code-complete", "chat-creative")
+# Weighted toward free-form chat, where n-gram lookup has nothing to copy and heads must carry
+# speculation; a workload named k times gets k shares of the prompts.
+DEFAULT_MIX = ("chat-creative",) * 5 + ("code-complete", "summarize") * 2 + ("code-edit",)
+IGNORE = -100  # target past the end of a continuation
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    prompts: int = 256  # shared out over `workloads`
+    new_tokens: int = 128
+    epochs: int = 8
+    lr: float = 1e-3
+    batch_size: int = 64  # positions per step
+    heldout_every: int = 8  # every 8th prompt of each workload is held out
+    max_prompt_tokens: int = 768  # longer prompts are skipped
+    concurrency: int = 32  # sequences generating at once
+    seed: int = 1  # workload seed; the benchmarks use 0, and their prompts are excluded
+    workloads: tuple[str, ...] = DEFAULT_MIX
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.prompts, self.new_tokens - 1, self.epochs, self.batch_size) < 1:
+            raise ValueError("need prompts, epochs, batch_size >= 1 and new_tokens >= 2")
+        if self.heldout_every < 2:
+            raise ValueError(f"heldout_every must be >= 2, got {self.heldout_every}")
+
+
+@dataclass(frozen=True)
+class Continuation:
+    workload: str
+    heldout: bool
+    tokens: list[int]  # the base's greedy output x_0 .. x_{L-1}
+    hidden: torch.Tensor  # [L - 1, hidden]: row p chose tokens[p]
+
+
+@dataclass(frozen=True)
+class HeadData:
+    hidden: torch.Tensor  # [N, hidden]
+    targets: torch.Tensor  # [N, heads] int64 index into the draft vocab; IGNORE: none there
+    valid: torch.Tensor  # [N, heads] bool: the continuation has that token
+    workloads: list[str]  # [N]
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    train_positions: int
+    heldout_positions: int
+    draft_vocab_size: int
+    loss_before: list[float]  # held-out CE per head, identity heads (= the base's next token)
+    loss_after: list[float]
+    accuracy: list[float]  # held-out top-1 per head
+    mean_accepted: float  # held-out top-1 chain: sum_i P(heads 0..i right)
+    mean_accepted_by_workload: dict[str, float]
+    collect_s: float
+    train_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def train_medusa(
+    base_dir: Path,
+    out_dir: Path,
+    heads: int = 4,
+    layers: int = 1,
+    options: TrainOptions | None = None,
+    base_name: str | None = None,
+    progress: bool = True,
+) -> TrainReport:
+    """Collect, train, evaluate and write a TGI-layout checkpoint (shared lm_head) to `out_dir`."""
+    opts = options or TrainOptions()
+    if opts.num_threads is not None:
+        torch.set_num_threads(opts.num_threads)
+    started = time.perf_counter()
+    engine = _recording_engine(base_dir, opts)
+    conts = collect(engine, _prompts(engine, opts), opts, progress)
+    collect_s = time.perf_counter() - started
+    if all(c.heldout for c in conts) or not any(c.heldout for c in conts):
+        raise ValueError(
+            f"{len(conts)} usable continuations leave no train or no held-out split (every "
+            f"{opts.heldout_every}th prompt of a workload is held out): raise --prompts"
+        )
+    vocab = draft_vocab([c for c in conts if not c.heldout])
+    train = head_data([c for c in conts if not c.heldout], heads, vocab)
+    held = head_data([c for c in conts if c.heldout], heads, vocab)
+    lm_head = vocab_head(engine.res.model.lm_head, vocab)
+    model = MedusaHeads(engine.res.model.arch.hidden_size, heads, layers)
+    model.draft_vocab = vocab
+    loss_before = heldout_loss(model, lm_head, held)
+    started = time.perf_counter()
+    fit(model, lm_head, train, opts, progress)
+    train_s = time.perf_counter() - started
+    accuracy, chain = heldout_accuracy(model, lm_head, held)
+    report = TrainReport(
+        train_positions=len(train.workloads),
+        heldout_positions=len(held.workloads),
+        draft_vocab_size=len(vocab),
+        loss_before=loss_before,
+        loss_after=heldout_loss(model, lm_head, held),
+        accuracy=accuracy,
+        mean_accepted=_mean_accepted(chain),
+        mean_accepted_by_workload={
+            w: _mean_accepted(chain[[x == w for x in held.workloads]])
+            for w in sorted(set(held.workloads))
+        },
+        collect_s=round(collect_s, 1),
+        train_s=round(train_s, 1),
+    )
+    cfg = MedusaConfig(
+        heads,
+        layers,
+        base_model_name_or_path=base_name or str(base_dir),
+        base_fingerprint=fingerprint(base_dir),
+        extra={"training": {**_rounded(report.as_dict()), "options": dataclasses.asdict(opts)}},
+    )
+    save_medusa(model, out_dir, cfg)
+    return report
+
+
+# ---------------------------------------------------------------------------------- collect
+class _HiddenRecorder:
+    """A Proposer that proposes nothing and keeps every hidden state `sync` hands it."""
+
+    name = "record"
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)  # request -> p -> h_p
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        return [Draft(tokens=[]) for _ in seqs]
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        self.rows[seq.request_id][len(seq.output_ids) - 1] = hidden.clone()
+
+    def release(self, seq: Sequence) -> None:
+        del seq  # the rows are the data; a preempted sequence re-syncs the same positions
+
+
+def _recording_engine(base_dir: Path, opts: TrainOptions) -> Engine:
+    # speculate=1 makes the engine sync its proposer after every step; the recorder then
+    # replaces the proposer and never drafts.
+    config = EngineConfig(
+        model=str(base_dir),
+        max_model_len=opts.max_prompt_tokens + opts.new_tokens + 1,
+        cache=CacheConfig(block_size=16),
+        scheduler=SchedulerConfig(max_batch_tokens=2048, max_running_requests=opts.concurrency),
+        spec=SpecConfig(speculate=1, proposer="ngram"),
+    )
+    res = load_resources(config)
+    return Engine(config, dataclasses.replace(res, proposer=_HiddenRecorder(), policy=None))
+
+
+def _prompts(engine: Engine, opts: TrainOptions) -> list[tuple[WorkloadItem, list[int]]]:
+    # A workload named twice in `opts.workloads` gets twice the prompts.
+    limit = min(opts.max_prompt_tokens, engine.max_model_len - opts.new_tokens)
+    out = []
+    for name, weight in Counter(opts.workloads).items():
+        want = math.ceil(opts.prompts * weight / len(opts.workloads))
+        bench = {_key(item) for item in build_workload(name, 32, 0)}
+        items = [i for i in build_workload(name, want * 2, opts.seed) if _key(i) not in bench]
+        unique = {_key(i): i for i in items}.values()
+        encoded = ((item, _encode(engine, item)) for item in unique)
+        out += list(itertools.islice(((i, p) for i, p in encoded if len(p) <= limit), want))
+    return out
+
+
+def _key(item: WorkloadItem) -> str:
+    return item.prompt or repr(item.messages)
+
+
+def _encode(engine: Engine, item: WorkloadItem) -> list[int]:
+    if item.messages is None:
+        assert item.prompt is not None
+        return list(engine.tokenizer.encode(item.prompt, add_special_tokens=False))
+    return engine.encode_chat([{"role": m.role, "content": m.content} for m in item.messages])
+
+
+def collect(
+    engine: Engine,
+    prompts: list[tuple[WorkloadItem, list[int]]],
+    opts: TrainOptions,
+    progress: bool = True,
+) -> list[Continuation]:
+    """The base's greedy continuation of every prompt, with its hidden states."""
+    recorder = engine.res.proposer
+    assert isinstance(recorder, _HiddenRecorder)
+    params = SamplingParams(max_new_tokens=opts.new_tokens)
+    ids = [engine.add_request(p, params) for _, p in prompts]
+    tokens: dict[str, list[int]] = defaultdict(list)
+    with Progress(disable=not progress) as bar:
+        task = bar.add_task("greedy continuations", total=len(ids))
+        while engine.has_work():
+            for out in engine.step():
+                tokens[out.request_id] += out.new_token_ids
+                bar.advance(task, int(out.finished))
+    seen: dict[str, int] = defaultdict(int)
+    conts = []
+    for rid, (item, _) in zip(ids, prompts, strict=True):
+        toks, rows = tokens[rid], recorder.rows.pop(rid)
+        seen[item.workload] += 1
+        if len(toks) >= 2:
+            hidden = torch.stack([rows[p] for p in range(len(toks) - 1)])
+            heldout = seen[item.workload] % opts.heldout_every == 0
+            conts.append(Continuation(item.workload, heldout, toks, hidden))
+    return conts
+
+
+def draft_vocab(conts: list[Continuation]) -> torch.Tensor:
+    """[K] sorted int64: every token the base emitted in `conts`."""
+    return torch.unique(torch.cat([torch.tensor(c.tokens) for c in conts]))
+
+
+def vocab_head(lm_head: torch.nn.Linear, vocab: torch.Tensor) -> torch.nn.Linear:
+    """The frozen lm_head restricted to the rows of `vocab` [K]."""
+    head = torch.nn.Linear(lm_head.in_features, len(vocab), bias=False)
+    head.weight = torch.nn.Parameter(lm_head.weight.detach()[vocab].float(), requires_grad=False)
+    return head
+
+
+def head_data(conts: list[Continuation], heads: int, vocab: torch.Tensor) -> HeadData:
+    """Row p of a continuation targets tokens[p + 1 + i] for head i."""
+    hidden, targets, workloads = [], [], []
+    for c in conts:
+        ext = torch.tensor(c.tokens[1:] + [IGNORE] * heads)
+        n = len(c.tokens) - 1
+        hidden.append(c.hidden)
+        targets.append(torch.stack([ext[i : i + n] for i in range(heads)], dim=1))
+        workloads += [c.workload] * n
+    ids = torch.cat(targets)
+    pos = torch.searchsorted(vocab, ids.clamp(min=0)).clamp(max=len(vocab) - 1)
+    inside = (ids >= 0) & (vocab[pos] == ids)
+    return HeadData(
+        torch.cat(hidden).float(),
+        torch.where(inside, pos, IGNORE),
+        ids != IGNORE,
+        workloads,
+    )
+
+
+# ------------------------------------------------------------------------------------ train
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # logits [B, heads, vocab], targets [B, heads] -> per-head mean CE [heads]
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
+    valid = (targets != IGNORE).float()
+    return (ce * valid).sum(0) / valid.sum(0).clamp(min=1)
+
+
+def fit(
+    model: MedusaHeads,
+    lm_head: torch.nn.Module,
+    data: HeadData,
+    opts: TrainOptions,
+    progress: bool = True,
+) -> None:
+    for p in lm_head.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.0)
+    n = len(data.workloads)
+    steps_per_epoch = math.ceil(n / opts.batch_size)
+    total = steps_per_epoch * opts.epochs
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, opts.lr, total_steps=total, pct_start=0.1)
+    gen = torch.Generator().manual_seed(opts.seed)
+    model.train()
+    with Progress(disable=not progress) as bar:
+        task = bar.add_task("training heads", total=total)
+        for _ in range(opts.epochs):
+            for idx in torch.randperm(n, generator=gen).split(opts.batch_size):
+                logits = model.logits(data.hidden[idx], lm_head)
+                loss = _loss(logits, data.targets[idx]).sum()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                bar.update(task, advance=1, description=f"training heads (loss {loss:.2f})")
+    model.eval()
+
+
+@torch.no_grad()
+def _heldout(
+    model: MedusaHeads, lm_head: torch.nn.Module, data: HeadData
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # -> per-head summed CE [heads], correct [N, heads] (False where the target is IGNORE)
+    ce = torch.zeros(model.num_heads)
+    correct = []
+    for idx in torch.arange(len(data.workloads)).split(512):
+        logits, targets = model.logits(data.hidden[idx], lm_head), data.targets[idx]
+        ce += _loss(logits, targets) * (targets != IGNORE).sum(0)
+        correct.append(logits.argmax(-1) == targets)
+    return ce, torch.cat(correct)
+
+
+def heldout_loss(model: MedusaHeads, lm_head: torch.nn.Module, data: HeadData) -> list[float]:
+    """Per-head CE over the draft vocabulary (targets outside it left out)."""
+    ce, _ = _heldout(model, lm_head, data)
+    return (ce / (data.targets != IGNORE).sum(0).clamp(min=1)).tolist()
+
+
+def heldout_accuracy(
+    model: MedusaHeads, lm_head: torch.nn.Module, data: HeadData
+) -> tuple[list[float], torch.Tensor]:
+    """Per-head top-1 accuracy over targets that exist, and the chain matrix [N, heads]: heads
+    0..i all right (a draft of i+1 tokens accepted in full)."""
+    _, correct = _heldout(model, lm_head, data)
+    acc = (correct.sum(0) / data.valid.sum(0).clamp(min=1)).tolist()
+    return acc, correct.int().cumprod(dim=1)
+
+
+def _mean_accepted(chain: torch.Tensor) -> float:
+    return float(chain.float().sum(1).mean()) if len(chain) else 0.0
+
+
+def _rounded(d: dict[str, Any]) -> dict[str, Any]:
+    def r(v: Any) -> Any:
+        if isinstance(v, float):
+            return round(v, 4)
+        if isinstance(v, list):
+            return [r(x) for x in v]
+        if isinstance(v, dict):
+            return {k: r(x) for k, x in v.items()}
+        return v
+
+    return {k: r(v) for k, v in d.items()}
