@@ -195,7 +195,7 @@ class Engine:
         items = []
         for w in batch.work:
             seq = w.seq
-            fed = seq.token_ids[seq.num_computed : seq.num_computed + w.num_tokens]
+            fed = seq.token_slice(seq.num_computed, seq.num_computed + w.num_tokens)
             extra = drafts[seq.seq_id].tokens if seq.seq_id in drafts else []
             n_logits = 1 + len(extra) if w.samples else 0
             items.append(RunItem(fed + extra, seq.num_computed, seq.block_table, n_logits))
@@ -207,9 +207,12 @@ class Engine:
         rows: list[SampleRow] = []
         for w in (w for w in batch.work if w.samples):
             seq, d = w.seq, drafts.get(w.seq.seq_id)
-            ctx, extra = seq.token_ids, d.tokens if d else []
+            extra = d.tokens if d else []
+            # Only a repetition penalty reads the history: skip copying the context otherwise.
+            ctx = seq.token_ids if seq.params.repetition_penalty != 1.0 else []
             for i in range(len(extra) + 1):
-                rows.append(SampleRow(seq.params, ctx + extra[:i], len(seq.output_ids) + i))
+                history = ctx + extra[:i] if ctx else []
+                rows.append(SampleRow(seq.params, history, len(seq.output_ids) + i))
         picks = [s.token for s in sample(run.logits, rows)] if rows else []
         outputs: list[RequestOutput] = []
         cursor = 0

@@ -23,7 +23,9 @@ class SampleRow:
     """One logits row to turn into a token."""
 
     params: SamplingParams
-    history: list[int]  # tokens before this position (prompt + output + earlier drafts)
+    # Tokens before this position (prompt + output + earlier drafts); read only by the
+    # repetition penalty, so callers may leave it empty when the penalty is 1.
+    history: list[int]
     out_pos: int  # output position t being sampled (0 = first generated token)
 
 
