@@ -55,15 +55,20 @@ def add_flag(
     )
 
 
+MODEL_HELP = (
+    "HF directory (config.json + *.safetensors) or .gguf file; unset = embedded "
+    "SmolLM2-135M-Instruct"
+)
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    add_flag(
-        p,
-        "--model",
-        "MODEL_ID",
-        None,
-        "HF directory (config.json + *.safetensors) or .gguf file; unset = embedded "
-        "SmolLM2-135M-Instruct",
-    )
+    """Every engine flag: the model, speculation, and the runtime limits."""
+    add_flag(p, "--model", "MODEL_ID", None, MODEL_HELP)
+    add_speculation_args(p)
+    add_runtime_args(p)
+
+
+def add_speculation_args(p: argparse.ArgumentParser) -> None:
     add_flag(
         p,
         "--speculate",
@@ -135,6 +140,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     add_flag(
         p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches", int
     )
+
+
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--device", "DEVICE", "cpu", "cpu, cuda, cuda:N or auto")
     add_flag(
         p,
