@@ -9,40 +9,28 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from specserve.config import EngineConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
-from specserve.engine.request import RequestOutput, SamplingParams, SeqStatus, Sequence
+from specserve.engine.request import (
+    RequestOutput,
+    SamplingParams,
+    SeqStatus,
+    Sequence,
+    check_request,
+)
 from specserve.engine.resources import EngineResources, load_resources
+from specserve.engine.stats import EngineStats, StepRecord
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, processed_logits, sample
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
-from specserve.spec.proposer import Draft, ProposerStats
+from specserve.spec.proposer import Draft
 from specserve.spec.verify import VerifyResult, verify_deterministic, verify_sampled
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    spec_steps: int = 0  # steps in which at least one sequence verified drafts
-    nonspec_steps: int = 0
-    tokens_emitted: int = 0
-    proposer: ProposerStats = field(default_factory=ProposerStats)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one step ran: the load the policy saw and the drafts it allowed."""
-
-    num_running: int
-    num_tokens: int  # tokens scored, drafts included
-    drafts_reserved: dict[int, int]  # seq_id -> draft slots the policy granted
-    drafts_proposed: dict[int, int]  # seq_id -> drafts actually proposed
 
 
 @dataclass
@@ -96,7 +84,14 @@ class Engine:
         """Tokenize and validate without touching engine state (safe from any thread).
         A sampled request without a seed gets a random one here, so it can be reported."""
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate(ids, params)
+        alloc = self.res.allocator
+        check_request(
+            ids,
+            params,
+            vocab_size=self.res.model.arch.vocab_size,
+            max_model_len=self.max_model_len,
+            kv_capacity=alloc.num_blocks * alloc.block_size,
+        )
         if not params.greedy and params.seed is None:
             params = replace(params, seed=random.getrandbits(63))
         return ids, params
@@ -127,25 +122,6 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._finished_outputs)
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise ValueError("prompt is empty")
-        vocab = self.res.model.arch.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; the context window is {self.max_model_len} "
-                "tokens and at least one must be left to generate"
-            )
-        capacity = self.res.allocator.num_blocks * self.res.allocator.block_size
-        total = min(len(ids) + params.max_new_tokens, self.max_model_len)
-        if total > capacity:
-            raise ValueError(
-                f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) needs {total} "
-                f"KV slots; the cache holds {capacity} tokens"
-            )
-
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         outputs, self._finished_outputs = self._finished_outputs, []
@@ -163,7 +139,7 @@ class Engine:
                 self._finish(self._live[w.seq.request_id], "error", error=str(exc))
             return outputs + self._drain_finished()
         outputs += self._verify_and_commit(batch, drafts, run)
-        self._count_step(batch, drafts)
+        self.last_step = self.stats.count_step(batch, drafts)
         return outputs + self._drain_finished()
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
@@ -330,18 +306,4 @@ class Engine:
                 else None
             ),
             error=error,
-        )
-
-    def _count_step(self, batch: ScheduledBatch, drafts: dict[int, Draft]) -> None:
-        self.stats.steps += 1
-        if drafts:
-            self.stats.spec_steps += 1
-        else:
-            self.stats.nonspec_steps += 1
-        self.last_step = StepRecord(
-            num_running=batch.num_running,
-            num_tokens=sum(w.num_tokens for w in batch.work)
-            + sum(len(d.tokens) for d in drafts.values()),
-            drafts_reserved={w.seq.seq_id: w.max_drafts for w in batch.work if w.max_drafts},
-            drafts_proposed={sid: len(d.tokens) for sid, d in drafts.items()},
         )

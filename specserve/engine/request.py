@@ -127,3 +127,25 @@ class RequestOutput:
     # Seconds from arrival to first being scheduled; set once the request has been scheduled.
     queue_seconds: float | None = None
     error: str | None = None
+
+
+def check_request(
+    ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int, kv_capacity: int
+) -> None:
+    """Raise ValueError naming the limit a request breaks: empty or out-of-vocabulary prompt,
+    no room left in the context window, or more KV slots than the whole cache holds."""
+    if not ids:
+        raise ValueError("prompt is empty")
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    if len(ids) >= max_model_len:
+        raise ValueError(
+            f"prompt has {len(ids)} tokens; the context window is {max_model_len} "
+            "tokens and at least one must be left to generate"
+        )
+    total = min(len(ids) + params.max_new_tokens, max_model_len)
+    if total > kv_capacity:
+        raise ValueError(
+            f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) needs {total} "
+            f"KV slots; the cache holds {kv_capacity} tokens"
+        )
