@@ -183,7 +183,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    from specserve.spec.medusa import default_speculate
+    from specserve.spec.medusa_resolve import default_speculate
 
     try:
         speculate = args.speculate

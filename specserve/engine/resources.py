@@ -21,7 +21,7 @@ from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
 from specserve.spec.draft import DraftModelProposer, load_draft_model
-from specserve.spec.medusa import medusa_proposer
+from specserve.spec.medusa_resolve import medusa_proposer
 from specserve.spec.policy import Gate, SpeculationPolicy
 from specserve.spec.proposer import NgramProposer, Proposer
 

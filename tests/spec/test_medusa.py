@@ -22,9 +22,9 @@ from specserve.spec.medusa import (
     MedusaProposer,
     fingerprint,
     load_medusa,
-    resolve_medusa,
     save_medusa,
 )
+from specserve.spec.medusa_resolve import resolve_medusa
 from specserve.spec.medusa_train import TrainOptions, TrainReport, train_medusa
 
 CPU = torch.device("cpu")
