@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from specserve.bench import loadgen, report
+from specserve.bench import loadgen, render, report
 from specserve.bench.loadgen import Budget, Cell, CellKey, GenSettings
 from specserve.bench.workloads import BUILDERS, WorkloadItem, resolve_workload
 
@@ -243,9 +243,9 @@ def _write_outputs(args: argparse.Namespace, cells: list[Cell], meta: dict[str, 
     results = {"meta": meta, "slo": vars(slo), "cells": loadgen.cells_to_json(cells)}
     write_json_atomically(out / "results.json", results)
     (out / "report.md").write_text(
-        report.markdown(stats, slo, recs, contention, meta), encoding="utf-8"
+        render.markdown(stats, slo, recs, contention, meta), encoding="utf-8"
     )
-    report.plot(stats, out)
+    render.plot(stats, out)
     profile = make_profile(
         report.profile_entries(recs),
         meta.get("target"),

@@ -7,6 +7,7 @@ import pytest
 from specserve.bench import diagnose as dg
 from specserve.bench import loadgen
 from specserve.bench.loadgen import Budget, Cell, CellKey, RequestRecord
+from specserve.bench.render import markdown, plot
 from specserve.bench.report import (
     CellStats,
     Pcts,
@@ -15,10 +16,8 @@ from specserve.bench.report import (
     cell_stats,
     find_contention,
     itl_mean,
-    markdown,
     meets_slo,
     percentile,
-    plot,
     recommend,
 )
 
