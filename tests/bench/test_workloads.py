@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from specserve.bench import workloads
+from specserve.bench.code_edits import plan_edits
 from specserve.bench.workloads import (
     BUILDERS,
     MAX_PROMPT_CHARS,
@@ -15,7 +16,6 @@ from specserve.bench.workloads import (
     build_workload,
     load_workload,
     main,
-    plan_edits,
     resolve_workload,
     write_workload,
 )
