@@ -140,7 +140,7 @@ def test_heads_beside_the_weights_are_found(tmp_path: Path, tiny_llama: Path) ->
 def test_no_heads_falls_back_to_ngram_with_a_log_line(
     tiny_llama: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="specserve.spec.medusa"):
+    with caplog.at_level(logging.INFO, logger="specserve.spec.medusa_resolve"):
         choice = resolve_medusa(tiny_llama, "medusa", 3)
     assert (choice.heads_dir, choice.speculate) == (None, 3)
     assert "falling back to n-gram" in caplog.text
@@ -177,7 +177,7 @@ def test_heads_for_another_base_are_refused_unless_forced(
         MedusaProposer.load(heads, base, tiny_llama)
     assert str(recorded) in str(err.value)
     assert str(fingerprint(tiny_llama)) in str(err.value)
-    with caplog.at_level(logging.WARNING, logger="specserve.spec.medusa"):
+    with caplog.at_level(logging.WARNING, logger="specserve.spec.medusa_resolve"):
         proposer = MedusaProposer.load(heads, base, tiny_llama, force=True)
     assert proposer.num_heads == 2 and "--force-medusa" in caplog.text
     MedusaProposer.load(heads, build_model(other, CPU), other)  # its own base: accepted
