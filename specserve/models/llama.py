@@ -173,7 +173,7 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions)
+        cos, sin = (t.to(x.dtype) for t in self.rotary(positions))  # tables stay float32
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv, meta)
         return self.norm(x)
