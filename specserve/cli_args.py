@@ -144,6 +144,14 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
 
 def add_runtime_args(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--device", "DEVICE", "cpu", "cpu, cuda, cuda:N or auto")
+    p.add_argument(
+        "--dense-weights",
+        action="store_true",
+        default=env_default("DENSE_WEIGHTS", False, parse_bool),
+        help="run a GGUF model on float32 weights dequantised at load instead of its Q4_1/Q8_0 "
+        "blocks through the CPU block kernels (same model; ~5x the bytes per token) "
+        "[env: DENSE_WEIGHTS; default: False]",
+    )
     add_flag(
         p,
         "--num-threads",
@@ -192,6 +200,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         return EngineConfig(
             model=args.model,
             device=args.device,
+            dense_weights=args.dense_weights,
             num_threads=args.num_threads,
             max_model_len=args.max_total_tokens,
             max_memory=args.max_memory,

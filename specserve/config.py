@@ -84,6 +84,10 @@ class EngineConfig:
     model: str | None = None
     device: str = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    # GGUF models on CPU keep their Q4_1/Q8_0 weights as blocks and run the block kernels
+    # (same numbers up to float32 summation order, ~5x fewer bytes per token). True runs the
+    # float32 weights dequantised at load instead.
+    dense_weights: bool = False
     # Intra-op threads for torch; None leaves torch's default.
     num_threads: int | None = None
     # Context window; None takes the model's own.

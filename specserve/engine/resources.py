@@ -62,7 +62,9 @@ def load_resources(config: EngineConfig) -> EngineResources:
     device = resolve_device(config.device)
     model_dir = resolve_model_dir(config.model)
     started = time.perf_counter()
-    model = build_model(model_dir, device, _DTYPES[config.dtype])
+    model = build_model(
+        model_dir, device, _DTYPES[config.dtype], gguf_blocks=not config.dense_weights
+    )
     tokenizer = load_tokenizer(model_dir)
     draft = load_draft(config, model, tokenizer, device)
     logger.info("loaded %s in %.1f s", model_dir, time.perf_counter() - started)
@@ -104,7 +106,9 @@ def uses_draft(config: EngineConfig) -> bool:
 
 
 def param_bytes(model: LlamaForCausalLM) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of the weights, GGUF blocks (buffers) included."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def load_draft(

@@ -3,7 +3,9 @@
 Whatever comes in, what goes out is a directory holding `config.json`, `*.safetensors` with
 transformers tensor names, and the tokenizer files. A GGUF is dequantised to float32 once and kept
 in `cache_dir/gguf-<sha256[:16]>/`; that directory only ever appears complete, because it is built
-under a temporary name in the same cache directory and renamed into place.
+under a temporary name in the same cache directory and renamed into place. Beside the float32
+weights goes `ggml_blocks.safetensors`: the Q4_1/Q8_0 tensors in their block format, for the CPU
+block kernels (see models/gguf_blocks.py).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import importlib.util
 import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from specserve.models.gguf_blocks import BLOCKS_FILE, write_blocks
 from specserve.models.hashing import cached_sha256
 
 logger = logging.getLogger(__name__)
@@ -118,8 +122,13 @@ def _resolve_gguf(path: Path, cache_dir: Path) -> Path:
     target = cache_dir / f"gguf-{cached_sha256(path, cache_dir)[:16]}"
     if (target / "config.json").is_file():
         logger.debug("using cached dequantised model %s for %s", target, path)
-        return target
-    _dequantise(path, target)
+    else:
+        _dequantise(path, target)
+    if not (target / BLOCKS_FILE).is_file() and platform.machine() in ("x86_64", "AMD64"):
+        try:
+            write_blocks(path, target)
+        except Exception as exc:  # the blocks only speed things up: serve dense without them
+            logger.warning("not keeping GGUF blocks of %s: %s", path, exc)
     return target
 
 

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from specserve.kernels import ggml
+from specserve.models.block_linear import attach_blocks
+from specserve.models.gguf_blocks import BLOCKS_FILE, load_blocks
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.mistral import MistralForCausalLM
 from specserve.models.qwen2 import Qwen2ForCausalLM
+
+logger = logging.getLogger(__name__)
 
 ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -41,9 +47,16 @@ def model_class(cfg: dict[str, Any]) -> type[LlamaForCausalLM]:
 
 
 def build_model(
-    model_dir: Path, device: torch.device, dtype: torch.dtype = torch.float32
+    model_dir: Path,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    gguf_blocks: bool = True,
 ) -> LlamaForCausalLM:
-    """Instantiate the decoder for `model_dir` and load its safetensors weights."""
+    """Instantiate the decoder for `model_dir` and load its safetensors weights.
+
+    With `gguf_blocks`, a model converted from GGUF that runs on the CPU in float32 swaps its
+    linear layers for `BlockLinear`s over the stored Q4_1/Q8_0 blocks when the kernels build.
+    """
     cfg = read_config(model_dir)
     cls = model_class(cfg)
     with torch.device("meta"):
@@ -55,6 +68,11 @@ def build_model(
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.load_hf_weights(_iter_safetensors(model_dir, dtype))
+    if gguf_blocks and device.type == "cpu" and dtype == torch.float32:
+        blocks = load_blocks(model_dir)
+        if blocks and ggml.library() is not None:
+            replaced = attach_blocks(model, blocks)
+            logger.info("%d linear layers run on GGUF blocks", replaced)
     return model.eval()
 
 
@@ -63,7 +81,7 @@ def _iter_safetensors(model_dir: Path, dtype: torch.dtype) -> Any:
     if not files:
         raise ValueError(f"no *.safetensors files in {model_dir}")
     for path in files:
-        if path.name.startswith("medusa_"):
+        if path.name.startswith("medusa_") or path.name == BLOCKS_FILE:
             continue
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict

@@ -16,11 +16,15 @@ def make_engine(
     speculate: int = 0,
     proposer: str = "auto",
     draft_model: str | None = None,
+    device: str = "cpu",
+    dense_weights: bool = False,
     **spec: object,
 ) -> Engine:
     return Engine(
         EngineConfig(
             model=str(model_dir) if model_dir else None,
+            device=device,
+            dense_weights=dense_weights,
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
             scheduler=SchedulerConfig(
                 max_batch_tokens=max_batch_tokens, max_running_requests=max_running

@@ -1,0 +1,153 @@
+"""CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`), built on first use.
+
+The C file is compiled with the system C compiler into the specserve cache, keyed by the hash
+of the source and flags, and loaded with ctypes. Nothing here is required: `library()` returns
+None (and says why once in the log) when the CPU lacks AVX2/FMA/F16C or no compiler works, and
+callers then run on dequantised float32 weights.
+
+The library links `libgomp.so.1` by soname. torch is imported first, so the dynamic loader
+hands it torch's own already-loaded copy: one OpenMP thread pool for both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from enum import IntEnum
+from functools import cache
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ggml_blocks.c")
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared")
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+QK = 32  # weights per block
+
+
+class BlockKind(IntEnum):
+    """GGUF quantisation types the kernels read; the value is the C enum's."""
+
+    Q4_1 = 0
+    Q8_0 = 1
+
+    @property
+    def block_bytes(self) -> int:
+        return 20 if self is BlockKind.Q4_1 else 34
+
+    def row_bytes(self, in_features: int) -> int:
+        return in_features // QK * self.block_bytes
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _build(target: Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        staged = Path(tmp) / target.name
+        subprocess.run(
+            [compiler, *CFLAGS, str(SOURCE), "-o", str(staged)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        os.replace(staged, target)  # appears complete or not at all
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None when this machine cannot run them."""
+    missing = [f for f in REQUIRED_CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        logger.info("GGUF block kernels off: CPU lacks %s", ", ".join(missing))
+        return None
+    from specserve.models.loader import default_cache_dir
+
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    target = default_cache_dir() / "kernels" / f"ggml_blocks-{key}.so"
+    try:
+        if not target.is_file():
+            _build(target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", None) or exc
+        logger.warning("GGUF block kernels off: cannot build %s: %s", SOURCE.name, detail)
+        return None
+    c_int, ptr, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    lib.ggml_matmul.argtypes = [c_int, ptr, ptr, ptr, i64, i64, i64, c_int]
+    lib.ggml_matmul.restype = None
+    lib.ggml_dequantize.argtypes = [c_int, ptr, ptr, i64, i64, c_int]
+    lib.ggml_dequantize.restype = None
+    return lib
+
+
+def _check(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> None:
+    if in_features % QK:
+        raise ValueError(f"in_features {in_features} is not a multiple of {QK}")
+    expected = kind.row_bytes(in_features)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != expected:
+        raise ValueError(
+            f"{kind.name} blocks must be uint8 [out, {expected}], got {blocks.dtype} "
+            f"{list(blocks.shape)}"
+        )
+    if not blocks.is_contiguous() or blocks.device.type != "cpu":
+        raise ValueError("blocks must be a contiguous CPU tensor")
+
+
+def matmul(x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind) -> torch.Tensor:
+    """x [M, K] float32 @ W^T -> [M, N], W given as blocks [N, row_bytes]."""
+    lib = library()
+    assert lib is not None, "matmul called without the kernel library"
+    in_features = x.shape[-1]
+    _check(blocks, kind, in_features)
+    x = x.contiguous()
+    if x.dtype != torch.float32:
+        raise ValueError(f"activations must be float32, got {x.dtype}")
+    out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+    lib.ggml_matmul(
+        int(kind),
+        x.data_ptr(),
+        blocks.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        blocks.shape[0],
+        in_features,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.Tensor:
+    """The float32 weights [N, in_features] the blocks encode."""
+    lib = library()
+    assert lib is not None, "dequantize called without the kernel library"
+    _check(blocks, kind, in_features)
+    out = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
+    lib.ggml_dequantize(
+        int(kind),
+        blocks.data_ptr(),
+        out.data_ptr(),
+        blocks.shape[0],
+        in_features,
+        torch.get_num_threads(),
+    )
+    return out

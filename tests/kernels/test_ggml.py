@@ -1,0 +1,49 @@
+"""The GGUF block kernels against gguf-py's reference (de)quantisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from specserve.kernels import ggml
+from specserve.kernels.ggml import BlockKind
+
+pytestmark = pytest.mark.skipif(ggml.library() is None, reason="block kernels unavailable here")
+
+GGML_TYPES = {BlockKind.Q4_1: GGMLQuantizationType.Q4_1, BlockKind.Q8_0: GGMLQuantizationType.Q8_0}
+
+
+def quantised(kind: BlockKind, out_features: int, in_features: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((out_features, in_features)).astype(np.float32)
+    blocks = quants.quantize(weights, GGML_TYPES[kind])
+    reference = quants.dequantize(blocks, GGML_TYPES[kind])
+    return torch.from_numpy(blocks), torch.from_numpy(reference)
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+def test_dequantize_is_bit_exact(kind: BlockKind) -> None:
+    blocks, reference = quantised(kind, 48, 96)
+    assert blocks.shape == (48, kind.row_bytes(96))
+    assert torch.equal(ggml.dequantize(blocks, kind, 96), reference)
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31])
+def test_matmul_matches_float32_product(kind: BlockKind, rows: int) -> None:
+    blocks, reference = quantised(kind, 40, 128, seed=rows)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    got = ggml.matmul(x, blocks, kind)
+    torch.testing.assert_close(got, x @ reference.T, rtol=1e-5, atol=1e-4)
+
+
+def test_rejects_malformed_blocks() -> None:
+    blocks, _ = quantised(BlockKind.Q4_1, 8, 64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ggml.matmul(torch.zeros(1, 48), blocks, BlockKind.Q4_1)
+    with pytest.raises(ValueError, match=r"Q8_0 blocks must be uint8 \[out, 68\]"):
+        ggml.matmul(torch.zeros(1, 64), blocks, BlockKind.Q8_0)
+    with pytest.raises(ValueError, match="float32"):
+        ggml.matmul(torch.zeros(1, 64, dtype=torch.float64), blocks, BlockKind.Q4_1)
