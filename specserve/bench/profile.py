@@ -25,6 +25,7 @@ from typing import Any
 
 from specserve.models.hashing import cached_sha256
 from specserve.models.loader import default_cache_dir
+from specserve.models.registry import weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ Fingerprint = dict[str, Any]
 # ------------------------------------------------------------------------------ fingerprints
 def target_fingerprint(model_dir: Path, cache_dir: Path | None = None) -> Fingerprint:
     """Hashes of the target's config.json and its own weights (Medusa heads excluded)."""
-    files = [p for p in _weights(model_dir) if not p.name.startswith(_MEDUSA_PREFIX)]
+    files = weight_files(model_dir)
     return {
         "config_sha256": config_sha256(model_dir / "config.json"),
         "weights_sha256": files_sha256(files, cache_dir),
@@ -61,7 +62,7 @@ def proposer_fingerprint(
     if model_dir is None:
         raise ValueError(f"proposer {kind!r} needs its model directory to be fingerprinted")
     if kind == "medusa":  # heads: medusa_*.safetensors (+ config.json) in their own directory
-        heads = [p for p in _weights(model_dir) if p.name.startswith(_MEDUSA_PREFIX)]
+        heads = sorted(model_dir.glob(f"{_MEDUSA_PREFIX}*.safetensors"))
         config = model_dir / "config.json"
         return {
             "kind": kind,
@@ -84,10 +85,6 @@ def files_sha256(files: list[Path], cache_dir: Path | None = None) -> str:
     for path in sorted(files, key=lambda p: p.name):
         h.update(f"{path.name}\0{cached_sha256(path, cache_dir or default_cache_dir())}\n".encode())
     return h.hexdigest()
-
-
-def _weights(model_dir: Path) -> list[Path]:
-    return sorted(model_dir.glob("*.safetensors"))
 
 
 # ---------------------------------------------------------------------------------- profiles

@@ -84,7 +84,8 @@ static inline float hsum(__m256 v) {
         for (int r = 0; r < ROWS; r++) y[(m + r) * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])); \
     } while (0)
 
-// Eight activation rows per expanded block, one accumulator each (registers run out otherwise).
+// Up to eight activation rows per expanded block, one accumulator each (registers run out
+// otherwise).
 #define DOT_ROWS_WIDE(ROWS)                                                                \
     do {                                                                                   \
         __m256 acc[ROWS];                                                                  \
@@ -111,11 +112,20 @@ static inline __attribute__((always_inline)) void matmul_impl(
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t* row = w + n * nb * bb;
-        int64_t m = 0;
-        for (; m + 8 <= M; m += 8) DOT_ROWS_WIDE(8);
-        for (; m + 4 <= M; m += 4) DOT_ROWS(4);
-        for (; m + 2 <= M; m += 2) DOT_ROWS(2);
-        for (; m < M; m++) DOT_ROWS(1);
+        // Up to 8 activation rows share each expanded block: a verify step's k+1 rows cost
+        // little more than one.
+        for (int64_t m = 0; m < M;) {
+            switch (M - m < 8 ? M - m : 8) {
+                case 1: DOT_ROWS(1); m += 1; break;
+                case 2: DOT_ROWS(2); m += 2; break;
+                case 3: DOT_ROWS_WIDE(3); m += 3; break;
+                case 4: DOT_ROWS(4); m += 4; break;
+                case 5: DOT_ROWS_WIDE(5); m += 5; break;
+                case 6: DOT_ROWS_WIDE(6); m += 6; break;
+                case 7: DOT_ROWS_WIDE(7); m += 7; break;
+                default: DOT_ROWS_WIDE(8); m += 8; break;
+            }
+        }
     }
 }
 

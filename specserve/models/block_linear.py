@@ -1,4 +1,4 @@
-"""Linear layers whose weights stay GGUF blocks, and the swap that puts them into a decoder."""
+"""Projections and embeddings whose weights stay GGUF blocks, and the swap into a decoder."""
 
 from __future__ import annotations
 
@@ -49,35 +49,58 @@ class BlockLinear(nn.Module):
         return f"{self.kind.name}, in_features={self.in_features}, out_features={self.out_features}"
 
 
+def linear_weight(layer: nn.Module) -> torch.Tensor:
+    """The float32 weight [out, in] of an nn.Linear or a BlockLinear (decoded)."""
+    weight = layer.weight
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{type(layer).__name__} has no weight tensor")
+    return weight
+
+
+class BlockEmbedding(nn.Module):
+    """Token embeddings looked up from GGUF blocks: only the rows asked for are decoded."""
+
+    blocks: torch.Tensor
+
+    def __init__(self, blocks: torch.Tensor, kind: BlockKind, embedding_dim: int) -> None:
+        super().__init__()
+        self.kind, self.embedding_dim = kind, embedding_dim
+        self.register_buffer("blocks", blocks.contiguous())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, dim]
+        rows = self.blocks.index_select(0, ids.reshape(-1))
+        return ggml.dequantize(rows, self.kind, self.embedding_dim).view(*ids.shape, -1)
+
+
 def _fused(
     blocks: dict[str, tuple[BlockKind, torch.Tensor]], names: list[str]
 ) -> tuple[BlockKind, torch.Tensor] | None:
-    parts = [blocks.get(n) for n in names]
-    if any(p is None for p in parts) or len({p[0] for p in parts if p is not None}) != 1:
+    parts = [blocks[n] for n in names if n in blocks]
+    if len(parts) != len(names) or len({kind for kind, _ in parts}) != 1:
         return None
-    kind = parts[0][0] if parts[0] is not None else BlockKind.Q4_1
-    return kind, torch.cat([p[1] for p in parts if p is not None])
+    rows = parts[0][1] if len(parts) == 1 else torch.cat([r for _, r in parts])
+    return parts[0][0], rows
 
 
 def attach_blocks(
     model: LlamaForCausalLM, blocks: dict[str, tuple[BlockKind, torch.Tensor]]
-) -> int:
-    """Replace the model's linear layers that have blocks of one kind; returns how many."""
-    replaced = 0
+) -> set[str]:
+    """Swap in block layers wherever all of a layer's weights have blocks of one kind. Called
+    before the float32 weights load; returns the checkpoint names covered, which the loader
+    then skips."""
+    covered: set[str] = set()
 
     def swap(owner: nn.Module, attr: str, names: list[str]) -> None:
-        nonlocal replaced
         found = _fused(blocks, names)
         linear = getattr(owner, attr)
         if found is None or not isinstance(linear, nn.Linear):
             return
         kind, rows = found
-        if rows.shape[0] != linear.out_features or rows.shape[1] != kind.row_bytes(
-            linear.in_features
-        ):
+        shape = (linear.out_features, kind.row_bytes(linear.in_features))
+        if tuple(rows.shape) != shape:
             raise ValueError(f"GGUF blocks for {names[0]} do not match the layer's shape")
         setattr(owner, attr, BlockLinear(rows, kind, linear.in_features, linear.bias))
-        replaced += 1
+        covered.update(names)
 
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}"
@@ -87,4 +110,11 @@ def attach_blocks(
         swap(layer, "down_proj", [f"{p}.mlp.down_proj.weight"])
     tied = model.arch.tie_word_embeddings
     swap(model, "lm_head", ["model.embed_tokens.weight" if tied else "lm_head.weight"])
-    return replaced
+    embedding = blocks.get("model.embed_tokens.weight")
+    if embedding is not None:
+        kind, rows = embedding
+        if tied and isinstance(model.lm_head, BlockLinear):
+            rows = model.lm_head.blocks  # one copy serves both, as the tied weight did
+        model.embed_tokens = BlockEmbedding(rows, kind, model.arch.hidden_size)
+        covered.add("model.embed_tokens.weight")
+    return covered

@@ -149,6 +149,9 @@ class LlamaForCausalLM(nn.Module):
     """Decoder stack. `forward` returns final-normed hidden states; `logits` projects rows."""
 
     default_attention_bias = False
+    # nn.Embedding / nn.Linear, or their GGUF-block counterparts (models/block_linear.py)
+    embed_tokens: nn.Module
+    lm_head: nn.Module
 
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()

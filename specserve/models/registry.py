@@ -54,8 +54,9 @@ def build_model(
 ) -> LlamaForCausalLM:
     """Instantiate the decoder for `model_dir` and load its safetensors weights.
 
-    With `gguf_blocks`, a model converted from GGUF that runs on the CPU in float32 swaps its
-    linear layers for `BlockLinear`s over the stored Q4_1/Q8_0 blocks when the kernels build.
+    With `gguf_blocks`, a model converted from GGUF that runs on the CPU in float32 takes its
+    projections and embeddings as the stored Q4_1/Q8_0 blocks when the kernels build; their
+    float32 copies are then never read.
     """
     cfg = read_config(model_dir)
     cls = model_class(cfg)
@@ -67,22 +68,28 @@ def build_model(
     model.rotary = type(model.rotary)(arch.head_dim, arch.rope_theta, arch.max_position).to(device)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    model.load_hf_weights(_iter_safetensors(model_dir, dtype))
+    covered: set[str] = set()
     if gguf_blocks and device.type == "cpu" and dtype == torch.float32:
         blocks = load_blocks(model_dir)
         if blocks and ggml.library() is not None:
-            replaced = attach_blocks(model, blocks)
-            logger.info("%d linear layers run on GGUF blocks", replaced)
+            covered = attach_blocks(model, blocks)
+            logger.info("%d weight tensors run as GGUF blocks", len(covered))
+    model.load_hf_weights(_iter_safetensors(model_dir, dtype, skip=covered))
     return model.eval()
 
 
-def _iter_safetensors(model_dir: Path, dtype: torch.dtype) -> Any:
+def weight_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's own *.safetensors: not Medusa heads, not the derived GGUF blocks."""
     files = sorted(model_dir.glob("*.safetensors"))
+    return [p for p in files if not p.name.startswith("medusa_") and p.name != BLOCKS_FILE]
+
+
+def _iter_safetensors(model_dir: Path, dtype: torch.dtype, skip: set[str] | None = None) -> Any:
+    files = weight_files(model_dir)
     if not files:
         raise ValueError(f"no *.safetensors files in {model_dir}")
     for path in files:
-        if path.name.startswith("medusa_") or path.name == BLOCKS_FILE:
-            continue
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, f.get_tensor(name).to(dtype)
+                if skip is None or name not in skip:
+                    yield name, f.get_tensor(name).to(dtype)

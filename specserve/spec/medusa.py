@@ -36,8 +36,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specserve.engine.request import Sequence
+from specserve.models.block_linear import linear_weight
 from specserve.models.llama import LlamaForCausalLM
-from specserve.models.registry import model_class, read_config
+from specserve.models.registry import model_class, read_config, weight_files
 from specserve.spec.proposer import Draft
 
 logger = logging.getLogger(__name__)
@@ -198,13 +199,13 @@ def fingerprint(model_dir: Path) -> Fingerprint:
     config: the architecture as our decoder reads it (class + ModelArch fields), so formatting
     and bookkeeping keys (transformers_version, dtype, ...) do not count. weights: every tensor's
     name, dtype, shape and bytes in name order, so sharding and file metadata do not count.
-    Medusa files beside the weights are excluded.
+    Medusa files and GGUF blocks beside the weights are excluded.
     """
     cfg = read_config(model_dir)
     cls = model_class(cfg)
     arch = {"class": cls.__name__, **asdict(cls.arch_from_hf(cfg))}
     config = hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()
-    files = sorted(p for p in model_dir.glob("*.safetensors") if not p.name.startswith("medusa_"))
+    files = weight_files(model_dir)
     stamps = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     return {"config": config[:16], "weights": _tensors_sha256(stamps)[:16]}
 
@@ -254,14 +255,14 @@ class MedusaProposer:
     name = "medusa"
 
     def __init__(
-        self, heads: MedusaHeads, base_lm_head: nn.Linear, heads_dir: Path | None = None
+        self, heads: MedusaHeads, base_lm_head: nn.Module, heads_dir: Path | None = None
     ) -> None:
         self.heads, self.base_lm_head, self.heads_dir = heads, base_lm_head, heads_dir
         vocab = heads.draft_vocab
         # [hidden, K]: the shared lm_head's rows for the draft vocabulary, gathered once and
         # transposed (a few rows times a contiguous [in, out] matrix is the fast CPU GEMM)
         self._vocab_cols = (
-            base_lm_head.weight.detach()[vocab].T.contiguous()
+            linear_weight(base_lm_head).detach()[vocab].T.contiguous()
             if vocab is not None and heads.shares_lm_head
             else None
         )

@@ -35,6 +35,7 @@ from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecCon
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams, Sequence
 from specserve.engine.resources import load_resources
+from specserve.models.block_linear import linear_weight
 from specserve.spec.medusa import MedusaConfig, MedusaHeads, fingerprint, save_medusa
 from specserve.spec.proposer import Draft
 
@@ -253,10 +254,11 @@ def draft_vocab(conts: list[Continuation]) -> torch.Tensor:
     return torch.unique(torch.cat([torch.tensor(c.tokens) for c in conts]))
 
 
-def vocab_head(lm_head: torch.nn.Linear, vocab: torch.Tensor) -> torch.nn.Linear:
+def vocab_head(lm_head: torch.nn.Module, vocab: torch.Tensor) -> torch.nn.Linear:
     """The frozen lm_head restricted to the rows of `vocab` [K]."""
-    head = torch.nn.Linear(lm_head.in_features, len(vocab), bias=False)
-    head.weight = torch.nn.Parameter(lm_head.weight.detach()[vocab].float(), requires_grad=False)
+    weight = linear_weight(lm_head).detach()
+    head = torch.nn.Linear(weight.shape[1], len(vocab), bias=False)
+    head.weight = torch.nn.Parameter(weight[vocab].float(), requires_grad=False)
     return head
 
 

@@ -16,7 +16,7 @@ from specserve.engine.request import SamplingParams
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models import block_linear
-from specserve.models.block_linear import BlockLinear
+from specserve.models.block_linear import BlockEmbedding, BlockLinear
 from specserve.models.gguf_blocks import BLOCKS_FILE, _unpermute_rows, hf_name
 from specserve.models.registry import build_model
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
@@ -56,13 +56,13 @@ def test_gguf_names_map_to_transformers_names() -> None:
     assert hf_name("blk.0.attn_norm.weight") is None
 
 
-def _blockify(model_dir: Path, tied: bool) -> Path:
+def _blockify(model_dir: Path) -> Path:
     """Quantise a tiny model's projections to Q4_1 (embeddings Q8_0), as a GGUF conversion
     would leave its cache directory: decoded float32 weights plus the blocks file."""
     tensors = load_file(str(model_dir / "model.safetensors"))
     blocks, kinds = {}, {}
     for name, weight in tensors.items():
-        is_embedding = name == "model.embed_tokens.weight" and tied
+        is_embedding = name == "model.embed_tokens.weight"
         if not (name.endswith("_proj.weight") or is_embedding):
             continue
         kind = BlockKind.Q8_0 if is_embedding else BlockKind.Q4_1
@@ -79,11 +79,14 @@ def _blockify(model_dir: Path, tied: bool) -> Path:
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_engine_on_blocks_gives_the_dense_engine_tokens(tmp_path: Path, tied: bool) -> None:
-    model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=tied), tied)
+    model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=tied))
     model = build_model(model_dir, CPU)
     layer = model.layers[0]
     assert isinstance(layer.qkv_proj, BlockLinear) and isinstance(layer.down_proj, BlockLinear)
     assert isinstance(model.lm_head, BlockLinear) == tied  # untied lm_head stays float32 here
+    assert isinstance(model.embed_tokens, BlockEmbedding)
+    if tied:  # one copy of the Q8_0 rows serves both
+        assert model.embed_tokens.blocks.data_ptr() == model.lm_head.blocks.data_ptr()
     dense = build_model(model_dir, CPU, gguf_blocks=False)
     assert not isinstance(dense.layers[0].qkv_proj, BlockLinear)
 
