@@ -8,7 +8,6 @@ cd "$(dirname "$0")/.."
 what="${1:-all}"
 out="${2:-docs/bench}"
 mkdir -p "$out"
-export OMP_WAIT_POLICY=PASSIVE
 threads="${THREADS:-2}"  # torch threads of the benchmarked process / server
 
 if [[ $what == engine || $what == all ]]; then
@@ -23,7 +22,9 @@ fi
 
 serve_bg() {  # serve_bg PORT ARGS... : start a server (2 threads; the load generator has none)
   local port=$1; shift
-  specserve serve --port "$port" --num-threads "$threads" --max-running-requests 32 "$@" \
+  # Idle OpenMP threads sleep at once instead of spinning, so the server does not steal the
+  # load generator's core between steps. The single-process benchmarks above keep the default.
+  OMP_WAIT_POLICY=PASSIVE specserve serve --port "$port" --num-threads "$threads" --max-running-requests 32 "$@" \
     >"$out/server-$port.log" 2>&1 &
   echo $! >"$out/server-$port.pid"
   for _ in $(seq 300); do
