@@ -1,11 +1,12 @@
 """Issue 3's benchmark: speculation at batch 1 against N = 0, on real-text workloads.
 
-One engine is built with the largest N of ``--speculate``; each request caps its own k with
-``SamplingParams(speculate=N)``, so every N runs on the same loaded model, and N = 0 never calls
-the proposer. For each prompt every N runs back to back (the order rotates from prompt to
-prompt), so machine noise falls on all N alike.
+One engine per proposer (``--proposer ngram,medusa`` compares several in one run) is built with
+the largest N of ``--speculate``; each request caps its own k with ``SamplingParams(speculate=N)``,
+so every N runs on the same loaded model, and N = 0, which never calls a proposer, runs once per
+prompt as the common baseline. For each prompt every (proposer, N) runs back to back (the order
+rotates from prompt to prompt), so machine noise falls on all of them alike.
 
-Per (workload, N), summed over its prompts:
+Per (workload, proposer, N), summed over its prompts:
 
 - tok/s: generated tokens / wall time from submit to last token (prefill included);
   decode tok/s: (generated - 1) / (first token -> last token);
@@ -46,6 +47,7 @@ class Run:
 
     workload: str
     item_id: str
+    proposer: str  # "none" for the N = 0 baseline
     n: int
     prompt_tokens: int
     tokens: list[int]  # generated ids
@@ -100,41 +102,52 @@ def run_one(engine: Engine, ids: list[int], params: SamplingParams) -> dict[str,
     }
 
 
+def configurations(proposers: list[str], ns: list[int]) -> list[tuple[str, int]]:
+    """(proposer, N) pairs: the shared N = 0 baseline first, then every proposer's N > 0."""
+    return [("none", 0)] + [(p, n) for p in proposers for n in ns if n > 0]
+
+
 def sweep(
-    engine: Engine, items: list[WorkloadItem], ns: list[int], args: argparse.Namespace
+    engines: dict[str, Engine], items: list[WorkloadItem], ns: list[int], args: argparse.Namespace
 ) -> list[Run]:
-    """Every N for each prompt in turn, the N order rotated by one per prompt."""
+    """Every configuration for each prompt in turn, the order rotated by one per prompt."""
     runs = []
+    configs = configurations(list(engines), ns)
+    baseline = next(iter(engines.values()))  # N = 0 never calls the proposer
     for j, item in enumerate(items):
-        ids = encode(engine, item)
-        for n in ns[j % len(ns) :] + ns[: j % len(ns)]:
+        ids = encode(baseline, item)
+        for proposer, n in configs[j % len(configs) :] + configs[: j % len(configs)]:
+            engine = engines.get(proposer, baseline)
             params = SamplingParams(
                 max_new_tokens=args.new_tokens, ignore_eos=args.ignore_eos, speculate=n
             )
-            run = Run(item.workload, item.id, n, **run_one(engine, ids, params))
+            run = Run(item.workload, item.id, proposer, n, **run_one(engine, ids, params))
             runs.append(run)
             rate = len(run.tokens) / run.total_s
             print(
-                f"[spec_bench {j + 1}/{len(items)}] {item.id} N={n}: {len(run.tokens)} tokens, "
-                f"{rate:.1f} tok/s, accepted {run.accepted}/{run.drafted}",
+                f"[spec_bench {j + 1}/{len(items)}] {item.id} {proposer} N={n}: "
+                f"{len(run.tokens)} tokens, {rate:.1f} tok/s, "
+                f"accepted {run.accepted}/{run.drafted}",
                 file=sys.stderr,
             )
     return runs
 
 
-def summarise(runs: list[Run], ns: list[int]) -> list[dict[str, Any]]:
-    """One row per (workload, N), over that workload's prompts."""
+def summarise(runs: list[Run], configs: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """One row per (workload, proposer, N), over that workload's prompts."""
     ref = {r.item_id: r.tokens for r in runs if r.n == 0}
     rows = []
     for workload in dict.fromkeys(r.workload for r in runs):
         base: dict[str, float] = {}
-        for n in ns:
-            group = [r for r in runs if r.workload == workload and r.n == n]
+        for proposer, n in configs:
+            group = [
+                r for r in runs if r.workload == workload and (r.proposer, r.n) == (proposer, n)
+            ]
             row = _row(group, ref)
             base = base or row
             row["speedup"] = row["tok_s"] / base["tok_s"]
             row["decode_speedup"] = row["decode_tok_s"] / base["decode_tok_s"]
-            rows.append({"workload": workload, "n": n, **row})
+            rows.append({"workload": workload, "proposer": proposer, "n": n, **row})
     return rows
 
 
@@ -166,6 +179,7 @@ def _row(group: list[Run], ref: dict[str, list[int]]) -> dict[str, Any]:
 
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (  # (header, row key, format)
+    ("proposer", "proposer", "s"),
     ("N", "n", "d"),
     ("tok/s", "tok_s", ".1f"),
     ("speedup", "speedup", ".2f"),
@@ -186,7 +200,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
 def render(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     header = [h for h, _, _ in _COLUMNS] + ["identical"]
     parts = [
-        f"## spec_bench: SmolLM2-135M fp32, batch 1, proposer {args.proposer}, "
+        f"## spec_bench: SmolLM2-135M fp32, batch 1, proposers {', '.join(args.proposers)}, "
         f"{args.new_tokens} new tokens, {args.prompts_per_workload} prompts per workload, "
         f"{args.threads} threads\n\n{machine_lines(info)}"
     ]
@@ -196,7 +210,8 @@ def render(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[str, 
         table = [_cells(r) for r in mine]
         parts.append(
             f"### {workload} (mean prompt {mine[0]['prompt_tokens_mean']:.0f} tokens; "
-            f"best N = {best['n']}, {best['speedup']:.2f}x)\n\n{markdown_table(header, table)}"
+            f"best: {best['proposer']} N = {best['n']}, {best['speedup']:.2f}x)\n\n"
+            f"{markdown_table(header, table)}"
         )
     return "\n\n".join(parts)
 
@@ -207,8 +222,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--proposer",
         default=None,
-        choices=PROPOSERS,
-        help="default: draft with --draft-model, else ngram",
+        help=f"comma list of {', '.join(PROPOSERS)}, compared in one run; "
+        "default: draft with --draft-model, else ngram",
     )
     p.add_argument(
         "--draft-model", default=None, help="HF directory or .gguf sharing the tokenizer"
@@ -223,7 +238,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="workload seed (which texts)")
     p.add_argument("--json", type=Path, default=None, help="write all results here")
     args = p.parse_args(argv)
-    args.proposer = args.proposer or ("draft" if args.draft_model else "ngram")
+    args.proposers = (args.proposer or ("draft" if args.draft_model else "ngram")).split(",")
+    unknown = [p for p in args.proposers if p not in PROPOSERS]
+    if unknown or len(set(args.proposers)) != len(args.proposers):
+        p.error(f"--proposer must list distinct names from {PROPOSERS}, got {args.proposer!r}")
     try:
         args.ns = sorted({int(n) for n in args.speculate.split(",")})
     except ValueError:
@@ -235,12 +253,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
+def build_engine(args: argparse.Namespace, proposer: str) -> Engine:
     """One engine for every N: speculate = the largest N; requests cap their own k."""
     try:
         spec = SpecConfig(
             speculate=args.ns[-1],
-            proposer=args.proposer,
+            proposer=proposer,  # type: ignore[arg-type]
             draft_model=args.draft_model,
             ngram_max=args.ngram_max,
         )
@@ -258,20 +276,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     info = machine_info(MODULE, argv)
     torch.set_num_threads(args.threads)
-    engine = build_engine(args)
+    engines = {p: build_engine(args, p) for p in args.proposers}
     items = [
         item
         for name in args.workloads.split(",")
         for item in build_workload(name, args.prompts_per_workload, args.seed)
     ]
-    warm = encode(engine, items[0])
-    for n in (0, args.ns[-1]):
-        run_one(engine, warm, SamplingParams(max_new_tokens=4, ignore_eos=True, speculate=n))
-    runs = sweep(engine, items, args.ns, args)
-    rows = summarise(runs, args.ns)
+    for engine in engines.values():
+        warm = encode(engine, items[0])
+        for n in (0, args.ns[-1]):
+            run_one(engine, warm, SamplingParams(max_new_tokens=4, ignore_eos=True, speculate=n))
+    runs = sweep(engines, items, args.ns, args)
+    rows = summarise(runs, configurations(args.proposers, args.ns))
     print(render(args, info, rows))
     if args.json is not None:
-        config_out = {k: v for k, v in vars(args).items() if k not in ("json", "ns")}
+        config_out = {k: v for k, v in vars(args).items() if k not in ("json", "ns", "proposer")}
         runs_out = [asdict(r) for r in runs]
         report = {"machine": info, "config": config_out, "summary": rows, "runs": runs_out}
         args.json.write_text(json.dumps(report, indent=1))

@@ -22,7 +22,9 @@ def test_engine_bench_writes_every_metric(tmp_path: Path) -> None:
     report = json.loads(path.read_text())
     assert {"machine", "config", "sides", "summary"} <= set(report)
     assert {"date", "cpu", "torch", "command"} <= set(report["machine"])
-    assert set(report["sides"]) == set(report["summary"]) == {"ours", "hf-eager"}
+    assert set(report["sides"]) == set(report["summary"]) == {"ours", "ours-dense", "hf-eager"}
+    blocks, dense = report["sides"]["ours"], report["sides"]["ours-dense"]
+    assert blocks["streamed_weight_mib"] < dense["streamed_weight_mib"] / 4  # Q4_1 vs float32
     for side in report["sides"].values():
         assert [len(t) for t in side["batch1_tokens"]] == [4]
         assert side["batch_tokens_generated"] == 2 * 4
@@ -34,6 +36,7 @@ def test_engine_bench_writes_every_metric(tmp_path: Path) -> None:
         assert hf[f"ours_advantage_{key}"] > 0
     assert report["summary"]["ours"]["batch1_pct_of_bound"] > 0
     assert hf["batch1_tokens_matching_ours"] == 4
+    assert report["summary"]["ours-dense"]["batch1_tokens_matching_ours"] == 4
 
 
 def test_spec_bench_is_lossless_and_writes_every_metric(tmp_path: Path) -> None:
@@ -60,3 +63,17 @@ def test_spec_bench_is_lossless_and_writes_every_metric(tmp_path: Path) -> None:
         if row["n"] == 0:
             assert row["drafted"] == 0 and row["speedup"] == 1.0
     assert len(report["runs"]) == 4 * 2
+
+
+def test_spec_bench_compares_proposers_in_one_run(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    argv = ["--new-tokens", "6", "--prompts-per-workload", "1", "--speculate", "0,2"]
+    argv += ["--proposer", "ngram,medusa", "--workloads", "chat-creative", "--threads", "1"]
+    assert spec_bench.main([*argv, "--json", str(path)]) == 0
+
+    report = json.loads(path.read_text())
+    rows = report["summary"]
+    assert [(r["proposer"], r["n"]) for r in rows] == [("none", 0), ("ngram", 2), ("medusa", 2)]
+    assert all(r["identical"] == 1 for r in rows)  # both lossless against the shared baseline
+    assert rows[2]["drafted"] > 0  # Medusa always proposes
+    assert len(report["runs"]) == 3
