@@ -7,14 +7,12 @@ device (`cpu` runs the same checks on the CPU, to check the tests themselves).
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from specserve.bench.random_model import SHAPES, write_random_model
 from specserve.engine.engine import Engine
@@ -25,7 +23,7 @@ from specserve.spec.draft import DraftModelProposer
 from tests.engine.helpers import make_engine, mixed_prompts
 from tests.engine.test_speculation import LOOPY, greedy
 from tests.spec.test_draft import GREEDY, mixed_params
-from tests.tiny import make_model_dir
+from tests.tiny import make_model_dir, noisy_copy
 
 DEVICE = os.environ.get("SPECSERVE_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(
@@ -81,14 +79,7 @@ def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def noisy_draft(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The target with 10% noise on its matrices: agrees often, not always."""
     out = tmp_path_factory.mktemp("cuda-draft-noisy")
-    shutil.copytree(target_dir, out, dirs_exist_ok=True)
-    weights = load_file(str(target_dir / "model.safetensors"))
-    gen = torch.Generator().manual_seed(1)
-    for name, w in weights.items():
-        if w.ndim == 2:
-            weights[name] = w + 0.1 * w.std() * torch.randn(w.shape, generator=gen)
-    save_file(weights, str(out / "model.safetensors"))
-    return out
+    return noisy_copy(target_dir, out)
 
 
 # ------------------------------------------------------------------------- HF parity

@@ -83,3 +83,21 @@ def make_model_dir(
     if with_tokenizer:
         make_tokenizer(out_dir, vocab_size)
     return out_dir
+
+
+def noisy_copy(model_dir: Path, out: Path, noise: float = 0.1, seed: int = 1) -> Path:
+    """`model_dir` copied to `out` with `noise` x std Gaussian noise on every matrix: a draft
+    that agrees with its target often, not always."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, out, dirs_exist_ok=True)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    for name, w in weights.items():
+        if w.ndim == 2:
+            weights[name] = w + noise * w.std() * torch.randn(w.shape, generator=gen)
+    save_file(weights, str(out / "model.safetensors"))
+    return out

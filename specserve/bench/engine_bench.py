@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -30,12 +28,12 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from specserve.bench.machine import machine_info, machine_lines, markdown_table
 from specserve.bench.workloads import build_workload
 
 MODULE = "specserve.bench.engine_bench"
@@ -61,42 +59,6 @@ class Timing:
     @property
     def aggregate_tok_s(self) -> float:
         return sum(map(len, self.tokens)) / self.total_s
-
-
-# ---------------------------------------------------------------- shared with spec_bench
-
-
-def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
-    """Date, CPU, library versions, load and the exact command, for the record."""
-    import transformers
-
-    cpu = "unknown"
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "loadavg_1m": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": sys.version.split()[0],
-        "command": f"python -m {module} {shlex.join(argv)}".strip(),
-    }
-
-
-def machine_lines(info: dict[str, Any]) -> str:
-    return (
-        f"- date: {info['date']}\n- CPU: {info['cpu']} ({info['cpu_count']} logical cores), "
-        f"1-min load at start {info['loadavg_1m']:.2f}\n"
-        f"- torch {info['torch']}, transformers {info['transformers']}, "
-        f"Python {info['python']}\n- command: `{info['command']}`"
-    )
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _peak_rss_mib() -> float:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from specserve.bench.engine_bench import machine_info, machine_lines, markdown_table
+from specserve.bench.machine import machine_info, machine_lines, markdown_table
 from specserve.bench.workloads import WorkloadItem, build_workload
 from specserve.config import PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine

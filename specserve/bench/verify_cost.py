@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from specserve.bench.engine_bench import machine_info, machine_lines, markdown_table
+from specserve.bench.machine import machine_info, machine_lines, markdown_table
 from specserve.bench.random_model import SHAPES, write_random_model
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem

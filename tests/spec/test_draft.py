@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams, Sequence
@@ -24,7 +23,7 @@ from specserve.scheduler.kv_blocks import blocks_for
 from specserve.spec.draft import DraftModelProposer, check_compatible
 from specserve.spec.proposer import Draft
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
-from tests.tiny import make_model_dir
+from tests.tiny import make_model_dir, noisy_copy
 
 CPU = torch.device("cpu")
 VOCAB = 320
@@ -50,14 +49,7 @@ def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def noisy_draft(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The target with 10% noise on its matrices: agrees often, not always."""
     out = tmp_path_factory.mktemp("draft-noisy")
-    shutil.copytree(target_dir, out, dirs_exist_ok=True)
-    weights = load_file(str(target_dir / "model.safetensors"))
-    gen = torch.Generator().manual_seed(1)
-    for name, w in weights.items():
-        if w.ndim == 2:
-            weights[name] = w + 0.1 * w.std() * torch.randn(w.shape, generator=gen)
-    save_file(weights, str(out / "model.safetensors"))
-    return out
+    return noisy_copy(target_dir, out)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,45 @@
+"""What every benchmark report records about the run: machine, versions, command; tables."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+
+
+def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Date, CPU, library versions, load and the exact command, for the record."""
+    import transformers
+
+    cpu = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "command": f"python -m {module} {shlex.join(argv)}".strip(),
+    }
+
+
+def machine_lines(info: dict[str, Any]) -> str:
+    return (
+        f"- date: {info['date']}\n- CPU: {info['cpu']} ({info['cpu_count']} logical cores), "
+        f"1-min load at start {info['loadavg_1m']:.2f}\n"
+        f"- torch {info['torch']}, transformers {info['transformers']}, "
+        f"Python {info['python']}\n- command: `{info['command']}`"
+    )
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
