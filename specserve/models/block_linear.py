@@ -49,6 +49,12 @@ class BlockLinear(nn.Module):
         return f"{self.kind.name}, in_features={self.in_features}, out_features={self.out_features}"
 
 
+def block_kinds(model: nn.Module) -> list[str]:
+    """The GGUF block formats `model`'s weights run as, sorted; empty for plain weights."""
+    kinds = {m.kind.name for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)}
+    return sorted(kinds)
+
+
 def linear_weight(layer: nn.Module) -> torch.Tensor:
     """The float32 weight [out, in] of an nn.Linear or a BlockLinear (decoded)."""
     weight = layer.weight

@@ -10,6 +10,7 @@ import torch
 
 from specserve import __version__
 from specserve.engine.engine import Engine
+from specserve.models.block_linear import block_kinds
 from specserve.runner.cost import CostCurve
 from specserve.server.context import Ctx, ServerContext
 from specserve.server.provenance import Provenance
@@ -35,6 +36,7 @@ def _info(ctx: ServerContext, engine: Engine) -> Info:
     return Info(
         model_id=s.model_id,
         model_dtype=cfg.dtype,
+        model_weight_blocks=block_kinds(res.model),
         model_device_type=res.device.type,
         max_concurrent_requests=s.max_concurrent_requests,
         max_running_requests=cfg.scheduler.max_running_requests,

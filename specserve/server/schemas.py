@@ -197,6 +197,11 @@ class Info(BaseModel):
     model_id: str
     model_sha: str | None = None
     model_dtype: str
+    model_weight_blocks: list[str] = Field(
+        default_factory=list,
+        description="GGUF block formats the weights run as (float32 compute); empty: plain "
+        "model_dtype weights",
+    )
     model_device_type: str
     model_pipeline_tag: str = "text-generation"
     max_concurrent_requests: int
