@@ -100,7 +100,8 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def _check(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> None:
+def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> None:
+    """ValueError unless `blocks` are contiguous CPU uint8 rows of `kind` for `in_features`."""
     if in_features % QK:
         raise ValueError(f"in_features {in_features} is not a multiple of {QK}")
     expected = kind.row_bytes(in_features)
@@ -115,22 +116,27 @@ def _check(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> None:
 
 def matmul(x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind) -> torch.Tensor:
     """x [M, K] float32 @ W^T -> [M, N], W given as blocks [N, row_bytes]."""
+    check_blocks(blocks, kind, x.shape[-1])
+    return matmul_checked(x, blocks, kind)
+
+
+def matmul_checked(x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind) -> torch.Tensor:
+    """`matmul` for blocks that passed `check_blocks` for x's width once, at construction: the
+    per-step path, where re-checking the weights costs more than the call itself."""
     lib = library()
     assert lib is not None, "matmul called without the kernel library"
-    in_features = x.shape[-1]
-    _check(blocks, kind, in_features)
-    x = x.contiguous()
     if x.dtype != torch.float32:
         raise ValueError(f"activations must be float32, got {x.dtype}")
+    x = x.contiguous()
     out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
     lib.ggml_matmul(
-        int(kind),
+        kind,
         x.data_ptr(),
         blocks.data_ptr(),
         out.data_ptr(),
         x.shape[0],
         blocks.shape[0],
-        in_features,
+        x.shape[1],
         torch.get_num_threads(),
     )
     return out
@@ -140,10 +146,10 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch
     """The float32 weights [N, in_features] the blocks encode."""
     lib = library()
     assert lib is not None, "dequantize called without the kernel library"
-    _check(blocks, kind, in_features)
+    check_blocks(blocks, kind, in_features)
     out = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
     lib.ggml_dequantize(
-        int(kind),
+        kind,
         blocks.data_ptr(),
         out.data_ptr(),
         blocks.shape[0],

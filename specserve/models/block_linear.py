@@ -24,8 +24,9 @@ class BlockLinear(nn.Module):
         self, blocks: torch.Tensor, kind: BlockKind, in_features: int, bias: torch.Tensor | None
     ) -> None:
         super().__init__()
+        ggml.check_blocks(blocks, kind, in_features)
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
-        self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("blocks", blocks)
         self.bias = (
             None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         )
@@ -38,7 +39,7 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] <= DIRECT_MAX_ROWS:
-            y = ggml.matmul(rows, self.blocks, self.kind)
+            y = ggml.matmul_checked(rows, self.blocks, self.kind)
         else:
             y = F.linear(rows, self.weight)
         if self.bias is not None:
@@ -70,8 +71,9 @@ class BlockEmbedding(nn.Module):
 
     def __init__(self, blocks: torch.Tensor, kind: BlockKind, embedding_dim: int) -> None:
         super().__init__()
+        ggml.check_blocks(blocks, kind, embedding_dim)
         self.kind, self.embedding_dim = kind, embedding_dim
-        self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("blocks", blocks)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, dim]
         rows = self.blocks.index_select(0, ids.reshape(-1))

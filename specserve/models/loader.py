@@ -14,7 +14,6 @@ import importlib.util
 import json
 import logging
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -124,7 +123,7 @@ def _resolve_gguf(path: Path, cache_dir: Path) -> Path:
         logger.debug("using cached dequantised model %s for %s", target, path)
     else:
         _dequantise(path, target)
-    if not (target / BLOCKS_FILE).is_file() and platform.machine() in ("x86_64", "AMD64"):
+    if not (target / BLOCKS_FILE).is_file():
         try:
             write_blocks(path, target)
         except Exception as exc:  # the blocks only speed things up: serve dense without them

@@ -69,10 +69,10 @@ def build_model(
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     covered: set[str] = set()
-    if gguf_blocks and device.type == "cpu" and dtype == torch.float32:
-        blocks = load_blocks(model_dir)
-        if blocks and ggml.library() is not None:
-            covered = attach_blocks(model, blocks)
+    on_cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    if gguf_blocks and on_cpu_fp32 and ggml.library() is not None:
+        covered = attach_blocks(model, load_blocks(model_dir))
+        if covered:
             logger.info("%d weight tensors run as GGUF blocks", len(covered))
     model.load_hf_weights(_iter_safetensors(model_dir, dtype, skip=covered))
     return model.eval()
