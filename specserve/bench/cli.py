@@ -28,7 +28,8 @@ from typing import Any
 
 from specserve.bench import loadgen, render, report
 from specserve.bench.loadgen import Budget, Cell, CellKey, GenSettings
-from specserve.bench.workloads import BUILDERS, WorkloadItem, resolve_workload
+from specserve.bench.workload_items import WorkloadItem
+from specserve.bench.workloads import BUILDERS, resolve_workload
 
 logger = logging.getLogger("specserve.bench")
 DEFAULT_URL = "http://127.0.0.1:8080"

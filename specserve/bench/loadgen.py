@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import httpx
 
-from specserve.bench.workloads import WorkloadItem
+from specserve.bench.workload_items import WorkloadItem
 
 Mode = Literal["closed", "open"]
 

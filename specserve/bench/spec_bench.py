@@ -33,21 +33,14 @@ import torch
 
 from specserve.bench.machine import machine_info
 from specserve.bench.spec_report import Run, render, summarise
-from specserve.bench.workloads import WorkloadItem, build_workload
+from specserve.bench.workload_items import WorkloadItem, encode_item
+from specserve.bench.workloads import build_workload
 from specserve.config import PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 
 MODULE = "specserve.bench.spec_bench"
 WORKLOADS = ("code-edit", "summarize", "chat-creative")
-
-
-def encode(engine: Engine, item: WorkloadItem) -> list[int]:
-    """Chat items through the tokenizer's chat template; raw prompts as they are."""
-    if item.messages is not None:
-        return engine.encode_chat([{"role": m.role, "content": m.content} for m in item.messages])
-    assert item.prompt is not None
-    return list(engine.tokenizer.encode(item.prompt, add_special_tokens=False))
 
 
 def run_one(engine: Engine, ids: list[int], params: SamplingParams) -> dict[str, Any]:
@@ -96,7 +89,7 @@ def sweep(
     configs = configurations(list(engines), ns)
     baseline = next(iter(engines.values()))  # N = 0 never calls the proposer
     for j, item in enumerate(items):
-        ids = encode(baseline, item)
+        ids = encode_item(baseline, item)
         for proposer, n in configs[j % len(configs) :] + configs[: j % len(configs)]:
             engine = engines.get(proposer, baseline)
             params = SamplingParams(
@@ -181,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for item in build_workload(name, args.prompts_per_workload, args.seed)
     ]
     for engine in engines.values():
-        warm = encode(engine, items[0])
+        warm = encode_item(engine, items[0])
         for n in (0, args.ns[-1]):
             run_one(engine, warm, SamplingParams(max_new_tokens=4, ignore_eos=True, speculate=n))
     runs = sweep(engines, items, args.ns, args)

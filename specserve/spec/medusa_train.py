@@ -17,11 +17,9 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 import time
-from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,14 +28,17 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
-from specserve.bench.workloads import WorkloadItem, build_workload
-from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
-from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams, Sequence
-from specserve.engine.resources import load_resources
-from specserve.models.block_linear import linear_weight
 from specserve.spec.medusa import MedusaConfig, MedusaHeads, fingerprint, save_medusa
-from specserve.spec.proposer import Draft
+from specserve.spec.medusa_data import (
+    IGNORE,
+    HeadData,
+    collect,
+    draft_vocab,
+    head_data,
+    recording_engine,
+    training_prompts,
+    vocab_head,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,6 @@ WORKLOADS = ("code-edit", "summarize", "code-complete", "chat-creative")
 # Weighted toward free-form chat, where n-gram lookup has nothing to copy and heads must carry
 # speculation; a workload named k times gets k shares of the prompts.
 DEFAULT_MIX = ("chat-creative",) * 5 + ("code-complete", "summarize") * 2 + ("code-edit",)
-IGNORE = -100  # target past the end of a continuation
 
 
 @dataclass(frozen=True)
@@ -67,22 +67,6 @@ class TrainOptions:
             raise ValueError("need prompts, epochs, batch_size >= 1 and new_tokens >= 2")
         if self.heldout_every < 2:
             raise ValueError(f"heldout_every must be >= 2, got {self.heldout_every}")
-
-
-@dataclass(frozen=True)
-class Continuation:
-    workload: str
-    heldout: bool
-    tokens: list[int]  # the base's greedy output x_0 .. x_{L-1}
-    hidden: torch.Tensor  # [L - 1, hidden]: row p chose tokens[p]
-
-
-@dataclass(frozen=True)
-class HeadData:
-    hidden: torch.Tensor  # [N, hidden]
-    targets: torch.Tensor  # [N, heads] int64 index into the draft vocab; IGNORE: none there
-    valid: torch.Tensor  # [N, heads] bool: the continuation has that token
-    workloads: list[str]  # [N]
 
 
 @dataclass(frozen=True)
@@ -116,8 +100,8 @@ def train_medusa(
     if opts.num_threads is not None:
         torch.set_num_threads(opts.num_threads)
     started = time.perf_counter()
-    engine = _recording_engine(base_dir, opts)
-    conts = collect(engine, _prompts(engine, opts), opts, progress)
+    engine = recording_engine(base_dir, opts)
+    conts = collect(engine, training_prompts(engine, opts), opts, progress)
     collect_s = time.perf_counter() - started
     if all(c.heldout for c in conts) or not any(c.heldout for c in conts):
         raise ValueError(
@@ -159,127 +143,6 @@ def train_medusa(
     )
     save_medusa(model, out_dir, cfg)
     return report
-
-
-# ---------------------------------------------------------------------------------- collect
-class _HiddenRecorder:
-    """A Proposer that proposes nothing and keeps every hidden state `sync` hands it."""
-
-    name = "record"
-
-    def __init__(self) -> None:
-        self.rows: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)  # request -> p -> h_p
-
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        return [Draft(tokens=[]) for _ in seqs]
-
-    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        self.rows[seq.request_id][len(seq.output_ids) - 1] = hidden.clone()
-
-    def release(self, seq: Sequence) -> None:
-        del seq  # the rows are the data; a preempted sequence re-syncs the same positions
-
-
-def _recording_engine(base_dir: Path, opts: TrainOptions) -> Engine:
-    # speculate=1 makes the engine sync its proposer after every step; the recorder then
-    # replaces the proposer and never drafts.
-    config = EngineConfig(
-        model=str(base_dir),
-        max_model_len=opts.max_prompt_tokens + opts.new_tokens + 1,
-        cache=CacheConfig(block_size=16),
-        scheduler=SchedulerConfig(max_batch_tokens=2048, max_running_requests=opts.concurrency),
-        spec=SpecConfig(speculate=1, proposer="ngram"),
-    )
-    res = load_resources(config)
-    return Engine(config, dataclasses.replace(res, proposer=_HiddenRecorder(), policy=None))
-
-
-def _prompts(engine: Engine, opts: TrainOptions) -> list[tuple[WorkloadItem, list[int]]]:
-    # A workload named twice in `opts.workloads` gets twice the prompts.
-    limit = min(opts.max_prompt_tokens, engine.max_model_len - opts.new_tokens)
-    out = []
-    for name, weight in Counter(opts.workloads).items():
-        want = math.ceil(opts.prompts * weight / len(opts.workloads))
-        bench = {_key(item) for item in build_workload(name, 32, 0)}
-        items = [i for i in build_workload(name, want * 2, opts.seed) if _key(i) not in bench]
-        unique = {_key(i): i for i in items}.values()
-        encoded = ((item, _encode(engine, item)) for item in unique)
-        out += list(itertools.islice(((i, p) for i, p in encoded if len(p) <= limit), want))
-    return out
-
-
-def _key(item: WorkloadItem) -> str:
-    return item.prompt or repr(item.messages)
-
-
-def _encode(engine: Engine, item: WorkloadItem) -> list[int]:
-    if item.messages is None:
-        assert item.prompt is not None
-        return list(engine.tokenizer.encode(item.prompt, add_special_tokens=False))
-    return engine.encode_chat([{"role": m.role, "content": m.content} for m in item.messages])
-
-
-def collect(
-    engine: Engine,
-    prompts: list[tuple[WorkloadItem, list[int]]],
-    opts: TrainOptions,
-    progress: bool = True,
-) -> list[Continuation]:
-    """The base's greedy continuation of every prompt, with its hidden states."""
-    recorder = engine.res.proposer
-    assert isinstance(recorder, _HiddenRecorder)
-    params = SamplingParams(max_new_tokens=opts.new_tokens)
-    ids = [engine.add_request(p, params) for _, p in prompts]
-    tokens: dict[str, list[int]] = defaultdict(list)
-    with Progress(disable=not progress) as bar:
-        task = bar.add_task("greedy continuations", total=len(ids))
-        while engine.has_work():
-            for out in engine.step():
-                tokens[out.request_id] += out.new_token_ids
-                bar.advance(task, int(out.finished))
-    seen: dict[str, int] = defaultdict(int)
-    conts = []
-    for rid, (item, _) in zip(ids, prompts, strict=True):
-        toks, rows = tokens[rid], recorder.rows.pop(rid)
-        seen[item.workload] += 1
-        if len(toks) >= 2:
-            hidden = torch.stack([rows[p] for p in range(len(toks) - 1)])
-            heldout = seen[item.workload] % opts.heldout_every == 0
-            conts.append(Continuation(item.workload, heldout, toks, hidden))
-    return conts
-
-
-def draft_vocab(conts: list[Continuation]) -> torch.Tensor:
-    """[K] sorted int64: every token the base emitted in `conts`."""
-    return torch.unique(torch.cat([torch.tensor(c.tokens) for c in conts]))
-
-
-def vocab_head(lm_head: torch.nn.Module, vocab: torch.Tensor) -> torch.nn.Linear:
-    """The frozen lm_head restricted to the rows of `vocab` [K]."""
-    weight = linear_weight(lm_head).detach()
-    head = torch.nn.Linear(weight.shape[1], len(vocab), bias=False)
-    head.weight = torch.nn.Parameter(weight[vocab].float(), requires_grad=False)
-    return head
-
-
-def head_data(conts: list[Continuation], heads: int, vocab: torch.Tensor) -> HeadData:
-    """Row p of a continuation targets tokens[p + 1 + i] for head i."""
-    hidden, targets, workloads = [], [], []
-    for c in conts:
-        ext = torch.tensor(c.tokens[1:] + [IGNORE] * heads)
-        n = len(c.tokens) - 1
-        hidden.append(c.hidden)
-        targets.append(torch.stack([ext[i : i + n] for i in range(heads)], dim=1))
-        workloads += [c.workload] * n
-    ids = torch.cat(targets)
-    pos = torch.searchsorted(vocab, ids.clamp(min=0)).clamp(max=len(vocab) - 1)
-    inside = (ids >= 0) & (vocab[pos] == ids)
-    return HeadData(
-        torch.cat(hidden).float(),
-        torch.where(inside, pos, IGNORE),
-        ids != IGNORE,
-        workloads,
-    )
 
 
 # ------------------------------------------------------------------------------------ train

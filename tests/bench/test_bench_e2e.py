@@ -15,7 +15,7 @@ import pytest
 
 from specserve.bench import profile as pf
 from specserve.bench.cli import add_bench_parsers
-from specserve.bench.workloads import ChatMessage, WorkloadItem, write_workload
+from specserve.bench.workload_items import ChatMessage, WorkloadItem, write_workload
 
 TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 

@@ -212,7 +212,7 @@ def test_markdown_and_plots(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 # ------------------------------------------------------------------------------ load generator
 def test_request_bodies_carry_the_speculate_cap() -> None:
-    from specserve.bench.workloads import ChatMessage, WorkloadItem
+    from specserve.bench.workload_items import ChatMessage, WorkloadItem
 
     s = loadgen.GenSettings(max_new_tokens=8, temperature=0.7, seed=10)
     path, body = loadgen.request_for(WorkloadItem("a", "w", prompt="hi"), 2, s, index=3)

@@ -8,17 +8,14 @@ import pytest
 
 from specserve.bench import workloads
 from specserve.bench.code_edits import plan_edits
-from specserve.bench.workloads import (
-    BUILDERS,
+from specserve.bench.workload_items import (
     MAX_PROMPT_CHARS,
     ChatMessage,
     WorkloadItem,
-    build_workload,
     load_workload,
-    main,
-    resolve_workload,
     write_workload,
 )
+from specserve.bench.workloads import BUILDERS, build_workload, main, resolve_workload
 
 N = 12
 
