@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from specserve.bench.bench_args import DEFAULT_URL
+
 Flat = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -189,7 +191,7 @@ def add_diagnose_parser(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server")
+    p.add_argument("--url", default=DEFAULT_URL, help=f"the server ({DEFAULT_URL})")
     p.add_argument("--interval", type=float, default=10.0, help="seconds to watch (default 10)")
     p.add_argument("--samples", type=int, default=5, help="scrapes over the interval (default 5)")
     p.add_argument("--slo-itl", type=float, default=0.1, help="ITL target, s (default 0.1)")
