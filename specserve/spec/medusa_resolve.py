@@ -10,11 +10,11 @@ from pathlib import Path
 from specserve.models.llama import LlamaForCausalLM
 from specserve.spec.medusa import (
     SHIPPED_DIR,
-    MedusaProposer,
     fingerprint,
     is_heads_dir,
     read_medusa_config,
 )
+from specserve.spec.medusa_proposer import MedusaProposer
 
 logger = logging.getLogger(__name__)
 

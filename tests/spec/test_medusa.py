@@ -19,11 +19,11 @@ from specserve.spec.medusa import (
     HEADS_FILE,
     MedusaConfig,
     MedusaHeads,
-    MedusaProposer,
     fingerprint,
     load_medusa,
     save_medusa,
 )
+from specserve.spec.medusa_proposer import MedusaProposer
 from specserve.spec.medusa_resolve import resolve_medusa
 from specserve.spec.medusa_train import TrainOptions, TrainReport, train_medusa
 

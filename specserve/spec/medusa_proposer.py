@@ -1,0 +1,91 @@
+"""`MedusaProposer`: drafts a top-1 chain from Medusa heads on the target's own hidden state."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specserve.engine.request import Sequence
+from specserve.models.block_linear import linear_weight
+from specserve.models.llama import LlamaForCausalLM
+from specserve.spec.medusa import MedusaHeads, check_fingerprint, load_medusa
+from specserve.spec.proposer import Draft
+
+logger = logging.getLogger(__name__)
+
+
+class MedusaProposer:
+    """Top-1 chain from the heads, batched over sequences. Proposing costs only the heads: the
+    hidden state comes from `sync`, i.e. from the target pass that verified the last step."""
+
+    name = "medusa"
+
+    def __init__(
+        self, heads: MedusaHeads, base_lm_head: nn.Module, heads_dir: Path | None = None
+    ) -> None:
+        self.heads, self.base_lm_head, self.heads_dir = heads, base_lm_head, heads_dir
+        vocab = heads.draft_vocab
+        # [hidden, K]: the shared lm_head's rows for the draft vocabulary, gathered once and
+        # transposed (a few rows times a contiguous [in, out] matrix is the fast CPU GEMM)
+        self._vocab_cols = (
+            linear_weight(base_lm_head).detach()[vocab].T.contiguous()
+            if vocab is not None and heads.shares_lm_head
+            else None
+        )
+        # seq_id -> (num_tokens when synced, hidden [hidden_size] of the row that chose the last)
+        self._last: dict[int, tuple[int, torch.Tensor]] = {}
+
+    @classmethod
+    def load(
+        cls, heads_dir: Path, base: LlamaForCausalLM, base_dir: Path, force: bool = False
+    ) -> MedusaProposer:
+        heads, cfg = load_medusa(heads_dir)
+        arch = base.arch
+        vocab = heads.vocab_size
+        if heads.hidden_size != arch.hidden_size or vocab not in (None, arch.vocab_size):
+            raise ValueError(
+                f"Medusa heads {heads_dir} (hidden {heads.hidden_size}, vocab {vocab or 'shared'}) "
+                f"do not fit base {base_dir} (hidden {arch.hidden_size}, vocab {arch.vocab_size})"
+            )
+        check_fingerprint(heads_dir, cfg, base_dir, force)
+        param = next(base.parameters())
+        logger.info("Medusa: %d heads x %d layers from %s", len(heads), cfg.num_layers, heads_dir)
+        return cls(heads.to(param.device, param.dtype), base.lm_head, heads_dir)
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads.num_heads
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = [Draft(tokens=[]) for _ in seqs]
+        rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True)) if k and self._ready(s)]
+        if not rows:
+            return drafts
+        hidden = torch.stack([self._last[seqs[i].seq_id][1] for i in rows])  # [B, hidden]
+        n = min(max(ks[i] for i in rows), self.num_heads)
+        with torch.inference_mode():
+            chains = self._top1(hidden, n).tolist()  # [B, n]
+        for i, chain in zip(rows, chains, strict=True):
+            drafts[i] = Draft(tokens=chain[: ks[i]])
+        return drafts
+
+    def _top1(self, hidden: torch.Tensor, n: int) -> torch.Tensor:  # [B, hidden] -> [B, n]
+        vocab = self.heads.draft_vocab
+        if vocab is None:
+            return self.heads.logits(hidden, self.base_lm_head, n).argmax(-1)
+        if self._vocab_cols is not None:
+            return vocab[(self.heads.states(hidden, n) @ self._vocab_cols).argmax(-1)]
+        return vocab[self.heads.logits(hidden, self.base_lm_head, n)[..., vocab].argmax(-1)]
+
+    def _ready(self, seq: Sequence) -> bool:
+        last = self._last.get(seq.seq_id)
+        return last is not None and last[0] == seq.num_tokens
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        self._last[seq.seq_id] = (seq.num_tokens, hidden.detach().clone())
+
+    def release(self, seq: Sequence) -> None:
+        self._last.pop(seq.seq_id, None)
