@@ -55,6 +55,16 @@ def add_flag(
     )
 
 
+def add_switch(parser: argparse.ArgumentParser, flag: str, env: str, help: str) -> None:
+    """An on/off flag, off by default; `env` set to a true value turns it on."""
+    parser.add_argument(
+        flag,
+        action="store_true",
+        default=env_default(env, False, parse_bool),
+        help=f"{help} [env: {env}; default: False]",
+    )
+
+
 MODEL_HELP = (
     "HF directory (config.json + *.safetensors) or .gguf file; unset = embedded "
     "SmolLM2-135M-Instruct"
@@ -65,6 +75,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Every engine flag: the model, speculation, and the runtime limits."""
     add_flag(p, "--model", "MODEL_ID", None, MODEL_HELP)
     add_speculation_args(p)
+    add_proposer_args(p)
     add_runtime_args(p)
 
 
@@ -114,6 +125,10 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         "no speculation in a step that would score more tokens than this (drafts included)",
         int,
     )
+
+
+def add_proposer_args(p: argparse.ArgumentParser) -> None:
+    """What each proposer loads or matches: the draft model, Medusa heads, n-gram length."""
     add_flag(
         p,
         "--draft-model",
@@ -130,12 +145,11 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         "unset: heads beside the model's weights, or the shipped heads for the default model "
         "with --proposer medusa",
     )
-    p.add_argument(
+    add_switch(
+        p,
         "--force-medusa",
-        action="store_true",
-        default=env_default("FORCE_MEDUSA", False, parse_bool),
-        help="load Medusa heads whose recorded base fingerprint differs from the loaded base "
-        "(warns) [env: FORCE_MEDUSA; default: False]",
+        "FORCE_MEDUSA",
+        "load Medusa heads whose recorded base fingerprint differs from the loaded base (warns)",
     )
     add_flag(
         p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches", int
@@ -144,13 +158,12 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
 
 def add_runtime_args(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--device", "DEVICE", "cpu", "cpu, cuda, cuda:N or auto")
-    p.add_argument(
+    add_switch(
+        p,
         "--dense-weights",
-        action="store_true",
-        default=env_default("DENSE_WEIGHTS", False, parse_bool),
-        help="run a GGUF model on float32 weights dequantised at load instead of its Q4_1/Q8_0 "
-        "blocks through the CPU block kernels (same model; ~5x the bytes per token) "
-        "[env: DENSE_WEIGHTS; default: False]",
+        "DENSE_WEIGHTS",
+        "run a GGUF model on float32 weights dequantised at load instead of its Q4_1/Q8_0 "
+        "blocks through the CPU block kernels (same model; ~5x the bytes per token)",
     )
     add_flag(
         p,

@@ -27,9 +27,8 @@ import uvicorn
 from specserve.cli_args import (
     add_engine_args,
     add_flag,
+    add_switch,
     engine_config_from_args,
-    env_default,
-    parse_bool,
 )
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
@@ -117,12 +116,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_engine_args(p)
     for flag, env, default, help_text, cast in SERVE_FLAGS:
         add_flag(p, flag, env, default, help_text, cast)
-    p.add_argument(
+    add_switch(
+        p,
         "--strict-profile",
-        action="store_true",
-        default=env_default("STRICT_PROFILE", False, parse_bool),
-        help="refuse to start (exit 2) when the speculation profile was measured on other "
-        "artifacts [env: STRICT_PROFILE; default: False]",
+        "STRICT_PROFILE",
+        "refuse to start (exit 2) when the speculation profile was measured on other artifacts",
     )
     p.set_defaults(func=cmd_serve)
     return p
