@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import httpx
 
+from specserve.bench.diagnose import parse_metrics, total
 from specserve.bench.workload_items import WorkloadItem
 
 Mode = Literal["closed", "open"]
@@ -268,20 +269,14 @@ SPEC_COUNTERS = (
 
 async def scrape_counters(client: httpx.AsyncClient) -> dict[str, float]:
     """Sums of the speculation counters in /metrics (all labels); {} if unavailable."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
         resp = await client.get("/metrics", timeout=30)
         resp.raise_for_status()
-        families = list(text_string_to_metric_families(resp.text))
+        flat = parse_metrics(resp.text)
     except (httpx.HTTPError, ValueError):
         return {}
-    totals: dict[str, float] = {}
-    for fam in families:
-        for sample in fam.samples:
-            if sample.name in SPEC_COUNTERS:
-                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
+    present = {name for name, _ in flat}
+    return {name: total(flat, name) for name in SPEC_COUNTERS if name in present}
 
 
 def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -125,4 +125,4 @@ def encode_item(engine: Engine, item: WorkloadItem) -> list[int]:
     if item.messages is not None:
         return engine.encode_chat([{"role": m.role, "content": m.content} for m in item.messages])
     assert item.prompt is not None
-    return list(engine.tokenizer.encode(item.prompt, add_special_tokens=False))
+    return engine.encode(item.prompt)

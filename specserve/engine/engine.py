@@ -287,23 +287,5 @@ class Engine:
     def _output(
         self, live: _Live, new_ids: list[int], finished: bool, error: str | None = None
     ) -> RequestOutput:
-        seq = live.seq
         text, live.pending_text = live.pending_text, ""
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=new_ids,
-            new_text=text,
-            finished=finished,
-            finish_reason=seq.finish_reason,
-            num_prompt_tokens=len(seq.prompt_ids),
-            num_output_tokens=len(seq.output_ids),
-            drafted_tokens=seq.spec.drafted,
-            accepted_tokens=seq.spec.accepted,
-            spec_steps=seq.spec.steps,
-            queue_seconds=(
-                seq.first_scheduled_time - seq.arrival_time
-                if seq.first_scheduled_time is not None
-                else None
-            ),
-            error=error,
-        )
+        return RequestOutput.of(live.seq, new_ids, text, finished, error)

@@ -128,6 +128,27 @@ class RequestOutput:
     queue_seconds: float | None = None
     error: str | None = None
 
+    @classmethod
+    def of(
+        cls, seq: Sequence, new_ids: list[int], text: str, finished: bool, error: str | None
+    ) -> RequestOutput:
+        """The delta `seq` emits now: `new_ids` / `text`, with its running counts."""
+        queued = seq.first_scheduled_time
+        return cls(
+            request_id=seq.request_id,
+            new_token_ids=new_ids,
+            new_text=text,
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=len(seq.prompt_ids),
+            num_output_tokens=len(seq.output_ids),
+            drafted_tokens=seq.spec.drafted,
+            accepted_tokens=seq.spec.accepted,
+            spec_steps=seq.spec.steps,
+            queue_seconds=None if queued is None else queued - seq.arrival_time,
+            error=error,
+        )
+
 
 def check_request(
     ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int, kv_capacity: int
