@@ -11,7 +11,8 @@ from specserve.kernels.ggml import BlockKind
 from specserve.models.llama import LlamaForCausalLM
 
 # Above this many rows (a prefill chunk, a large batch) decoding the weights once and calling the
-# dense GEMM beats re-expanding every block per group of rows. Measured: docs/benchmarks.md.
+# dense GEMM beats re-expanding every block per group of rows: scripts/bench_blocks.py, whose
+# results are in docs/benchmarks.md (the two meet near 32 rows on 2 AVX2 cores).
 DIRECT_MAX_ROWS = 24
 
 

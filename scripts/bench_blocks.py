@@ -1,0 +1,89 @@
+"""All of the embedded model's projections at M activation rows: GGUF blocks against float32.
+
+For each M, one pass over the 211 projection matrices of SmolLM2-135M (every layer's q/k/v,
+o, gate/up, down, and the tied lm_head) three ways, side by side:
+- blocks: the block kernel on the Q4_1/Q8_0 rows (`BlockLinear`'s path up to DIRECT_MAX_ROWS);
+- decode + mm: decode each matrix to float32, then MKL (`BlockLinear`'s path above it);
+- dense: MKL on float32 weights kept in memory (`--dense-weights`).
+The matrices are not fused here (q, k, v separately), so absolute times are a little above the
+engine's; the ratios are what matters.
+
+Usage (repo root, after the default model has been loaded once so its cache exists):
+    PYTHONPATH=. python scripts/bench_blocks.py [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from specserve.kernels import ggml
+from specserve.models.gguf_blocks import load_blocks
+from specserve.models.loader import resolve_model_dir
+
+
+def best_of(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+Items = list[tuple[ggml.BlockKind, torch.Tensor, torch.Tensor]]  # kind, blocks, float32 weight
+
+
+def on_blocks(items: Items, xs: dict[int, torch.Tensor]) -> None:
+    for kind, rows, w in items:
+        ggml.matmul(xs[w.shape[1]], rows, kind)
+
+
+def decoded(items: Items, xs: dict[int, torch.Tensor]) -> None:
+    for kind, rows, w in items:
+        F.linear(xs[w.shape[1]], ggml.dequantize(rows, kind, w.shape[1]))
+
+
+def on_dense(items: Items, xs: dict[int, torch.Tensor]) -> None:
+    for _, _, w in items:
+        F.linear(xs[w.shape[1]], w)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", default="1,2,3,4,5,6,8,16,24,32,64")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = resolve_model_dir(None)
+    blocks = load_blocks(model_dir)
+    if not blocks or ggml.library() is None:
+        raise SystemExit("no GGUF blocks or no block kernels on this machine")
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        dense = {name: f.get_tensor(name) for name in blocks}
+    print(f"{len(blocks)} matrices, {sum(b.numel() for _, b in blocks.values()) / 2**20:.0f} MiB "
+          f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
+          f"{args.threads} threads; best of {args.repeats} (ms per pass)\n")  # fmt: skip
+    print("| M | blocks | decode + mm | dense | blocks / M=1 | dense / M=1 | dense / blocks |")
+    print("|---|---|---|---|---|---|---|")
+    first: tuple[float, float] | None = None
+    items = [(kind, rows, dense[name]) for name, (kind, rows) in blocks.items()]
+    for m in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in dense.values()}}
+        passes = [partial(fn, items, xs) for fn in (on_blocks, decoded, on_dense)]
+        t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats) for fn in passes)
+        first = first or (t_b, t_f)
+        print(f"| {m} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | {t_b / first[0]:.2f} | "
+              f"{t_f / first[1]:.2f} | {t_f / t_b:.2f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
