@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.spec.draft import DraftModelProposer
 from tests.engine.helpers import make_engine, mixed_prompts
 from tests.engine.test_speculation import LOOPY, greedy
+from tests.models.test_parity import assert_matches_hf
 from tests.spec.test_draft import GREEDY, mixed_params
 from tests.tiny import make_model_dir, noisy_copy
 
@@ -83,40 +83,19 @@ def noisy_draft(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 # ------------------------------------------------------------------------- HF parity
-def assert_matches_hf(model_dir: Path, vocab: int, table: list[int], block_size: int) -> None:
-    """Prefill 20 tokens, decode 7 one at a time, then a 3-token chunk, against HF fp32."""
-    import transformers
-
-    load = transformers.AutoModelForCausalLM.from_pretrained
-    ref: Any = load(str(model_dir), dtype=torch.float32)
-    ref = ref.to(DEV).eval()
-    runner = ModelRunner(build_model(model_dir, DEV), 16, block_size, DEV)
-    ids = torch.randint(0, vocab, (30,), generator=torch.Generator().manual_seed(0)).tolist()
-    with torch.no_grad():
-        want = ref(torch.tensor([ids], device=DEV)).logits[0].float()  # [30, V]
-    out = runner.run([RunItem(ids[:20], 0, table, num_logits=20)]).logits
-    assert out.device.type == DEV.type and out.dtype == torch.float32
-    torch.testing.assert_close(out, want[:20], atol=1e-4, rtol=1e-4)
-    for pos in range(20, 27):
-        out = runner.run([RunItem([ids[pos]], pos, table, num_logits=1)]).logits
-        torch.testing.assert_close(out[0], want[pos], atol=1e-4, rtol=1e-4)
-    out = runner.run([RunItem(ids[27:30], 27, table, num_logits=3)]).logits
-    torch.testing.assert_close(out, want[27:30], atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize(
     ("arch", "tied"), [("llama", False), ("llama", True), ("qwen2", False), ("mistral", False)]
 )
 def test_logits_match_hf(arch: str, tied: bool, tmp_path: Path) -> None:
     model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=3, tied=tied)
     table = [5, 2, 9, 0, 7, 11, 3, 1, 4, 6, 8, 10]  # scattered blocks on purpose
-    assert_matches_hf(model_dir, 320, table, block_size=4)
+    assert_matches_hf(model_dir, 320, table, block_size=4, device=DEV)
 
 
 def test_logits_match_hf_at_smollm2_shape(tmp_path: Path) -> None:
     """30 layers, 9 query heads over 3 KV heads, tied 49k vocab: random weights, real shapes."""
     model_dir = write_random_model(SHAPES["smollm2-135m"], tmp_path, dtype=torch.float32)
-    assert_matches_hf(model_dir, 49152, [3, 0, 2], block_size=16)
+    assert_matches_hf(model_dir, 49152, [3, 0, 2], block_size=16, device=DEV)
 
 
 def test_ragged_batch_matches_single_sequences(tiny_llama: Path) -> None:

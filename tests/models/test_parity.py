@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,30 +12,39 @@ from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from tests.tiny import make_model_dir
 
+CPU = torch.device("cpu")
+
+
+def assert_matches_hf(
+    model_dir: Path, vocab: int, table: list[int], block_size: int, device: torch.device = CPU
+) -> None:
+    """Prefill 20 tokens, decode 7 one at a time, then a 3-token chunk, against HF fp32."""
+    import transformers
+
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    ref: Any = load(str(model_dir), dtype=torch.float32)
+    ref = ref.to(device).eval()
+    runner = ModelRunner(build_model(model_dir, device), 16, block_size, device)
+    ids = torch.randint(0, vocab, (30,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids], device=device)).logits[0].float()  # [30, V]
+    out = runner.run([RunItem(ids[:20], 0, table, num_logits=20)]).logits
+    assert out.device.type == device.type and out.dtype == torch.float32
+    torch.testing.assert_close(out, want[:20], atol=1e-4, rtol=1e-4)
+    for pos in range(20, 27):
+        out = runner.run([RunItem([ids[pos]], pos, table, num_logits=1)]).logits
+        torch.testing.assert_close(out[0], want[pos], atol=1e-4, rtol=1e-4)
+    out = runner.run([RunItem(ids[27:30], 27, table, num_logits=3)]).logits
+    torch.testing.assert_close(out, want[27:30], atol=1e-4, rtol=1e-4)
+
 
 @pytest.mark.parametrize(
     ("arch", "tied"), [("llama", False), ("llama", True), ("qwen2", False), ("mistral", False)]
 )
 def test_logits_match_hf_prefill_and_decode(arch: str, tied: bool, tmp_path: Path) -> None:
-    import transformers
-
     model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=3, tied=tied)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir)).float().eval()
-    ours = build_model(model_dir, torch.device("cpu"))
-    runner = ModelRunner(ours, num_blocks=16, block_size=4, device=torch.device("cpu"))
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 320, (30,), generator=g).tolist()
     table = [5, 2, 9, 0, 7, 11, 3, 1, 4, 6, 8, 10]  # scattered blocks on purpose
-    with torch.no_grad():
-        ref_logits = ref(torch.tensor([ids])).logits[0]  # [30, V]
-    # Prefill 20 tokens (all logits), then decode one token at a time, then a 3-token chunk.
-    out = runner.run([RunItem(ids[:20], 0, table, num_logits=20)]).logits
-    torch.testing.assert_close(out, ref_logits[:20], atol=1e-4, rtol=1e-4)
-    for pos in range(20, 27):
-        out = runner.run([RunItem([ids[pos]], pos, table, num_logits=1)]).logits
-        torch.testing.assert_close(out[0], ref_logits[pos], atol=1e-4, rtol=1e-4)
-    out = runner.run([RunItem(ids[27:30], 27, table, num_logits=3)]).logits
-    torch.testing.assert_close(out, ref_logits[27:30], atol=1e-4, rtol=1e-4)
+    assert_matches_hf(model_dir, 320, table, block_size=4)
 
 
 def test_ragged_batch_matches_single_sequences(tiny_llama: Path) -> None:
