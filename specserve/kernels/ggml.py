@@ -1,34 +1,27 @@
 """CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`), built on first use.
 
-The C file is compiled with the system C compiler into the specserve cache, keyed by the hash
-of the source and flags, and loaded with ctypes. Nothing here is required: `library()` returns
-None (and says why once in the log) when the CPU lacks AVX2/FMA/F16C or no compiler works, and
-callers then run on dequantised float32 weights.
-
-The library links `libgomp.so.1` by soname. torch is imported first, so the dynamic loader
-hands it torch's own already-loaded copy: one OpenMP thread pool for both.
+Nothing here is required: `library()` returns None (and says why once in the log) when the CPU
+lacks AVX2/FMA/F16C or no compiler works, and callers then run on dequantised float32 weights.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
 
 import torch
 
+from specserve.kernels import build
+
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ggml_blocks.c")
-CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared")
-REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+KERNEL = build.KernelSource(
+    Path(__file__).with_name("ggml_blocks.c"), build.AVX2_FLAGS, build.AVX2_CPU,
+    "GGUF block kernels",
+)  # fmt: skip
 QK = 32  # weights per block
 
 
@@ -46,51 +39,11 @@ class BlockKind(IntEnum):
         return in_features // QK * self.block_bytes
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def _build(target: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        staged = Path(tmp) / target.name
-        subprocess.run(
-            [compiler, *CFLAGS, str(SOURCE), "-o", str(staged)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        os.replace(staged, target)  # appears complete or not at all
-
-
 @cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None when this machine cannot run them."""
-    missing = [f for f in REQUIRED_CPU_FLAGS if f not in _cpu_flags()]
-    if missing:
-        logger.info("GGUF block kernels off: CPU lacks %s", ", ".join(missing))
-        return None
-    from specserve.models.loader import default_cache_dir
-
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    target = default_cache_dir() / "kernels" / f"ggml_blocks-{key}.so"
-    try:
-        if not target.is_file():
-            _build(target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", None) or exc
-        logger.warning("GGUF block kernels off: cannot build %s: %s", SOURCE.name, detail)
+    lib = build.load(KERNEL, logger)
+    if lib is None:
         return None
     c_int, ptr, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
     lib.ggml_matmul.argtypes = [c_int, ptr, ptr, ptr, i64, i64, i64, c_int]

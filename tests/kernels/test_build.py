@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.kernels import ggml
+from specserve.kernels import build, ggml
 
 
 def test_no_working_compiler_means_no_kernels_and_a_warning(
@@ -15,7 +15,7 @@ def test_no_working_compiler_means_no_kernels_and_a_warning(
 ) -> None:
     monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(ggml, "_cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
     ggml.library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="specserve.kernels.ggml"):
@@ -27,7 +27,7 @@ def test_no_working_compiler_means_no_kernels_and_a_warning(
 
 
 def test_a_cpu_without_avx2_gets_no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ggml, "_cpu_flags", lambda: {"sse4_2"})
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"sse4_2"})
     ggml.library.cache_clear()
     try:
         assert ggml.library() is None
