@@ -1,4 +1,9 @@
-"""Paged attention over a flat KV cache, for a ragged batch of sequences.
+"""Reference paged attention: every sequence padded to the step's longest query and context.
+
+The first implementation, kept as the reference the ragged path is tested against and as the
+path for devices and dtypes the kernel does not cover (cuda, half precision). It gathers
+B x Lmax cached rows per layer and runs one padded SDPA, so a step mixing a long prefill chunk
+with decode rows costs far more than its parts; `models/attention.py` does not.
 
 Layout: each layer's cache is `[num_slots, kv_heads, head_dim]` for K and for V, where slot =
 block * block_size + offset. A step feeds T new tokens from B sequences; sequence b feeds q_len[b]
@@ -15,13 +20,24 @@ import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
-class AttentionMetadata:
+class ReferenceMetadata:
     slot_mapping: torch.Tensor  # [T] int64: cache slot written by each new token
     kv_index: torch.Tensor  # [B, Lmax] int64: cache slots read per sequence (padding -> slot 0)
     q_index: torch.Tensor  # [B, Qmax] int64: row of the flat token array per padded query
     out_index: torch.Tensor  # [T] int64: row of the flat [B*Qmax] output per new token
     mask: torch.Tensor | None  # [B, 1, Qmax, Lmax] bool: True where query may attend key
     single: bool  # one sequence: padding gathers are identities and skipped
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_slots, Hkv, D]
+        v_cache: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:  # [T, H * D]
+        return reference_attention(q, k, v, k_cache, v_cache, self, scale)
 
 
 def build_metadata(
@@ -31,7 +47,7 @@ def build_metadata(
     block_size: int,
     device: torch.device,
     sliding_window: int | None = None,
-) -> AttentionMetadata:
+) -> ReferenceMetadata:
     """Index tensors for one step. q_lens[b] <= ctx_lens[b]; block tables cover ctx_lens[b]."""
     bsz, q_max, l_max = len(q_lens), max(q_lens), max(ctx_lens)
     n_blocks = max(len(t) for t in block_tables)
@@ -57,7 +73,7 @@ def build_metadata(
         mask &= k_pos[None, None, :] > q_pos[:, :, None] - sliding_window
     # Padded query rows attend to key 0 only, so softmax stays finite; their output is dropped.
     mask[:, :, 0] |= ~q_valid
-    return AttentionMetadata(
+    return ReferenceMetadata(
         slot_mapping=slot_mapping.to(device),
         kv_index=kv_index.to(device),
         q_index=q_index.to(device),
@@ -68,13 +84,14 @@ def build_metadata(
     )
 
 
-def paged_attention(
+
+def reference_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
     k_cache: torch.Tensor,  # [num_slots, Hkv, D]
     v_cache: torch.Tensor,  # [num_slots, Hkv, D]
-    meta: AttentionMetadata,
+    meta: ReferenceMetadata,
     scale: float,
 ) -> torch.Tensor:  # [T, H * D]
     """Write the new K/V into their slots, then attend each query to its sequence's cache."""

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.models.attention import AttentionMetadata, paged_attention
+from specserve.models.attention import AttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class DecoderLayer(nn.Module):
         qk = apply_rope(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        attn = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
+        attn = meta.attend(q, k, v, kv[0], kv[1], self.scale)
         x = x + self.o_proj(attn)
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.models.attention import build_metadata
+from specserve.config import AttentionImpl
+from specserve.models.attention import build_ragged_metadata, kernel_usable
+from specserve.models.attention_reference import build_metadata
 from specserve.models.llama import LlamaForCausalLM
 
 
@@ -32,12 +34,20 @@ class RunOutput:
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        attention: AttentionImpl = "auto",
     ) -> None:
         arch = model.arch
         self.model, self.device, self.block_size = model, device, block_size
         self.num_blocks = num_blocks
         dtype = next(model.parameters()).dtype
+        shapes = (arch.head_dim, arch.num_heads, arch.num_kv_heads)
+        # The ragged path where its kernel runs (CPU float32), else the padded reference.
+        self.ragged = attention == "auto" and kernel_usable(device, dtype, shapes)
         shape = (arch.num_layers, 2, num_blocks * block_size, arch.num_kv_heads, arch.head_dim)
         # Zeroed so that masked (never written) slots hold finite values: 0 * garbage = NaN.
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
@@ -57,7 +67,8 @@ class ModelRunner:
             ids += item.token_ids
             positions += range(item.start, item.start + n)
             logit_rows += range(len(ids) - item.num_logits, len(ids))
-        meta = build_metadata(
+        build = build_ragged_metadata if self.ragged else build_metadata
+        meta = build(
             q_lens=[len(i.token_ids) for i in items],
             ctx_lens=[i.start + len(i.token_ids) for i in items],
             block_tables=[i.block_table for i in items],

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import torch
 
+from specserve.config import AttentionImpl
+from specserve.models.attention import KERNEL_MAX_QUERY
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from tests.tiny import make_model_dir
@@ -16,7 +18,12 @@ CPU = torch.device("cpu")
 
 
 def assert_matches_hf(
-    model_dir: Path, vocab: int, table: list[int], block_size: int, device: torch.device = CPU
+    model_dir: Path,
+    vocab: int,
+    table: list[int],
+    block_size: int,
+    device: torch.device = CPU,
+    attention: AttentionImpl = "auto",
 ) -> None:
     """Prefill 20 tokens, decode 7 one at a time, then a 3-token chunk, against HF fp32."""
     import transformers
@@ -24,7 +31,7 @@ def assert_matches_hf(
     load = transformers.AutoModelForCausalLM.from_pretrained
     ref: Any = load(str(model_dir), dtype=torch.float32)
     ref = ref.to(device).eval()
-    runner = ModelRunner(build_model(model_dir, device), 16, block_size, device)
+    runner = ModelRunner(build_model(model_dir, device), 16, block_size, device, attention)
     ids = torch.randint(0, vocab, (30,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.no_grad():
         want = ref(torch.tensor([ids], device=device)).logits[0].float()  # [30, V]
@@ -38,13 +45,17 @@ def assert_matches_hf(
     torch.testing.assert_close(out, want[27:30], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["auto", "reference"])
 @pytest.mark.parametrize(
     ("arch", "tied"), [("llama", False), ("llama", True), ("qwen2", False), ("mistral", False)]
 )
-def test_logits_match_hf_prefill_and_decode(arch: str, tied: bool, tmp_path: Path) -> None:
+def test_logits_match_hf_prefill_and_decode(
+    arch: str, tied: bool, attention: AttentionImpl, tmp_path: Path
+) -> None:
+    """Both attention paths; mistral's window (24) is shorter than the 30 tokens."""
     model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=3, tied=tied)
     table = [5, 2, 9, 0, 7, 11, 3, 1, 4, 6, 8, 10]  # scattered blocks on purpose
-    assert_matches_hf(model_dir, 320, table, block_size=4)
+    assert_matches_hf(model_dir, 320, table, block_size=4, attention=attention)
 
 
 def test_ragged_batch_matches_single_sequences(tiny_llama: Path) -> None:
@@ -60,3 +71,25 @@ def test_ragged_batch_matches_single_sequences(tiny_llama: Path) -> None:
     items = [RunItem(ids, 0, t, num_logits=len(ids)) for ids, t in zip(seqs, tables, strict=True)]
     together = runner.run(items).logits
     torch.testing.assert_close(together, torch.cat(alone), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_long_chunks_match_hf(arch: str, tmp_path: Path) -> None:
+    """Chunks longer than the kernel's query limit take SDPA: from position 0 (causal over the
+    chunk's own K/V) and later (its gathered context, offset mask, mistral's window)."""
+    import transformers
+
+    model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=4)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    n1, n2 = KERNEL_MAX_QUERY + 8, KERNEL_MAX_QUERY + 4
+    ids = torch.randint(0, 320, (n1 + 1 + n2,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = ref(ids[None]).logits[0]
+    runner = ModelRunner(build_model(model_dir, CPU), 32, 4, CPU)
+    table = list(range(31, 31 - 21, -1))
+    runs = [(0, n1), (n1, n1 + 1), (n1 + 1, n1 + 1 + n2)]
+    got = [
+        runner.run([RunItem(ids[a:b].tolist(), a, table, num_logits=b - a)]).logits
+        for a, b in runs
+    ]
+    torch.testing.assert_close(torch.cat(got), want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,83 @@
+"""Paged attention for decode/verify rows (`paged_attention.c`), built on first use.
+
+`library()` is None where the CPU lacks AVX2/FMA or no compiler works; the model then runs the
+reference attention (gathers + SDPA, `models/attention.py`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from specserve.kernels import build
+
+logger = logging.getLogger(__name__)
+
+KERNEL = build.KernelSource(
+    Path(__file__).with_name("paged_attention.c"), build.AVX2_FLAGS, build.AVX2_CPU,
+    "paged attention kernel",
+)  # fmt: skip
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    lib = build.load(KERNEL, logger)
+    if lib is None:
+        return None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    # q, q_stride, k_cache, v_cache, out, seq_info, tables, max_blocks, B, H, Hkv, D,
+    # block_size, scale, window, threads
+    lib.paged_attention.argtypes = (
+        (ptr, i64, ptr, ptr, ptr, ptr, ptr) + (i64,) * 6 + (ctypes.c_float, i64, ctypes.c_int)
+    )
+    lib.paged_attention.restype = ctypes.c_int
+    return lib
+
+
+def supports(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
+    """Shapes the kernel takes (it also refuses others at run time)."""
+    return head_dim % 8 == 0 and head_dim <= 256 and num_heads % num_kv_heads == 0
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, H, D] float32; each row's heads contiguous (row stride may differ)
+    k_cache: torch.Tensor,  # [num_slots, Hkv, D] float32, contiguous
+    v_cache: torch.Tensor,
+    out: torch.Tensor,  # [T, H, D] float32: rows of the listed sequences are written
+    seq_info: torch.Tensor,  # [B, 3] int64: first row, q_len, ctx_len per sequence
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    block_size: int,
+    scale: float,
+    window: int | None,
+) -> None:
+    """Each listed sequence's rows attend causally (and within `window`) to its cache."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("paged attention kernel is not available on this machine")
+    _, num_heads, head_dim = q.shape
+    if q.stride(2) != 1 or q.stride(1) != head_dim or not out.is_contiguous():
+        raise ValueError("paged attention needs each query row's heads contiguous")
+    rc = lib.paged_attention(
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        out.data_ptr(),
+        seq_info.data_ptr(),
+        block_tables.data_ptr(),
+        block_tables.shape[1],
+        seq_info.shape[0],
+        num_heads,
+        k_cache.shape[1],
+        head_dim,
+        block_size,
+        scale,
+        window or 0,
+        torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise RuntimeError(f"paged attention kernel refused shapes q={list(q.shape)}")
