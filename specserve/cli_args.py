@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specserve.config import (
+    ATTENTION_IMPLS,
     POLICIES,
     PROPOSERS,
     CacheConfig,
@@ -167,6 +168,16 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     )
     add_flag(
         p,
+        "--attention",
+        "ATTENTION",
+        "auto",
+        "auto: ragged attention, reading the paged KV cache in place with the CPU kernel where "
+        "it runs (CPU, float32), else the padded reference; reference: always the padded "
+        "gather + SDPA path (for comparisons)",
+        choices=ATTENTION_IMPLS,
+    )
+    add_flag(
+        p,
         "--num-threads",
         "NUM_THREADS",
         None,
@@ -214,6 +225,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             model=args.model,
             device=args.device,
             dense_weights=args.dense_weights,
+            attention=args.attention,
             num_threads=args.num_threads,
             max_model_len=args.max_total_tokens,
             max_memory=args.max_memory,

@@ -9,6 +9,10 @@ ProposerName = Literal["auto", "ngram", "draft", "medusa"]
 PROPOSERS: tuple[str, ...] = ("auto", "ngram", "draft", "medusa")
 PolicyName = Literal["static", "adaptive"]
 POLICIES: tuple[str, ...] = ("static", "adaptive")
+# "auto": ragged attention with the paged CPU kernel where it runs (CPU, float32), else the
+# padded reference; "reference": always the padded gather + SDPA path (for comparisons).
+AttentionImpl = Literal["auto", "reference"]
+ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class EngineConfig:
     # (same numbers up to float32 summation order, ~5x fewer bytes per token). True runs the
     # float32 weights dequantised at load instead.
     dense_weights: bool = False
+    attention: AttentionImpl = "auto"
     # Intra-op threads for torch; None leaves torch's default.
     num_threads: int | None = None
     # Context window; None takes the model's own.
@@ -101,6 +106,8 @@ class EngineConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {self.attention!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -80,7 +80,7 @@ def load_resources(config: EngineConfig) -> EngineResources:
         draft_kv = draft.arch.kv_bytes_per_token if draft is not None else 0
         num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token + draft_kv, max_model_len)
     allocator = BlockAllocator(num_blocks, block_size)
-    runner = ModelRunner(model, num_blocks, block_size, device)
+    runner = ModelRunner(model, num_blocks, block_size, device, config.attention)
     proposer = make_proposer(config, draft, num_blocks, device, model, model_dir)
     return EngineResources(
         model_dir=model_dir,
@@ -144,7 +144,7 @@ def plan_memory(
     limit = model.arch.max_position
     prefill = min(config.scheduler.max_batch_tokens, limit)
     spec = min(largest_step(config), limit)
-    scratch = ModelRunner(model, blocks_for(prefill, bs), bs, device)
+    scratch = ModelRunner(model, blocks_for(prefill, bs), bs, device, config.attention)
     table = list(range(blocks_for(prefill, bs)))
     peak = max(
         # a prefill chunk (one logits row) and a speculative step (logits on every row)

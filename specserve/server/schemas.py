@@ -202,6 +202,10 @@ class Info(BaseModel):
         description="GGUF block formats the weights run as (float32 compute); empty: plain "
         "model_dtype weights",
     )
+    attention: Literal["ragged", "reference"] = Field(
+        description="ragged: decode/verify rows read the paged KV cache in place (CPU kernel), "
+        "prefill chunks run per sequence; reference: every sequence padded to the step's longest"
+    )
     model_device_type: str
     model_pipeline_tag: str = "text-generation"
     max_concurrent_requests: int
