@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce docs/benchmarks.md: engine vs HF, batch-1 speculation, goodput sweep, policies.
 # Needs a quiet machine: every part compares configurations side by side in one run.
-# Usage: bash scripts/run_benchmarks.sh [engine|spec|goodput|policy|all] [OUT=docs/bench]
+# Usage: bash scripts/run_benchmarks.sh [engine|spec|goodput|policy|attention|all] [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -56,4 +56,21 @@ if [[ $what == policy || $what == all ]]; then
     --workload code-edit --duration 15 --max-new-tokens 48 --ignore-eos \
     --slo-ttft 3 --slo-itl 0.15 --out "$out/policy-adaptive"
   stop_bg 8313
+fi
+
+if [[ $what == attention || $what == all ]]; then
+  # Step cost against the batch mix, both attention paths in one process.
+  PYTHONPATH=. python scripts/bench_attention.py --threads "$threads" --repeats 7 \
+    --json "$out/attention.json" | tee "$out/attention.md"
+  # The same 32 requests (code edits, questions over articles, short creative prompts; greedy,
+  # 48 new tokens, speculation off) one at a time and 16 at a time, on each attention path.
+  python -m specserve.bench.workloads --out "$out/long-mix" --n 11 --seed 0 \
+    --workload code-edit --workload summarize --workload chat-creative --mix long-mix
+  for impl in reference auto; do
+    serve_bg 8314 --speculate 0 --attention "$impl"
+    specserve bench --url http://127.0.0.1:8314 --speculate 0 --concurrency 1,16 \
+      --workload "$out/long-mix/long-mix.jsonl" --num-requests 32 --max-new-tokens 48 \
+      --ignore-eos --slo-ttft 3 --slo-itl 0.15 --out "$out/long-mix/$impl"
+    stop_bg 8314
+  done
 fi

@@ -32,6 +32,7 @@ import random
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -216,13 +217,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--workload", action="append", choices=list(BUILDERS), help="repeatable; default: all"
     )
+    parser.add_argument(
+        "--mix",
+        metavar="NAME",
+        help="write one file NAME.jsonl with the chosen workloads' requests interleaved "
+        "(--n each), as one workload NAME: mixed traffic for a single bench cell",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.workload or list(BUILDERS):
+    names = args.workload or list(BUILDERS)
+    if args.mix:
+        path = args.out / f"{args.mix}.jsonl"
+        write_workload(path, mix(args.mix, [build_workload(n, args.n, args.seed) for n in names]))
+        print(path)
+        return 0
+    for name in names:
         path = args.out / f"{name}.jsonl"
         write_workload(path, build_workload(name, args.n, args.seed))
         print(path)
     return 0
+
+
+def mix(name: str, workloads: Sequence[Sequence[WorkloadItem]]) -> list[WorkloadItem]:
+    """Round-robin interleave, relabelled as workload `name` (ids keep their origin)."""
+    out = []
+    for group in itertools.zip_longest(*workloads):
+        out += [replace(item, workload=name) for item in group if item is not None]
+    return out
 
 
 if __name__ == "__main__":

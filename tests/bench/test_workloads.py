@@ -157,3 +157,12 @@ def test_main_writes_one_file_per_workload(tmp_path: Path) -> None:
     ]
     assert len(load_workload(tmp_path / "code-complete.jsonl")) == 2
     assert workloads.resolve_workload(str(tmp_path / "chat-creative.jsonl"), 0, 0)
+
+
+def test_mix_interleaves_workloads_as_one(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path), "--n", "3", "--workload", "code-edit",
+                 "--workload", "chat-creative", "--mix", "long-mix"]) == 0  # fmt: skip
+    items = load_workload(tmp_path / "long-mix.jsonl")
+    assert [i.id.split("-0")[0] for i in items] == ["code-edit", "chat-creative"] * 3
+    assert {i.workload for i in items} == {"long-mix"}
+    assert not list(tmp_path.glob("code-edit.jsonl"))  # only the mix is written
