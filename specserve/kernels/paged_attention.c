@@ -117,9 +117,26 @@ static inline void accumulate_pv(float* acc, const float* p, const float* const*
     }
 }
 
+// Rows of keys j0 .. j0+n-1 for one KV head, walking the block table; slots past n repeat
+// the first key (their scores are masked).
+static inline void chunk_rows(const Problem* P, const int32_t* table, int64_t kvh, int64_t j0,
+                              int64_t n, const float** kp, const float** vp) {
+    const int64_t bs = P->bs, D = P->D;
+    for (int64_t j = 0, blk = j0 / bs, off = j0 % bs; j < CHUNK; j++) {
+        if (j < n) {
+            const int64_t slot = (int64_t)table[blk] * bs + off;
+            kp[j] = P->k + (slot * P->Hkv + kvh) * D;
+            vp[j] = P->v + (slot * P->Hkv + kvh) * D;
+            if (++off == bs) off = 0, blk++;
+        } else {
+            kp[j] = kp[0], vp[j] = vp[0];
+        }
+    }
+}
+
 // Runs one task; leaves per row its running max m, sum l and unnormalised acc [D].
 static void run_task(const Problem* P, const Task* t, float* m, float* l, float* acc) {
-    const int64_t G = P->H / P->Hkv, D = P->D, rows = G * t->q_len, bs = P->bs;
+    const int64_t G = P->H / P->Hkv, D = P->D, rows = G * t->q_len;
     const int32_t* table = P->tables + t->seq * P->max_blocks;
     const float* qrow[rows];
     int64_t pos[rows];
@@ -135,12 +152,19 @@ static void run_task(const Problem* P, const Task* t, float* m, float* l, float*
     const float* vp[CHUNK];
     for (int64_t j0 = t->key_lo; j0 < t->key_hi; j0 += CHUNK) {
         const int64_t n = t->key_hi - j0 < CHUNK ? t->key_hi - j0 : CHUNK;
-        // Slots of the chunk's keys, walking the block table (keys past the end repeat the first).
-        for (int64_t j = 0, blk = j0 / bs, off = j0 % bs; j < CHUNK; j++) {
-            const int64_t slot = j < n ? (int64_t)table[blk] * bs + off : -1;
-            kp[j] = slot < 0 ? kp[0] : P->k + (slot * P->Hkv + t->kvh) * D;
-            vp[j] = slot < 0 ? vp[0] : P->v + (slot * P->Hkv + t->kvh) * D;
-            if (++off == bs) off = 0, blk++;
+        if (j0 == t->key_lo) chunk_rows(P, table, t->kvh, j0, n, kp, vp);
+        // The next chunk's rows are fetched while this one computes: the cache is streamed
+        // once per step and would otherwise stall every chunk on memory.
+        const float* next_k[CHUNK];
+        const float* next_v[CHUNK];
+        const int64_t next = j0 + CHUNK, n_next = t->key_hi - next < CHUNK ? t->key_hi - next : CHUNK;
+        if (n_next > 0) {
+            chunk_rows(P, table, t->kvh, next, n_next, next_k, next_v);
+            for (int64_t j = 0; j < n_next; j++)
+                for (int64_t d = 0; d < D; d += 16) {
+                    __builtin_prefetch(next_k[j] + d);
+                    __builtin_prefetch(next_v[j] + d);
+                }
         }
         for (int64_t r = 0; r < rows; r++) {
             float sr[CHUNK];
@@ -174,6 +198,10 @@ static void run_task(const Problem* P, const Task* t, float* m, float* l, float*
                     _mm256_storeu_ps(acc + r * D + d, _mm256_mul_ps(av, _mm256_loadu_ps(acc + r * D + d)));
             }
             accumulate_pv(acc + r * D, sr, vp, n, D);
+        }
+        if (n_next > 0) {
+            memcpy(kp, next_k, sizeof(kp));
+            memcpy(vp, next_v, sizeof(vp));
         }
     }
 }
