@@ -2,8 +2,9 @@
 
 Each kernel module (`ggml.py`, `attention.py`) names its source, flags and the CPU features
 those flags assume. The shared object lands in the specserve cache under a name keyed by the
-source and flags; a machine that lacks the features or a working compiler gets None and one
-log line saying why, and the caller runs its torch path instead.
+source, the flags, the compiler and the CPU; the compile has a timeout. A machine that lacks
+the features or a working compiler gets None and one log line saying why, and the caller runs
+its torch path instead.
 
 The libraries link `libgomp.so.1` by soname. torch is imported first, so the dynamic loader
 hands them torch's own already-loaded copy: one OpenMP thread pool for all.
@@ -25,6 +26,7 @@ import torch  # noqa: F401  (loaded before any kernel: its libgomp is the one th
 
 AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared")
 AVX2_CPU = ("avx2", "fma", "f16c")
+COMPILE_TIMEOUT_S = 120.0  # a compiler that hangs must not hang the server's start
 
 
 @dataclass(frozen=True)
@@ -35,30 +37,69 @@ class KernelSource:
     label: str  # for log lines: "GGUF block kernels"
 
 
-def cpu_flags() -> set[str]:
+def _cpuinfo(field: str) -> str:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if line.startswith(field):
+            return line.split(":", 1)[1].strip()
+    return ""
 
 
-def _compile(spec: KernelSource, target: Path) -> None:
+def cpu_flags() -> set[str]:
+    return set(_cpuinfo("flags").split())
+
+
+def _compiler() -> str:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    return compiler
+
+
+def _compiler_id(compiler: str) -> str:
+    """The compiler's path and its own version line: a different compiler builds anew."""
+    try:
+        done = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"C compiler {compiler!r} does not run: {exc}") from exc
+    if done.returncode != 0:
+        raise RuntimeError(f"C compiler {compiler!r} --version failed: {done.stderr.strip()}")
+    version = (done.stdout.splitlines() or [""])[0]
+    return f"{shutil.which(compiler) or compiler} {version}"
+
+
+def cache_key(spec: KernelSource, compiler_id: str) -> str:
+    """Source, flags, compiler and CPU (model and flags): a library is only ever loaded on the
+    kind of machine, and from the compiler, that built it."""
+    parts = [
+        spec.source.read_bytes(),
+        " ".join(spec.cflags).encode(),
+        compiler_id.encode(),
+        _cpuinfo("model name").encode(),
+        " ".join(sorted(cpu_flags())).encode(),
+    ]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def _compile(spec: KernelSource, compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         staged = Path(tmp) / target.name
-        subprocess.run(
-            [compiler, *spec.cflags, str(spec.source), "-o", str(staged), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        try:
+            subprocess.run(
+                [compiler, *spec.cflags, str(spec.source), "-o", str(staged), "-lm"],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=COMPILE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"compiling took over {COMPILE_TIMEOUT_S:.0f} s") from exc
         os.replace(staged, target)  # appears complete or not at all
 
 
@@ -70,11 +111,12 @@ def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
         return None
     from specserve.models.loader import default_cache_dir
 
-    key = hashlib.sha256(spec.source.read_bytes() + " ".join(spec.cflags).encode()).hexdigest()
-    target = default_cache_dir() / "kernels" / f"{spec.source.stem}-{key[:16]}.so"
     try:
+        compiler = _compiler()
+        target = default_cache_dir() / "kernels"
+        target /= f"{spec.source.stem}-{cache_key(spec, _compiler_id(compiler))}.so"
         if not target.is_file():
-            _compile(spec, target)
+            _compile(spec, compiler, target)
         return ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None) or exc

@@ -53,6 +53,13 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def _require() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("GGUF block kernels are not available on this machine")
+    return lib
+
+
 def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> None:
     """ValueError unless `blocks` are contiguous CPU uint8 rows of `kind` for `in_features`."""
     if in_features % QK:
@@ -67,17 +74,20 @@ def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> Non
         raise ValueError("blocks must be a contiguous CPU tensor")
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind) -> torch.Tensor:
+def matmul(
+    x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, threads: int | None = None
+) -> torch.Tensor:
     """x [M, K] float32 @ W^T -> [M, N], W given as blocks [N, row_bytes]."""
     check_blocks(blocks, kind, x.shape[-1])
-    return matmul_checked(x, blocks, kind)
+    return matmul_checked(x, blocks, kind, threads)
 
 
-def matmul_checked(x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind) -> torch.Tensor:
+def matmul_checked(
+    x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, threads: int | None = None
+) -> torch.Tensor:
     """`matmul` for blocks that passed `check_blocks` for x's width once, at construction: the
     per-step path, where re-checking the weights costs more than the call itself."""
-    lib = library()
-    assert lib is not None, "matmul called without the kernel library"
+    lib = _require()
     if x.dtype != torch.float32:
         raise ValueError(f"activations must be float32, got {x.dtype}")
     x = x.contiguous()
@@ -90,15 +100,14 @@ def matmul_checked(x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind) -> to
         x.shape[0],
         blocks.shape[0],
         x.shape[1],
-        torch.get_num_threads(),
+        threads or torch.get_num_threads(),
     )
     return out
 
 
 def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.Tensor:
     """The float32 weights [N, in_features] the blocks encode."""
-    lib = library()
-    assert lib is not None, "dequantize called without the kernel library"
+    lib = _require()
     check_blocks(blocks, kind, in_features)
     out = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
     lib.ggml_dequantize(

@@ -26,6 +26,9 @@ from specserve.kernels.ggml import BlockKind
 logger = logging.getLogger(__name__)
 
 BLOCKS_FILE = "ggml_blocks.safetensors"
+# Beside the cache when writing the blocks failed: why, so later starts say so once and do not
+# retry (delete it to retry).
+REFUSED_FILE = "ggml_blocks.refused.json"
 _KIND_KEY = "specserve.block_kinds"  # safetensors metadata: JSON {tensor name: kind name}
 
 _LAYER_TENSORS = {
@@ -86,7 +89,8 @@ def extract_blocks(
 
 
 def write_blocks(gguf_path: Path, model_dir: Path) -> bool:
-    """Write `model_dir/BLOCKS_FILE` if the kernels run here and the blocks check out."""
+    """Write `model_dir/BLOCKS_FILE` if the kernels run here and the GGUF has block tensors;
+    False if not. ValueError if a block does not decode exactly (nothing is written)."""
     if ggml.library() is None:
         return False
     config = json.loads((model_dir / "config.json").read_text())
@@ -98,10 +102,7 @@ def write_blocks(gguf_path: Path, model_dir: Path) -> bool:
             reference = dense.get_tensor(name)
             decoded = ggml.dequantize(torch.from_numpy(rows), kind, reference.shape[1])
             if not torch.equal(decoded, reference):
-                logger.warning(
-                    "not using GGUF blocks of %s: %s does not decode exactly", gguf_path, name
-                )
-                return False
+                raise ValueError(f"{name} does not decode exactly to its float32 weights")
     tensors = {name: torch.from_numpy(rows) for name, (_, rows) in blocks.items()}
     kinds = json.dumps({name: kind.name for name, (kind, _) in blocks.items()})
     fd, staged = tempfile.mkstemp(prefix=".tmp-blocks-", dir=model_dir)
@@ -112,6 +113,30 @@ def write_blocks(gguf_path: Path, model_dir: Path) -> bool:
     finally:
         Path(staged).unlink(missing_ok=True)
     return True
+
+
+def check_matmul(
+    model_dir: Path, blocks: dict[str, tuple[BlockKind, torch.Tensor]], rows: int = 8
+) -> str | None:
+    """Multiply random activations with a sample of each matrix's block rows through the kernel
+    and against its float32 rows from the checkpoint; None if every product agrees to within
+    float32 summation error, else what differs. Decoding was checked when the blocks were
+    written; this checks the product this machine's compiled kernel computes, at start-up."""
+    gen = torch.Generator().manual_seed(0)
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as dense:
+        for name, (kind, all_rows) in blocks.items():
+            n = min(rows, all_rows.shape[0])
+            weight = dense.get_slice(name)[:n]  # [n, K] float32
+            x = torch.randn(9, weight.shape[1], generator=gen)  # 9: both row-tile paths
+            # One thread: a few rows gain nothing from more, and a busy machine stalls them.
+            got = ggml.matmul(x, all_rows[:n].contiguous(), kind, threads=1)
+            want = x @ weight.T
+            # |sum error| <= K * eps * sum |x w| for float32 summation in any order.
+            bound = weight.shape[1] * 2.0**-23 * (x.abs() @ weight.abs().T) + 1e-30
+            if not bool(((got - want).abs() <= bound).all()):
+                worst = float(((got - want).abs() / bound).max())
+                return f"{name}: block kernel product off by {worst:.3g}x the float32 bound"
+    return None
 
 
 def load_blocks(model_dir: Path) -> dict[str, tuple[BlockKind, torch.Tensor]]:

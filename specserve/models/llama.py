@@ -152,6 +152,8 @@ class LlamaForCausalLM(nn.Module):
     # nn.Embedding / nn.Linear, or their GGUF-block counterparts (models/block_linear.py)
     embed_tokens: nn.Module
     lm_head: nn.Module
+    # Why the GGUF blocks this model has are not used (their start-up check failed); else None.
+    block_kernel_fallback: str | None = None
 
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specserve.models.gguf_blocks import BLOCKS_FILE, write_blocks
-from specserve.models.hashing import cached_sha256
+from specserve.models.gguf_blocks import BLOCKS_FILE, REFUSED_FILE, write_blocks
+from specserve.models.hashing import cached_sha256, read_json_object, write_json_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -123,12 +123,29 @@ def _resolve_gguf(path: Path, cache_dir: Path) -> Path:
         logger.debug("using cached dequantised model %s for %s", target, path)
     else:
         _dequantise(path, target)
-    if not (target / BLOCKS_FILE).is_file():
-        try:
-            write_blocks(path, target)
-        except Exception as exc:  # the blocks only speed things up: serve dense without them
-            logger.warning("not keeping GGUF blocks of %s: %s", path, exc)
+    _keep_blocks(path, target)
     return target
+
+
+def _keep_blocks(path: Path, target: Path) -> None:
+    """Write the GGUF's blocks beside its cache once. A failure is recorded, not retried on
+    every start: the blocks only speed things up, the float32 weights serve without them."""
+    refused = target / REFUSED_FILE
+    if (target / BLOCKS_FILE).is_file():
+        return
+    if refused.is_file():
+        reason = read_json_object(refused).get("reason", "unknown")
+        logger.warning(
+            "running float32 weights, not the GGUF blocks of %s: %s (delete %s to retry)",
+            path.name, reason, refused,
+        )  # fmt: skip
+        return
+    try:
+        write_blocks(path, target)
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        logger.warning("not keeping GGUF blocks of %s: %s; running float32 weights", path, reason)
+        write_json_atomically(refused, {"reason": reason})
 
 
 def _dequantise(gguf_path: Path, target: Path) -> None:

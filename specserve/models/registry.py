@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from specserve.kernels import ggml
 from specserve.models.block_linear import attach_blocks
-from specserve.models.gguf_blocks import BLOCKS_FILE, load_blocks
+from specserve.models.gguf_blocks import BLOCKS_FILE, check_matmul, load_blocks
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.mistral import MistralForCausalLM
 from specserve.models.qwen2 import Qwen2ForCausalLM
@@ -71,8 +71,13 @@ def build_model(
     covered: set[str] = set()
     on_cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if gguf_blocks and on_cpu_fp32 and ggml.library() is not None:
-        covered = attach_blocks(model, load_blocks(model_dir))
-        if covered:
+        blocks = load_blocks(model_dir)
+        problem = check_matmul(model_dir, blocks) if blocks else None
+        if problem is not None:
+            logger.warning("GGUF block kernels off, running float32 weights: %s", problem)
+            model.block_kernel_fallback = problem
+        elif blocks:
+            covered = attach_blocks(model, blocks)
             logger.info("%d weight tensors run as GGUF blocks", len(covered))
     model.load_hf_weights(_iter_safetensors(model_dir, dtype, skip=covered))
     return model.eval()

@@ -57,6 +57,7 @@ def create_app(
     )
     if provenance is not None and provenance.profile is not None:
         metrics.show_profile(provenance.profile.stale)
+    metrics.show_block_fallback(engine.res.model.block_kernel_fallback is not None)
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
     app.add_api_route("/health", health, methods=["GET"], tags=["status"])

@@ -37,6 +37,7 @@ def _info(ctx: ServerContext, engine: Engine) -> Info:
         model_id=s.model_id,
         model_dtype=cfg.dtype,
         model_weight_blocks=block_kinds(res.model),
+        model_block_kernel_fallback=res.model.block_kernel_fallback,
         attention="ragged" if res.runner.ragged else "reference",
         model_device_type=res.device.type,
         max_concurrent_requests=s.max_concurrent_requests,

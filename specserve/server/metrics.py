@@ -246,6 +246,15 @@ class ServerMetrics:
             registry=self.registry,
         ).set(int(stale))
 
+    def show_block_fallback(self, fell_back: bool) -> None:
+        """Export whether the GGUF block kernels failed their start-up check (float32 serves)."""
+        Gauge(
+            "specserve_block_kernels_fallback",
+            "1 when the GGUF block kernels failed their start-up product check and the model "
+            "runs its float32 weights instead",
+            registry=self.registry,
+        ).set(int(fell_back))
+
     def count(self, route: str, outcome: str) -> None:
         self.requests.labels(route=route, outcome=outcome).inc()
 

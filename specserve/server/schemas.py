@@ -202,6 +202,11 @@ class Info(BaseModel):
         description="GGUF block formats the weights run as (float32 compute); empty: plain "
         "model_dtype weights",
     )
+    model_block_kernel_fallback: str | None = Field(
+        default=None,
+        description="why the model's GGUF blocks are not used (the block kernels failed their "
+        "start-up product check against the float32 weights); null when they are, or none exist",
+    )
     attention: Literal["ragged", "reference"] = Field(
         description="ragged: decode/verify rows read the paged KV cache in place (CPU kernel), "
         "prefill chunks run per sequence; reference: every sequence padded to the step's longest"

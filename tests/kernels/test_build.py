@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.kernels import build, ggml
+from specserve.kernels import attention, build, ggml
 
 
 def test_no_working_compiler_means_no_kernels_and_a_warning(
@@ -33,3 +33,30 @@ def test_a_cpu_without_avx2_gets_no_kernels(monkeypatch: pytest.MonkeyPatch) -> 
         assert ggml.library() is None
     finally:
         ggml.library.cache_clear()
+
+
+def test_cache_key_covers_source_flags_compiler_and_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = ggml.KERNEL
+    key = build.cache_key(spec, "/usr/bin/cc gcc 12.2.0")
+    assert key == build.cache_key(spec, "/usr/bin/cc gcc 12.2.0")
+    assert key != build.cache_key(spec, "/usr/bin/cc gcc 13.1.0")
+    other_flags = build.KernelSource(spec.source, (*spec.cflags, "-g"), spec.cpu_flags, "x")
+    assert key != build.cache_key(other_flags, "/usr/bin/cc gcc 12.2.0")
+    monkeypatch.setattr(build, "_cpuinfo", lambda field: f"another {field}")
+    assert key != build.cache_key(spec, "/usr/bin/cc gcc 12.2.0")
+
+
+def test_a_hanging_compiler_times_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cc = tmp_path / "slow-cc"
+    version = '[ "$1" = --version ] && echo "slow-cc 1.0" && exit 0'
+    cc.write_text(f"#!/bin/sh\n{version}\nexec sleep 30\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setattr(build, "COMPILE_TIMEOUT_S", 0.5)
+    with caplog.at_level(logging.WARNING, logger="specserve.kernels.attention"):
+        assert build.load(attention.KERNEL, attention.logger) is None
+    assert "compiling took over" in caplog.text
+    assert not list(tmp_path.glob("kernels/*.so"))

@@ -9,8 +9,9 @@ from gguf import GGMLQuantizationType, quants
 
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
+from tests.kernels.expect import requires_kernels
 
-pytestmark = pytest.mark.skipif(ggml.library() is None, reason="block kernels unavailable here")
+pytestmark = requires_kernels(ggml.library)
 
 GGML_TYPES = {BlockKind.Q4_1: GGMLQuantizationType.Q4_1, BlockKind.Q8_0: GGMLQuantizationType.Q8_0}
 

@@ -20,10 +20,11 @@ from specserve.models.block_linear import BlockEmbedding, BlockLinear
 from specserve.models.gguf_blocks import BLOCKS_FILE, _unpermute_rows, hf_name
 from specserve.models.registry import build_model
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
+from tests.kernels.expect import requires_kernels
 from tests.kernels.test_ggml import GGML_TYPES, quantised
 from tests.tiny import make_model_dir
 
-pytestmark = pytest.mark.skipif(ggml.library() is None, reason="block kernels unavailable here")
+pytestmark = requires_kernels(ggml.library)
 CPU = torch.device("cpu")
 
 
@@ -95,3 +96,22 @@ def test_engine_on_blocks_gives_the_dense_engine_tokens(tmp_path: Path, tied: bo
     on_blocks = run_all(make_engine(model_dir), prompts, params)
     assert on_blocks == run_all(make_engine(model_dir, dense_weights=True), prompts, params)
     assert on_blocks == run_all(make_engine(model_dir, speculate=3), prompts, params)
+
+
+def test_a_kernel_that_multiplies_wrong_falls_back_to_float32_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model_dir = _blockify(make_model_dir(tmp_path, "llama"))
+    real = ggml.matmul
+
+    def off_by_a_little(*args: object, **kwargs: object) -> torch.Tensor:
+        return real(*args, **kwargs) * (1 + 1e-4)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ggml, "matmul", off_by_a_little)
+    with caplog.at_level("WARNING", logger="specserve.models.registry"):
+        model = build_model(model_dir, CPU)
+    assert not isinstance(model.layers[0].qkv_proj, BlockLinear)
+    assert "float32 bound" in (model.block_kernel_fallback or "")
+    assert caplog.text.count("GGUF block kernels off, running float32 weights") == 1
+    monkeypatch.setattr(ggml, "matmul", real)
+    assert build_model(model_dir, CPU).block_kernel_fallback is None  # the real kernel passes

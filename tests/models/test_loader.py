@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from specserve.models import hashing, loader
+from specserve.models.gguf_blocks import REFUSED_FILE
 from specserve.models.loader import (
     DEFAULT_MODEL_FILE,
     GGUF_MAGIC,
@@ -337,3 +338,24 @@ def test_cached_model_answers_sensibly(default_model_dir: Path) -> None:
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=10, do_sample=False)  # [1, prompt_len + new]
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_blocks_that_cannot_be_written_are_not_retried_every_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(loader, "_convert_gguf", _fake_convert([]))
+    tries: list[Path] = []
+
+    def refuse(gguf_path: Path, model_dir: Path) -> bool:
+        tries.append(gguf_path)
+        raise ValueError("blk.0 does not decode exactly")
+
+    monkeypatch.setattr(loader, "write_blocks", refuse)
+    gguf = _write_fake_gguf(tmp_path / "tiny.gguf")
+    with caplog.at_level("WARNING", logger="specserve.models.loader"):
+        target = resolve_model_dir(str(gguf), tmp_path / "cache")
+        resolve_model_dir(str(gguf), tmp_path / "cache")
+    assert len(tries) == 1
+    assert "not keeping GGUF blocks" in caplog.text
+    assert "running float32 weights, not the GGUF blocks" in caplog.text  # the second start
+    assert "does not decode exactly" in (target / REFUSED_FILE).read_text()

@@ -29,6 +29,7 @@ EXPECTED = {
     "specserve_spec_accepted_tokens_by_position": "counter",
     "specserve_spec_k_chosen": "histogram",
     "specserve_spec_gated_steps": "counter",
+    "specserve_block_kernels_fallback": "gauge",
 }
 # Copy-heavy: the n-gram proposer finds the continuation in the prompt itself.
 COPY_PROMPT = "one two three four five six seven eight one two three four five six"

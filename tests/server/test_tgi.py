@@ -137,3 +137,4 @@ def test_info_and_health(tiny_server: Server) -> None:
     assert info["model_dtype"] == "float32" and info["model_device_type"] == "cpu"
     assert info["model_weight_blocks"] == []  # a safetensors model: plain float32 weights
     assert info["attention"] == "ragged"  # CPU float32: decode rows read the paged cache in place
+    assert info["model_block_kernel_fallback"] is None
