@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 KERNEL = build.KernelSource(
     Path(__file__).with_name("paged_attention.c"), build.AVX2_FLAGS, build.AVX2_CPU,
-    "paged attention kernel",
+    "paged attention kernel", (Path(__file__).with_name("simd.h"),),
 )  # fmt: skip
 
 
@@ -35,6 +35,8 @@ def library() -> ctypes.CDLL | None:
         (ptr, i64, ptr, ptr, ptr, ptr, ptr) + (i64,) * 6 + (ctypes.c_float, i64, ctypes.c_int)
     )
     lib.paged_attention.restype = ctypes.c_int
+    lib.rope_rotate_half.argtypes = (ptr, i64, i64, i64, i64, ptr, ptr)
+    lib.rope_rotate_half.restype = None
     return lib
 
 
@@ -81,3 +83,21 @@ def paged_attention(
     )
     if rc != 0:
         raise RuntimeError(f"paged attention kernel refused shapes q={list(q.shape)}")
+
+
+def rope_rotate_half(
+    x: torch.Tensor,  # [T, W] float32, rows contiguous; the first n_heads * D columns rotate
+    n_heads: int,
+    cos: torch.Tensor,  # [T, D] float32 contiguous
+    sin: torch.Tensor,
+) -> None:
+    """Rotate-half RoPE in place, rounding as x * cos + rotate_half(x) * sin does."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("paged attention kernel is not available on this machine")
+    head_dim = cos.shape[-1]
+    if x.stride(1) != 1 or x.shape[1] < n_heads * head_dim or not cos.is_contiguous():
+        raise ValueError("rope needs contiguous rows and [T, head_dim] tables")
+    lib.rope_rotate_half(
+        x.data_ptr(), x.stride(0), x.shape[0], n_heads, head_dim, cos.data_ptr(), sin.data_ptr()
+    )

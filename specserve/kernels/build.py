@@ -24,7 +24,11 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded before any kernel: its libgomp is the one they share)
 
-AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared")
+# -ffp-contract=off: an a * b + c stays two roundings, as torch's elementwise ops round it;
+# the kernels write their FMAs explicitly where they want them.
+AVX2_FLAGS = (
+    "-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared",
+)  # fmt: skip
 AVX2_CPU = ("avx2", "fma", "f16c")
 COMPILE_TIMEOUT_S = 120.0  # a compiler that hangs must not hang the server's start
 
@@ -35,6 +39,7 @@ class KernelSource:
     cflags: tuple[str, ...]
     cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags the compiled code needs
     label: str  # for log lines: "GGUF block kernels"
+    headers: tuple[Path, ...] = ()  # files the source includes (part of the cache key)
 
 
 def _cpuinfo(field: str) -> str:
@@ -78,6 +83,7 @@ def cache_key(spec: KernelSource, compiler_id: str) -> str:
     kind of machine, and from the compiler, that built it."""
     parts = [
         spec.source.read_bytes(),
+        *(h.read_bytes() for h in spec.headers),
         " ".join(spec.cflags).encode(),
         compiler_id.encode(),
         _cpuinfo("model name").encode(),

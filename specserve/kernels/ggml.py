@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 KERNEL = build.KernelSource(
     Path(__file__).with_name("ggml_blocks.c"), build.AVX2_FLAGS, build.AVX2_CPU,
-    "GGUF block kernels",
+    "GGUF block kernels", (Path(__file__).with_name("simd.h"),),
 )  # fmt: skip
 QK = 32  # weights per block
 
@@ -50,6 +50,9 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_matmul.restype = None
     lib.ggml_dequantize.argtypes = [c_int, ptr, ptr, i64, i64, c_int]
     lib.ggml_dequantize.restype = None
+    lib.ggml_matmul_fused.argtypes = [c_int, ptr, ptr, ptr, i64, i64, i64, c_int]
+    lib.ggml_matmul_fused.argtypes += [ptr, ctypes.c_float, c_int, ptr, ptr]
+    lib.ggml_matmul_fused.restype = c_int
     return lib
 
 
@@ -103,6 +106,41 @@ def matmul_checked(
         threads or torch.get_num_threads(),
     )
     return out
+
+
+def matmul_fused(
+    x: torch.Tensor,  # [M, K] float32, or [M, 2K] with swiglu
+    blocks: torch.Tensor,  # [N, row_bytes], checked once for K
+    kind: BlockKind,
+    in_features: int,  # K
+    norm: tuple[torch.Tensor, float] | None = None,  # RMSNorm (weight [K], eps) on the input
+    swiglu: bool = False,  # input = silu(x[:, :K]) * x[:, K:]
+    bias: torch.Tensor | None = None,  # [N]
+    residual: torch.Tensor | None = None,  # [M, N] float32 contiguous, added to the output
+) -> torch.Tensor:  # [M, N]
+    """`matmul` with the projection's neighbours fused in (see ggml_matmul_fused in the C file):
+    one call instead of a norm, a gate, a bias add and a residual add."""
+    lib = _require()
+    x = x.contiguous()
+    width = 2 * in_features if swiglu else in_features
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != width:
+        raise ValueError(f"activations must be float32 [M, {width}], got {x.dtype} {list(x.shape)}")
+    out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+    if residual is not None and (residual.shape != out.shape or not residual.is_contiguous()):
+        raise ValueError(f"residual must be contiguous {list(out.shape)}")
+    norm_w, eps = (norm[0].contiguous(), norm[1]) if norm is not None else (None, 0.0)
+    rc = lib.ggml_matmul_fused(
+        kind, x.data_ptr(), blocks.data_ptr(), out.data_ptr(), x.shape[0], blocks.shape[0],
+        in_features, torch.get_num_threads(), _ptr(norm_w), eps, int(swiglu), _ptr(bias),
+        _ptr(residual),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("block kernel could not allocate its input buffer")
+    return out
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.Tensor:

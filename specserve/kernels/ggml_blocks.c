@@ -10,8 +10,11 @@
 // of summation; the gain is that 4.5 (Q4_1) or 8.5 (Q8_0) bits per weight cross the memory
 // bus instead of 32.
 
-#include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+#include "simd.h"
 
 enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
 #define QK 32
@@ -57,10 +60,12 @@ static inline __attribute__((always_inline)) void expand(int kind, const uint8_t
 
 static inline int64_t block_bytes(int kind) { return kind == KIND_Q4_1 ? 20 : 34; }
 
-static inline float hsum(__m256 v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+
+// y = dot (+ bias) (+ residual), rounded in that order, as x @ W^T + b then r + y would be.
+static inline void store(float* y, const float* bias, const float* res, int64_t i, int64_t n,
+                         float dot) {
+    if (bias) dot += bias[n];
+    y[i] = res ? res[i] + dot : dot;
 }
 
 // One weight row against ROWS activation rows; two accumulators per activation row keep the
@@ -81,7 +86,7 @@ static inline float hsum(__m256 v) {
                 acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[r][1]);    \
             }                                                                              \
         }                                                                                  \
-        for (int r = 0; r < ROWS; r++) y[(m + r) * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])); \
+        for (int r = 0; r < ROWS; r++) store(y, bias, res, (m + r) * N + n, n, hsum(_mm256_add_ps(acc[r][0], acc[r][1]))); \
     } while (0)
 
 // Up to eight activation rows per expanded block, one accumulator each (registers run out
@@ -102,12 +107,12 @@ static inline float hsum(__m256 v) {
                 acc[r] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), a);               \
             }                                                                              \
         }                                                                                  \
-        for (int r = 0; r < ROWS; r++) y[(m + r) * N + n] = hsum(acc[r]);                  \
+        for (int r = 0; r < ROWS; r++) store(y, bias, res, (m + r) * N + n, n, hsum(acc[r])); \
     } while (0)
 
 static inline __attribute__((always_inline)) void matmul_impl(
     int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K,
-    int threads) {
+    int threads, const float* bias, const float* res) {
     const int64_t nb = K / QK, bb = block_bytes(kind);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
@@ -146,8 +151,51 @@ static inline __attribute__((always_inline)) void dequantize_impl(
 // y [M, N] = x [M, K] @ W^T. K must be a multiple of 32; x and y are contiguous float32.
 void ggml_matmul(int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
                  int64_t K, int threads) {
-    if (kind == KIND_Q4_1) matmul_impl(KIND_Q4_1, x, w, y, M, N, K, threads);
-    else matmul_impl(KIND_Q8_0, x, w, y, M, N, K, threads);
+    if (kind == KIND_Q4_1) matmul_impl(KIND_Q4_1, x, w, y, M, N, K, threads, 0, 0);
+    else matmul_impl(KIND_Q8_0, x, w, y, M, N, K, threads, 0, 0);
+}
+
+// A decoder's projection with what surrounds it fused in, so one call replaces the several
+// framework calls of the unfused form:
+//   input  x [M, K]:  norm_w given: x * (1 / sqrt(mean(x^2) + eps)) * norm_w  (RMSNorm)
+//          x [M, 2K]: swiglu: silu(x[:, :K]) * x[:, K:]                    (gated MLP)
+//   output y [M, N] = input @ W^T (+ bias[n]) (+ res[M, N]); res may be y itself.
+// Elementwise steps round as the unfused float32 forms do; the RMSNorm mean and the products
+// are summed in another order (float32 summation-order differences only).
+int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int64_t M,
+                      int64_t N, int64_t K, int threads, const float* norm_w, float eps,
+                      int swiglu, const float* bias, const float* res) {
+    float* in = malloc(sizeof(float) * M * K);
+    if (!in) return -1;
+    for (int64_t m = 0; m < M; m++) {
+        float* o = in + m * K;
+        if (swiglu) {
+            const float* g = x + m * 2 * K;
+            // silu(a) = a / (1 + e^-a), e^x by simd.h's polynomial (within 2 ulp of expf)
+            const __m256 one = _mm256_set1_ps(1.0f);
+            for (int64_t k = 0; k < K; k += 8) {
+                const __m256 a = _mm256_loadu_ps(g + k);
+                const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), a));
+                const __m256 silu = _mm256_div_ps(a, _mm256_add_ps(one, e));
+                _mm256_storeu_ps(o + k, _mm256_mul_ps(silu, _mm256_loadu_ps(g + K + k)));
+            }
+        } else if (norm_w) {
+            const float* r = x + m * K;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k += 8) {
+                const __m256 v = _mm256_loadu_ps(r + k);
+                acc = _mm256_fmadd_ps(v, v, acc);
+            }
+            const float inv = 1.0f / sqrtf(hsum(acc) / (float)K + eps);
+            for (int64_t k = 0; k < K; k++) o[k] = (r[k] * inv) * norm_w[k];
+        } else {
+            for (int64_t k = 0; k < K; k++) o[k] = x[m * K + k];
+        }
+    }
+    if (kind == KIND_Q4_1) matmul_impl(KIND_Q4_1, in, w, y, M, N, K, threads, bias, res);
+    else matmul_impl(KIND_Q8_0, in, w, y, M, N, K, threads, bias, res);
+    free(in);
+    return 0;
 }
 
 // out [N, K] = the float32 weights of W.

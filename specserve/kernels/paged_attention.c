@@ -15,40 +15,16 @@
 // (m, l, acc) merge with the same rescaling. The result equals softmax(q k^T * scale) v up to
 // float32 summation order and exp rounding (within 2 ulp of expf).
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
+
 #define CHUNK 32          // keys per online-softmax update
 #define MIN_SPLIT_KEYS 256  // fewest keys worth a split of their own
 #define MAX_D 256
-
-// e^x for 8 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6 polynomial (Cephes
-// coefficients), 2^n through the exponent bits. Below -87.3 (including -inf) the result is 0.
-static inline __m256 exp256(__m256 x) {
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f);
-    const __m256 lo_cut = _mm256_set1_ps(-87.3365478515625f);
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
-    const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
-    const __m256 zero_mask = _mm256_cmp_ps(x, lo_cut, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo_cut), hi);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, ln2_hi, x);
-    r = _mm256_fnmadd_ps(n, ln2_lo, r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    const __m256 r2 = _mm256_mul_ps(r, r);
-    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
 
 // Eight partial-sum vectors -> their eight totals, in order.
 static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
@@ -81,18 +57,6 @@ static inline __m256 dot8(const float* q, const float* const* ks, int64_t D, __m
         for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(ks[j] + d), a[j]);
     }
     return _mm256_mul_ps(sum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), scale);
-}
-
-static inline float hsum(__m256 v) {
-    const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
-}
-
-static inline float hmax(__m256 v) {
-    const __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 b = _mm_max_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
 }
 
 // acc [D] += sum_{j<n} p[j] v_j. Sixty-four dimensions at a time in eight registers, so the
@@ -296,4 +260,36 @@ int paged_attention(const float* q, int64_t q_stride, const float* k_cache, cons
 done:
     free(splits), free(tasks), free(first_task), free(pm), free(pl), free(pacc), free(offset);
     return rc;
+}
+
+// Rotate-half RoPE in place on the first n_heads heads (D floats each) of T rows `stride` floats
+// apart, with per-row tables cos/sin [T, D]:
+//     lo' = lo * cos_lo - hi * sin_lo,   hi' = hi * cos_hi + lo * sin_hi,
+// each product and sum rounded on its own (no FMA), as x * cos + rotate_half(x) * sin rounds.
+void rope_rotate_half(float* x, int64_t stride, int64_t T, int64_t n_heads, int64_t D,
+                      const float* cos, const float* sin) {
+    const int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float* c = cos + t * D;
+        const float* s = sin + t * D;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float* lo = x + t * stride + h * D;
+            float* hi = lo + half;
+            int64_t i = 0;
+            for (; i + 8 <= half; i += 8) {
+                const __m256 a = _mm256_loadu_ps(lo + i), b = _mm256_loadu_ps(hi + i);
+                const __m256 a2 = _mm256_sub_ps(_mm256_mul_ps(a, _mm256_loadu_ps(c + i)),
+                                                _mm256_mul_ps(b, _mm256_loadu_ps(s + i)));
+                const __m256 b2 = _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(c + half + i)),
+                                                _mm256_mul_ps(a, _mm256_loadu_ps(s + half + i)));
+                _mm256_storeu_ps(lo + i, a2);
+                _mm256_storeu_ps(hi + i, b2);
+            }
+            for (; i < half; i++) {
+                const float a = lo[i], b = hi[i];
+                lo[i] = a * c[i] - b * s[i];
+                hi[i] = b * c[half + i] + a * s[half + i];
+            }
+        }
+    }
 }

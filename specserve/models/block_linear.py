@@ -8,7 +8,7 @@ from torch import nn
 
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import LlamaForCausalLM, RMSNorm
 
 # Above this many rows (a prefill chunk, a large batch) decoding the weights once and calling the
 # dense GEMM beats re-expanding every block per group of rows: scripts/bench_blocks.py, whose
@@ -46,6 +46,22 @@ class BlockLinear(nn.Module):
         if self.bias is not None:
             y += self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def fused(
+        self,
+        x: torch.Tensor,  # [M, in] (or [M, 2 in] with swiglu)
+        norm: RMSNorm | None,
+        swiglu: bool,
+        residual: torch.Tensor | None,  # [M, out]
+    ) -> torch.Tensor | None:
+        """`project`'s one-call form; None above DIRECT_MAX_ROWS rows (decode + GEMM wins)."""
+        if x.dim() != 2 or x.shape[0] > DIRECT_MAX_ROWS:
+            return None
+        return ggml.matmul_fused(
+            x, self.blocks, self.kind, self.in_features,
+            norm=(norm.weight, norm.eps) if norm is not None else None, swiglu=swiglu,
+            bias=self.bias, residual=residual.contiguous() if residual is not None else None,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"{self.kind.name}, in_features={self.in_features}, out_features={self.out_features}"

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.kernels import attention as attention_kernel
 from specserve.models.attention import AttentionMetadata
 
 
@@ -133,16 +134,66 @@ class DecoderLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_slots, Hkv, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
-        qkv = self.qkv_proj(self.input_layernorm(x))
+        qkv = project(self.qkv_proj, x, norm=self.input_layernorm)
+        q, k, v = self._rotate_split(qkv, cos, sin)
+        attn = meta.attend(q, k, v, kv[0], kv[1], self.scale)
+        x = project(self.o_proj, attn, residual=x)
+        gate_up = project(self.gate_up_proj, x, norm=self.post_attention_layernorm)
+        return project(self.down_proj, gate_up, residual=x, swiglu=True)
+
+    def _rotate_split(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """RoPE on the q and k heads of qkv [T, (H + 2 Hkv) * D]; q, k, v as [T, heads, D]."""
+        heads, dim = self.num_heads + self.num_kv_heads, self.head_dim
+        if _rope_in_place(qkv):  # one kernel call, rounding as apply_rope does
+            attention_kernel.rope_rotate_half(qkv, heads, cos.view(-1, dim), sin.view(-1, dim))
+            qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+            q, k = qk.split([self.q_size, self.kv_size], dim=-1)
+            return (
+                q.view(-1, self.num_heads, dim),
+                k.view(-1, self.num_kv_heads, dim),
+                v.view(-1, self.num_kv_heads, dim),
+            )
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         # RoPE on q and k heads in one go: [T, H + Hkv, D]
-        qk = apply_rope(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        qk = apply_rope(qk.view(-1, heads, dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        attn = meta.attend(q, k, v, kv[0], kv[1], self.scale)
-        x = x + self.o_proj(attn)
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return q, k, v.view(-1, self.num_kv_heads, dim)
+
+
+def _rope_in_place(qkv: torch.Tensor) -> bool:
+    return (
+        qkv.device.type == "cpu"
+        and qkv.dtype == torch.float32
+        and qkv.is_contiguous()
+        and qkv.shape[-1] % 16 == 0
+        and attention_kernel.library() is not None
+    )
+
+
+def project(
+    linear: nn.Module,
+    x: torch.Tensor,
+    norm: RMSNorm | None = None,
+    residual: torch.Tensor | None = None,
+    swiglu: bool = False,
+) -> torch.Tensor:
+    """linear(input) (+ residual), where input is norm(x), or silu(gate) * up for x = [gate,
+    up]. A projection with a `fused` method (GGUF blocks) does it all in one kernel call where
+    it can; otherwise, the same steps one by one."""
+    fused = getattr(linear, "fused", None)
+    if fused is not None:
+        y: torch.Tensor | None = fused(x, norm, swiglu, residual)
+        if y is not None:
+            return y
+    if swiglu:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    elif norm is not None:
+        x = norm(x)
+    y = linear(x)
+    return y if residual is None else residual + y
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,0 +1,63 @@
+"""Fused layer kernels against the unfused torch steps they replace: RMSNorm/SwiGLU/bias/residual
+around the block product, and in-place RoPE."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specserve.kernels import attention, ggml
+from specserve.kernels.ggml import BlockKind
+from specserve.models.llama import RMSNorm, apply_rope
+from tests.kernels.expect import requires_kernels
+from tests.kernels.test_ggml import quantised
+
+pytestmark = [requires_kernels(ggml.library), requires_kernels(attention.library)]
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+@pytest.mark.parametrize("rows", [1, 3, 5, 9])
+def test_norm_bias_residual_fused_equal_the_steps(kind: BlockKind, rows: int) -> None:
+    blocks, weight = quantised(kind, 40, 64)
+    norm = RMSNorm(64, 1e-5)
+    norm.weight.data = torch.rand(64) + 0.5
+    x, bias, residual = torch.randn(rows, 64) * 3, torch.randn(40), torch.randn(rows, 40)
+    got = ggml.matmul_fused(x, blocks, kind, 64, norm=(norm.weight, norm.eps), bias=bias,
+                            residual=residual)  # fmt: skip
+    want = residual + (F.linear(norm(x), weight) + bias)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = ggml.matmul_fused(x, blocks, kind, 64)
+    assert torch.equal(plain, ggml.matmul(x, blocks, kind))  # nothing fused: the plain product
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_swiglu_fused_equals_the_steps(rows: int) -> None:
+    blocks, weight = quantised(BlockKind.Q4_1, 24, 96)
+    x, residual = torch.randn(rows, 192) * 4, torch.randn(rows, 24)
+    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, swiglu=True, residual=residual)
+    gate, up = x.chunk(2, dim=-1)
+    want = residual + F.linear(F.silu(gate) * up, weight)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_fused_refuses_wrong_widths() -> None:
+    blocks, _ = quantised(BlockKind.Q8_0, 8, 64)
+    with pytest.raises(ValueError, match=r"\[M, 128\]"):
+        ggml.matmul_fused(torch.randn(2, 64), blocks, BlockKind.Q8_0, 64, swiglu=True)
+    with pytest.raises(ValueError, match="residual"):
+        ggml.matmul_fused(torch.randn(2, 64), blocks, BlockKind.Q8_0, 64, residual=torch.ones(3))
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 12])
+def test_rope_in_place_is_bit_identical_to_apply_rope(head_dim: int) -> None:
+    tokens, heads, extra = 7, 5, 3  # rotate 5 heads of each row, leave 3 (the v heads) alone
+    qkv = torch.randn(tokens, (heads + extra) * head_dim)
+    angles = torch.randn(tokens, head_dim // 2) * 10
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    want = apply_rope(qkv[:, : heads * head_dim].view(tokens, heads, head_dim),
+                      cos.unsqueeze(1), sin.unsqueeze(1))  # fmt: skip
+    untouched = qkv[:, heads * head_dim :].clone()
+    attention.rope_rotate_half(qkv, heads, cos, sin)
+    assert torch.equal(qkv[:, : heads * head_dim].view(tokens, heads, head_dim), want)
+    assert torch.equal(qkv[:, heads * head_dim :], untouched)
