@@ -49,7 +49,7 @@ def simulate(
     ]
     live = 0
     step = 0
-    for step in range(max_steps):  # noqa: B007
+    for step in range(max_steps):
         for seq, r in zip(seqs, requests, strict=True):
             if r.arrival_step == step:
                 sched.add(seq)
