@@ -59,7 +59,7 @@ def create_app(
         metrics.show_profile(provenance.profile.stale)
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
-    app.add_api_route("/health", health, methods=["GET"], tags=["status"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"], tags=["status"])
     app.add_api_route("/info", info, methods=["GET"], response_model=Info, tags=["status"])
     app.add_api_route("/metrics", prometheus, methods=["GET"], tags=["status"])
     _install_error_handlers(app, metrics)
@@ -108,7 +108,12 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
 
 async def health(ctx: Ctx) -> JSONResponse:
-    """200 while serving; 503 once shutdown has begun (stop routing new requests here)."""
+    """200 while serving; 503 once shutdown has begun or if the engine thread has died (stop
+    routing requests here)."""
+    engine = ctx.async_engine
+    if not engine.alive:
+        body = {"status": "engine_failed", "error": engine.died or "the engine stopped"}
+        return JSONResponse(body, status_code=503)
     if ctx.service.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     return JSONResponse({"status": "ok"})

@@ -28,7 +28,7 @@ _FLAG_ENV = (
     "SPECULATE",
     "PROPOSER",
     "DRAFT_MODEL",
-    "HOSTNAME",
+    "SPECSERVE_HOST",
     "PORT",
     "MAX_INPUT_TOKENS",
     "MAX_TOTAL_TOKENS",
