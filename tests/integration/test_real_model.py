@@ -66,11 +66,10 @@ def prompts() -> list[list[int]]:
 
 
 def test_default_model_runs_on_gguf_blocks_where_the_kernels_build() -> None:
-    from specserve.kernels import ggml
     from specserve.models.block_linear import BlockLinear, block_kinds
+    from tests.conftest import require_block_kernels
 
-    if ggml.library() is None:
-        pytest.skip("block kernels unavailable here: the parity test below covers dense weights")
+    require_block_kernels()  # where they cannot build, the parity test covers dense weights
     model = base_engine().res.model
     assert all(isinstance(layer.gate_up_proj, BlockLinear) for layer in model.layers)
     assert isinstance(model.lm_head, BlockLinear)  # Q8_0 token embeddings, tied

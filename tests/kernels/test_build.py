@@ -33,3 +33,25 @@ def test_a_cpu_without_avx2_gets_no_kernels(monkeypatch: pytest.MonkeyPatch) -> 
         assert ggml.library() is None
     finally:
         ggml.library.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("env", "outcome"),
+    [
+        ({}, pytest.skip.Exception),
+        ({"SPECSERVE_EXPECT_KERNELS": "1"}, pytest.fail.Exception),
+        ({"CI": "true"}, pytest.fail.Exception),
+    ],
+)
+def test_missing_kernels_skip_or_fail_where_expected(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], outcome: type[BaseException]
+) -> None:
+    from tests.conftest import require_block_kernels
+
+    for name in ("SPECSERVE_EXPECT_KERNELS", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(ggml, "library", lambda: None)
+    with pytest.raises(outcome):
+        require_block_kernels()

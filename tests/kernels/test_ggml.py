@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType, quants
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 
-pytestmark = pytest.mark.skipif(ggml.library() is None, reason="block kernels unavailable here")
+pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
 
 GGML_TYPES = {BlockKind.Q4_1: GGMLQuantizationType.Q4_1, BlockKind.Q8_0: GGMLQuantizationType.Q8_0}
 

@@ -23,7 +23,7 @@ from tests.engine.helpers import make_engine, mixed_prompts, run_all
 from tests.kernels.test_ggml import GGML_TYPES, quantised
 from tests.tiny import make_model_dir
 
-pytestmark = pytest.mark.skipif(ggml.library() is None, reason="block kernels unavailable here")
+pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
 CPU = torch.device("cpu")
 
 
