@@ -13,7 +13,7 @@ most any one request was preempted, and the pressure/ample time ratio; the greed
 two runs must match (preemption is lossless).
 
 Usage (repo root; `--scale 0.1` shrinks prompts, outputs and the small pool for a smoke run):
-    .venv/bin/python -m scripts.bench_kv_pressure [--threads 1] [--scale 1.0] [--json out.json]
+    .venv/bin/python -m scripts.bench_kv_pressure [--threads 2] [--scale 1.0] [--json out.json]
 """
 
 from __future__ import annotations
@@ -57,7 +57,12 @@ class Result:
 
 
 CASES = [
-    Case("a", ["--speculate", "2", "--max-batch-tokens", "512"], "92200000", 300),
+    Case(
+        "a",
+        ["--speculate", "2", "--num-threads", "1", "--max-batch-tokens", "512"],
+        "92200000",
+        300,
+    ),
     Case("b", [], "256MiB", 500),
 ]
 
@@ -75,7 +80,7 @@ def prompts_for(case: Case, engine: Engine, scale: float) -> list[list[int]]:
 
 def run(case: Case, kv_bytes: str, threads: int | None, scale: float) -> Result:
     flags = ["serve", *case.flags, "--kv-cache-bytes", kv_bytes]
-    if threads is not None:
+    if threads is not None and "--num-threads" not in case.flags:
         flags += ["--num-threads", str(threads)]
     engine = Engine(engine_config_from_args(build_parser().parse_args(flags)))
     prompts = prompts_for(case, engine, scale)
@@ -128,7 +133,9 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--threads", type=int, default=None, help="--num-threads for every run")
+    p.add_argument(
+        "--threads", type=int, default=None, help="--num-threads where a case sets none (b)"
+    )
     p.add_argument("--scale", type=float, default=1.0, help="scale prompts and outputs")
     p.add_argument("--cases", default="a,b", help="which reproductions: a, b or a,b")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info("scripts.bench_kv_pressure", sys.argv[1:])
     results = []
     for case in (c for c in CASES if c.name in args.cases.split(",")):
-        threads = 1 if case.name == "a" and args.threads is None else args.threads
+        threads = args.threads
         tight = str(round(parse_bytes(case.kv_bytes) * args.scale))  # the pressure scales too
         for kv in (case.kv_bytes if args.scale == 1 else tight, AMPLE):
             results.append(run(case, kv, threads, args.scale))

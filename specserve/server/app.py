@@ -60,7 +60,10 @@ def create_app(
         metrics.show_profile(provenance.profile.stale)
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
-    app.add_api_route("/health", health, methods=["GET", "HEAD"], tags=["status"])
+    app.add_api_route("/health", health, methods=["GET"], tags=["status"])
+    app.add_api_route(
+        "/health", health, methods=["HEAD"], tags=["status"], operation_id="health_head"
+    )
     app.add_api_route("/info", info, methods=["GET"], response_model=Info, tags=["status"])
     app.add_api_route("/metrics", prometheus, methods=["GET"], tags=["status"])
     _install_error_handlers(app, metrics)
