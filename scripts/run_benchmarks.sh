@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Reproduce docs/benchmarks.md: engine vs HF, batch-1 speculation, goodput sweep, policies.
+# Reproduce docs/benchmarks.md: engine vs HF, batch-1 speculation, goodput sweep, policies,
+# attention, throughput under KV pressure, the soak.
 # Needs a quiet machine: every part compares configurations side by side in one run.
-# Usage: bash scripts/run_benchmarks.sh [engine|spec|goodput|policy|attention|all] [OUT=docs/bench]
+# Usage: bash scripts/run_benchmarks.sh [engine|spec|goodput|policy|attention|kv|soak|all]
+#        [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -73,4 +75,15 @@ if [[ $what == attention || $what == all ]]; then
       --ignore-eos --slo-ttft 3 --slo-itl 0.15 --out "$out/long-mix/$impl"
     stop_bg 8314
   done
+fi
+
+if [[ $what == kv || $what == all ]]; then
+  # Issue 13's reproductions (a runs --num-threads 1 as reported, b THREADS) beside ample KV.
+  python -m scripts.bench_kv_pressure --threads "$threads" --json "$out/kv-pressure.json" \
+    | tee "$out/kv-pressure.md"
+fi
+
+if [[ $what == soak || $what == all ]]; then
+  SPECSERVE_SOAK_REQUESTS="${SOAK_REQUESTS:-10000}" SPECSERVE_SOAK_OUT="$out/soak.json" \
+    python -m pytest -m slow tests/server/test_soak.py -s -q | tee "$out/soak.txt"
 fi

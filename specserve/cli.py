@@ -6,8 +6,9 @@ import argparse
 import logging
 import sys
 
+from specserve import __version__
 from specserve.bench.cli import add_bench_parsers
-from specserve.cli_args import add_engine_args, engine_config_from_args
+from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args
 from specserve.server.cli import add_serve_parser
 from specserve.spec.medusa_cli import add_medusa_parser
 
@@ -16,17 +17,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specserve",
         description="LLM inference with lossless, load-aware speculative decoding.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"specserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="stream one completion to stdout")
+    gen = sub.add_parser(
+        "generate",
+        help="stream one completion to stdout",
+        description="Stream one completion to stdout. Every flag can also be set through the "
+        "environment variable named in its help.",
+    )
     gen.add_argument("prompt", help="the prompt text")
     add_engine_args(gen)
-    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
-    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    add_sampling_args(gen)
     gen.add_argument(
         "--raw", action="store_true", help="send the prompt as is, without the chat template"
     )
@@ -40,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_medusa_parser(sub)
     add_bench_parsers(sub)
     return parser
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """`generate`'s sampling flags (SPECSERVE_-prefixed environment forms: names like SEED
+    or TEMPERATURE are too likely to be set for something else)."""
+    add_flag(p, "--max-new-tokens", "SPECSERVE_MAX_NEW_TOKENS", 128, "tokens to generate", int)
+    add_flag(p, "--temperature", "SPECSERVE_TEMPERATURE", 0.0, "0 = greedy", float)
+    add_flag(p, "--top-p", "SPECSERVE_TOP_P", 1.0, "nucleus sampling mass", float)
+    add_flag(p, "--top-k", "SPECSERVE_TOP_K", 0, "keep the k most likely tokens; 0 = off", int)
+    add_flag(p, "--seed", "SPECSERVE_SEED", None, "sampling seed (unset = random)", int)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from specserve.config import (
     SchedulerConfig,
     SpecConfig,
 )
+from specserve.engine.memory import parse_bytes
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -211,7 +212,15 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         "memory budget: bytes (8GiB) or a fraction of free memory (0.8); the KV pool gets what "
         "weights and the measured peak activation leave (overrides --kv-cache-bytes)",
     )
-    add_flag(p, "--kv-cache-bytes", "KV_CACHE_BYTES", 2 << 30, "bytes for the paged KV cache", int)
+    add_flag(
+        p,
+        "--kv-cache-bytes",
+        "KV_CACHE_BYTES",
+        "2GiB",
+        "bytes for the paged KV cache (268435456, 256MiB, 2GiB), capped at what "
+        "--max-running-requests full context windows can use",
+        parse_bytes,
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -4,11 +4,16 @@ Only the step thread touches the engine's mutable state. `generate()` validates 
 side (read-only), then hands the request to the thread through an inbox; aborts go the same way.
 So a long forward pass never blocks the event loop. Leaving the `generate()` iterator early (a
 client disconnect, a cancelled task) aborts the request, which frees its KV blocks.
+
+`Engine.step` fails the requests a fault concerns and never raises for them. If the thread dies
+anyway (a bug in this loop), every open request gets a final error output, `alive` turns False
+and `generate()` refuses new requests at once instead of queueing them for nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -35,21 +40,35 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _AbortAll:
+    error: str
+
+
+_Item = _Add | _Abort | _AbortAll
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._lock = threading.Lock()  # held by the step thread while it touches the engine
-        self._inbox: list[_Add | _Abort] = []
+        self._inbox: list[_Item] = []
         self._wake = threading.Condition()  # guards _inbox and _stopping
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
         self._ids = itertools.count()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="specserve-engine", daemon=True)
+        self.died: str | None = None  # why the step thread died, if it did
+        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._thread.start()
 
     @property
     def num_active(self) -> int:
         return len(self._queues)
+
+    @property
+    def alive(self) -> bool:
+        """The step thread is running (False after it died, or after shutdown)."""
+        return self.died is None and self._thread.is_alive()
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
@@ -63,7 +82,8 @@ class AsyncEngine:
         self._queues[rid] = (asyncio.get_running_loop(), queue)
         if not self._post(_Add(rid, ids, params)):
             self._queues.pop(rid, None)
-            raise RuntimeError("engine is shutting down")
+            why = f"the engine stopped: {self.died}" if self.died else "engine is shutting down"
+            raise RuntimeError(why)
         finished = False
         try:
             while not finished:
@@ -78,18 +98,38 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._post(_Abort(request_id), even_when_stopping=True)
 
+    def abort_all(self, error: str) -> None:
+        """End every request in flight now, each with a final output carrying `error`."""
+        self._post(_AbortAll(error), even_when_stopping=True)
+
     def run_locked(self, fn: Callable[[Engine], T]) -> T:
         """Call fn(engine) between steps (for consistent reads of live state)."""
         with self._lock:
             return fn(self.engine)
 
-    def _post(self, item: _Add | _Abort, even_when_stopping: bool = False) -> bool:
+    def _post(self, item: _Item, even_when_stopping: bool = False) -> bool:
         with self._wake:
-            if self._stopping and not even_when_stopping:
+            if self.died is not None or (self._stopping and not even_when_stopping):
                 return False
             self._inbox.append(item)
             self._wake.notify()
             return True
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug here: fail everyone now rather than hang them
+            with self._wake:
+                self.died = f"{type(exc).__name__}: {exc}"
+                self._stopping = True
+            logger.critical("the engine thread died; failing every open request", exc_info=True)
+            error = f"the engine stopped: {self.died}"
+            self._deliver(
+                [
+                    RequestOutput(rid, [], "", True, "error", 0, 0, error=error)
+                    for rid in list(self._queues)
+                ]
+            )
 
     def _loop(self) -> None:
         while True:
@@ -101,20 +141,21 @@ class AsyncEngine:
                     return
             with self._lock:
                 failed = [self._apply(item) for item in inbox]
-                try:
-                    outputs = self.engine.step()
-                except Exception:  # keep serving; the step already failed its own requests
-                    logger.exception("engine step failed")
-                    outputs = []
+                outputs = self.engine.step()  # fails the requests a fault concerns; never raises
             self._deliver([f for f in failed if f is not None] + outputs)
 
-    def _apply(self, item: _Add | _Abort) -> RequestOutput | None:
+    def _apply(self, item: _Item) -> RequestOutput | None:
+        if isinstance(item, _AbortAll):
+            self.engine.abort_all(item.error)
+            return None
         if isinstance(item, _Abort):
             self.engine.abort(item.request_id)
             return None
         try:
             self.engine.add_prepared(item.ids, item.params, item.request_id)
-        except ValueError as exc:
+        except Exception as exc:  # ValueError: refused; anything else: this request fails
+            if not isinstance(exc, ValueError):
+                logger.exception("adding request %s failed", item.request_id)
             return RequestOutput(
                 item.request_id, [], "", True, "error", len(item.ids), 0, error=str(exc)
             )
@@ -125,11 +166,21 @@ class AsyncEngine:
             target = self._queues.get(out.request_id)
             if target is not None:
                 loop, queue = target
-                loop.call_soon_threadsafe(queue.put_nowait, out)
+                # RuntimeError: that caller's event loop is closed, nobody is waiting.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(queue.put_nowait, out)
 
-    async def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop accepting requests, let those in flight finish, then stop the thread."""
+    async def shutdown(self, timeout: float = 30.0, grace: float = 5.0) -> bool:
+        """Stop accepting requests and let those in flight finish for up to `timeout` seconds;
+        then abort what is left (each gets a final error output) and wait up to `grace` more
+        seconds for the step thread. True iff the thread has stopped."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         await asyncio.to_thread(self._thread.join, timeout)
+        if self._thread.is_alive():
+            left = self.num_active
+            logger.warning("%d request(s) still running after %.0f s: aborting them", left, timeout)
+            self.abort_all(f"the server shut down before this request finished ({timeout:.0f} s)")
+            await asyncio.to_thread(self._thread.join, grace)
+        return not self._thread.is_alive()

@@ -15,6 +15,7 @@ import torch
 
 from specserve.config import EngineConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.drafting import propose, static_caps
 from specserve.engine.request import (
     RequestOutput,
     SamplingParams,
@@ -24,11 +25,12 @@ from specserve.engine.request import (
 )
 from specserve.engine.resources import EngineResources, load_resources
 from specserve.engine.stats import EngineStats, StepRecord
+from specserve.engine.tokenizer import locked
+from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
 from specserve.runner.model_runner import RunItem, RunOutput
-from specserve.runner.sampler import SampleRow, processed_logits, sample
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
 from specserve.spec.proposer import Draft
-from specserve.spec.verify import VerifyResult, verify_deterministic, verify_sampled
+from specserve.spec.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +48,11 @@ class Engine:
     def __init__(self, config: EngineConfig, resources: EngineResources | None = None) -> None:
         self.config = config
         self.res = resources or load_resources(config)
+        self.res.tokenizer = locked(self.res.tokenizer)  # shared by the event loop and steps
         self.scheduler = self.res.scheduler
         self.stats = EngineStats()
         self._live: dict[str, _Live] = {}
-        self._finished_outputs: list[RequestOutput] = []
+        self._outbox: list[RequestOutput] = []  # outputs not yet returned by step()
         self._ids = itertools.count()
         self.last_step: StepRecord | None = None
 
@@ -119,57 +122,68 @@ class Engine:
         self._finish(live, "abort")
         return True
 
+    def abort_all(self, error: str) -> None:
+        """Stop every live request now (shutdown past its drain timeout), freeing its blocks;
+        each gets a final output with finish_reason "abort" and `error`."""
+        for live in list(self._live.values()):
+            self._finish(live, "abort", error=error)
+
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._finished_outputs)
+        return self.scheduler.has_work() or bool(self._outbox)
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        outputs, self._finished_outputs = self._finished_outputs, []
-        batch = self.scheduler.schedule(self._draft_caps if self.res.proposer else None)
-        for seq in batch.preempted:
-            self._release_proposer(seq)
-        if batch.is_empty:
-            return outputs
-        drafts = self._propose(batch)
+        """One step; returns every output since the last step (aborts included).
+
+        A failure fails only the requests it concerns and never escapes, so no step is retried
+        forever: a proposer that raises is retried one sequence at a time and fails the ones it
+        raises for (or returns a bad draft for); a failed forward pass fails the sequences it
+        ran; a non-finite logits row, a failed verify or detokenization fails its own request;
+        anything else fails the step's requests (every live one if scheduling itself failed).
+        """
+        batch: ScheduledBatch | None = None
         try:
-            run = self.res.runner.run(self._run_items(batch, drafts))
-        except Exception as exc:  # a failed pass fails its batch, not the engine
+            batch = self.scheduler.schedule(self._draft_caps if self.res.proposer else None)
+            for seq in batch.preempted:
+                self._release_proposer(seq)
+            if not batch.is_empty:
+                self._run_batch(batch)
+        except Exception as exc:
+            logger.exception("engine step failed")
+            failed = batch.work if batch is not None else []
+            seqs = [w.seq for w in failed] or [x.seq for x in self._live.values()]
+            self._fail(seqs, f"engine step failed: {describe(exc)}")
+        done, self._outbox = self._outbox, []
+        return done
+
+    def _run_batch(self, batch: ScheduledBatch) -> None:
+        proposer = self.res.proposer
+        drafts: dict[int, Draft] = {}
+        if proposer is not None:
+            vocab = self.res.model.arch.vocab_size
+            drafts = propose(proposer, batch.work, vocab, lambda s, e: self._fail([s], e))
+        work = [w for w in batch.work if not w.seq.is_finished]  # the proposer may fail some
+        if not work:
+            return
+        try:
+            run = self.res.runner.run(self._run_items(work, drafts))
+        except Exception as exc:  # one pass for all: it fails them all, not the engine
             logger.exception("forward pass failed")
-            for w in batch.work:
-                self._finish(self._live[w.seq.request_id], "error", error=str(exc))
-            return outputs + self._drain_finished()
-        outputs += self._verify_and_commit(batch, drafts, run)
-        self.last_step = self.stats.count_step(batch, drafts)
-        return outputs + self._drain_finished()
+            self._fail([w.seq for w in work], f"forward pass failed: {describe(exc)}")
+            return
+        self._verify_and_commit(work, drafts, run)
+        self.last_step = self.stats.count_step(replace(batch, work=work), drafts)
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
-        caps = self._static_caps(seqs)
+        caps = static_caps(seqs, self.config.spec.speculate, self.max_model_len)
         policy = self.res.policy
         if policy is None:
             return caps
         return policy.decide([s.seq_id for s in seqs], caps, num_running, scheduled)
 
-    def _static_caps(self, seqs: list[Sequence]) -> list[int]:
-        n = self.config.spec.speculate
-        caps = []
-        for seq in seqs:
-            cap = n if seq.params.speculate is None else min(seq.params.speculate, n)
-            # k+1 emitted tokens must fit in max_new_tokens; k drafts must fit in the context.
-            cap = min(cap, seq.tokens_left - 1, self.max_model_len - seq.num_tokens)
-            caps.append(max(0, cap))
-        return caps
-
-    def _propose(self, batch: ScheduledBatch) -> dict[int, Draft]:
-        proposer = self.res.proposer
-        spec = [w for w in batch.work if w.max_drafts > 0]
-        if proposer is None or not spec:
-            return {}
-        drafts = proposer.propose([w.seq for w in spec], [w.max_drafts for w in spec])
-        return {w.seq.seq_id: d for w, d in zip(spec, drafts, strict=True) if d.tokens}
-
-    def _run_items(self, batch: ScheduledBatch, drafts: dict[int, Draft]) -> list[RunItem]:
+    def _run_items(self, work: list[SeqWork], drafts: dict[int, Draft]) -> list[RunItem]:
         items = []
-        for w in batch.work:
+        for w in work:
             seq = w.seq
             fed = seq.token_slice(seq.num_computed, seq.num_computed + w.num_tokens)
             extra = drafts[seq.seq_id].tokens if seq.seq_id in drafts else []
@@ -178,52 +192,41 @@ class Engine:
         return items
 
     def _verify_and_commit(
-        self, batch: ScheduledBatch, drafts: dict[int, Draft], run: RunOutput
-    ) -> list[RequestOutput]:
-        rows: list[SampleRow] = []
-        for w in (w for w in batch.work if w.samples):
-            seq, d = w.seq, drafts.get(w.seq.seq_id)
-            extra = d.tokens if d else []
-            # Only a repetition penalty reads the history: skip copying the context otherwise.
-            ctx = seq.token_ids if seq.params.repetition_penalty != 1.0 else []
-            for i in range(len(extra) + 1):
-                history = ctx + extra[:i] if ctx else []
-                rows.append(SampleRow(seq.params, history, len(seq.output_ids) + i))
-        picks = [s.token for s in sample(run.logits, rows)] if rows else []
-        outputs: list[RequestOutput] = []
-        cursor = 0
-        for w in batch.work:
+        self, work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput
+    ) -> None:
+        """Each sampling sequence verifies and commits alone: a non-finite logits row or an
+        exception fails that request only (see `engine/verification.py`)."""
+        for w in work:
             if not w.samples:
                 w.seq.num_computed += w.num_tokens
+        rows, spans = sample_rows(work, drafts)
+        if not rows:
+            return
+        finite = finite_rows(run.logits)
+        picks = batch_picks(run.logits, rows)
+        for span in spans:
+            seq = span.work.seq
+            if not all(finite[span.rows]):
+                self._fail([seq], "the model produced non-finite logits (NaN or inf)")
                 continue
-            d = drafts.get(w.seq.seq_id)
-            k = len(d.tokens) if d else 0
-            span = slice(cursor, cursor + k + 1)
-            if d is not None and d.probs is not None:
-                result = self._verify_sampled(d, run.logits[span], rows[span])
-            else:
-                result = verify_deterministic(d.tokens if d else [], picks[span])
-            hidden = run.hidden[cursor + result.num_accepted]
-            cursor += k + 1
-            out = self._commit(w, result, k, hidden)
-            if out is not None:
-                outputs.append(out)
-        return outputs
+            try:
+                result = verify_span(span, run.logits, rows, picks)
+            except Exception as exc:
+                logger.exception("verify failed for %s", seq.request_id)
+                self._fail([seq], f"verify failed: {describe(exc)}")
+                continue
+            try:
+                k = len(span.draft.tokens) if span.draft else 0
+                self._commit(span.work, result, k, run.hidden[span.start + result.num_accepted])
+            except Exception as exc:  # detokenization, stop checks, the proposer's sync
+                logger.exception("commit failed for %s", seq.request_id)
+                self._fail([seq], f"commit failed: {describe(exc)}")
 
-    @staticmethod
-    def _verify_sampled(d: Draft, logits: torch.Tensor, rows: list[SampleRow]) -> VerifyResult:
-        assert d.probs is not None
-        target = torch.stack([processed_logits(logits[i], r) for i, r in enumerate(rows)])
-        seed = rows[0].params.seed or 0
-        return verify_sampled(d.tokens, d.probs, target, seed, rows[0].out_pos)
-
-    def _commit(
-        self, w: SeqWork, result: VerifyResult, k: int, hidden: torch.Tensor
-    ) -> RequestOutput | None:
+    def _commit(self, w: SeqWork, result: VerifyResult, k: int, hidden: torch.Tensor) -> None:
         seq = w.seq
         live = self._live.get(seq.request_id)
         if live is None or seq.is_finished:
-            return None
+            return
         if k:
             seq.spec.drafted += k
             seq.spec.accepted += result.num_accepted
@@ -245,12 +248,12 @@ class Engine:
         self.stats.tokens_emitted += len(new_ids)
         if reason:
             self._finish(live, reason, new_ids)
-            return None
+            return
         seq.num_computed = seq.num_tokens - 1
         self.res.allocator.truncate(seq.block_table, seq.num_computed)
         if self.res.proposer is not None:
             self.res.proposer.sync(seq, hidden)
-        return self._output(live, new_ids, finished=False)
+        self._outbox.append(self._output(live, new_ids, finished=False))
 
     def _stop_reason(self, live: _Live, token: int) -> str | None:
         seq = live.seq
@@ -262,25 +265,36 @@ class Engine:
             return "length"
         return None
 
+    def _fail(self, seqs: list[Sequence], error: str) -> None:
+        for seq in seqs:
+            live = self._live.get(seq.request_id)
+            if live is not None:
+                self._finish(live, "error", error=error)
+
     def _finish(
         self, live: _Live, reason: str, new_ids: list[int] | None = None, error: str | None = None
     ) -> None:
+        """Never raises: it is how failures end requests."""
         seq = live.seq
+        try:
+            live.pending_text += live.detok.flush()
+        except Exception as exc:
+            logger.exception("detokenizing the end of %s failed", seq.request_id)
+            if reason != "abort":
+                reason, error = "error", error or f"detokenization failed: {describe(exc)}"
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.scheduler.remove(seq)
         self._release_proposer(seq)
         self._live.pop(seq.request_id, None)
-        live.pending_text += live.detok.flush()
-        self._finished_outputs.append(self._output(live, new_ids or [], True, error=error))
-
-    def _drain_finished(self) -> list[RequestOutput]:
-        done, self._finished_outputs = self._finished_outputs, []
-        return done
+        self._outbox.append(self._output(live, new_ids or [], True, error=error))
 
     def _release_proposer(self, seq: Sequence) -> None:
-        if self.res.proposer is not None:
-            self.res.proposer.release(seq)
+        try:
+            if self.res.proposer is not None:
+                self.res.proposer.release(seq)
+        except Exception:
+            logger.exception("proposer release failed for %s", seq.request_id)
         if self.res.policy is not None and seq.is_finished:
             self.res.policy.forget(seq.seq_id)
 
@@ -289,3 +303,8 @@ class Engine:
     ) -> RequestOutput:
         text, live.pending_text = live.pending_text, ""
         return RequestOutput.of(live.seq, new_ids, text, finished, error)
+
+
+def describe(exc: BaseException) -> str:
+    """`RuntimeError: message`, as an error output reports a failure."""
+    return f"{type(exc).__name__}: {exc}"

@@ -88,7 +88,7 @@ def load_resources(config: EngineConfig) -> EngineResources:
         tokenizer=tokenizer,
         runner=runner,
         allocator=allocator,
-        scheduler=Scheduler(config.scheduler, allocator),
+        scheduler=Scheduler(config.scheduler, allocator, max_model_len),
         proposer=proposer,
         policy=make_policy(config, runner, allocator),
         eos_ids=eos_token_ids(model_dir, tokenizer),

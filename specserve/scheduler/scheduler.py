@@ -1,11 +1,28 @@
 """Continuous batching under a token budget, with KV-block admission and preemption by recompute.
 
-Each step: running sequences first, oldest first (decode tokens and unfinished prefill chunks);
-when blocks run out the newest running sequence is preempted (its blocks freed, it goes back to
-the head of the queue and is recomputed later). Then waiting sequences are admitted in FIFO order
-while the token budget, the running limit and free blocks allow; admission never skips ahead.
-Finally decode sequences may reserve extra slots for speculative drafts, only from what is left:
-speculation never causes a preemption.
+Each step serves running sequences first, oldest first (a decode token, or the next prefill
+chunk), then admits waiting ones in FIFO order (never skipping ahead) while the token budget and
+the running limit allow, then lets decode sequences reserve slots for drafts from what is left.
+
+The rule that keeps KV pressure from turning into thrash:
+
+1. Admission takes the blocks of the whole prompt at once (prompt plus any output a preempted
+   sequence recomputes), so later prefill chunks never need a block. A fresh sequence is
+   admitted only if, after that, one free block per running sequence (itself included) is
+   left for growth.
+2. When a running sequence needs a block and none is free, the newest running sequence that was
+   never preempted is preempted (its blocks freed; back to the head of the queue, recomputed
+   later); if there is none after it, it preempts itself.
+3. A preempted sequence becomes *protected*: it is re-admitted only when the free blocks cover
+   its whole worst case (prompt + max_new_tokens, capped by the context window), and those
+   blocks stay reserved for it until it finishes. So it is never preempted again.
+4. "Free" always means free minus the reservations of protected running sequences. Drafts take
+   slots only from free blocks: speculation never causes a preemption.
+
+Hence each request is preempted at most once, and there is no livelock: every step computes
+tokens for the oldest running sequence or preempts someone (at most once per request); running
+sequences finish; the queue's head is admitted at the latest when nothing else runs (its worst
+case fits the pool: `check_request` refuses requests that could not).
 """
 
 from __future__ import annotations
@@ -17,7 +34,7 @@ from dataclasses import dataclass
 
 from specserve.config import SchedulerConfig
 from specserve.engine.request import SeqStatus, Sequence
-from specserve.scheduler.kv_blocks import BlockAllocator
+from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 
 
 @dataclass(frozen=True)
@@ -51,12 +68,16 @@ DraftCaps = Callable[[list[Sequence], int, int], list[int]]
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
+    def __init__(
+        self, config: SchedulerConfig, allocator: BlockAllocator, max_model_len: int | None = None
+    ) -> None:
         self.config = config
         self.allocator = allocator
+        self.max_model_len = max_model_len  # caps a sequence's worst case (rule 3)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._reserved = 0  # blocks protected running sequences may still grow into
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -73,13 +94,26 @@ class Scheduler:
             self.waiting.remove(seq)
         self.allocator.free(seq.block_table)
 
+    def worst_case_blocks(self, seq: Sequence) -> int:
+        """Blocks `seq` holds at its longest: prompt + max_new_tokens, within the context."""
+        total = len(seq.prompt_ids) + seq.params.max_new_tokens
+        if self.max_model_len is not None:
+            total = min(total, self.max_model_len)
+        return blocks_for(total, self.allocator.block_size)
+
+    @property
+    def num_available(self) -> int:
+        """Free blocks not reserved for protected running sequences."""
+        return self.allocator.num_free - sum(self._still_reserved(s) for s in self.running)
+
     def schedule(self, draft_caps: DraftCaps | None = None) -> ScheduledBatch:
+        self._reserved = sum(self._still_reserved(s) for s in self.running)
         budget = self.config.max_batch_tokens
         work: list[SeqWork] = []
         preempted: list[Sequence] = []
         for seq in list(self.running):
-            if seq in preempted or budget == 0:
-                continue
+            if seq.status is not SeqStatus.RUNNING or budget == 0:
+                continue  # preempted earlier in this step
             n = min(seq.num_uncomputed, budget)
             if not self._reserve(seq, n, preempted):
                 continue
@@ -91,18 +125,44 @@ class Scheduler:
             work = self._reserve_drafts(work, budget, draft_caps)
         return ScheduledBatch(work=work, preempted=preempted, num_running=len(self.running))
 
+    # -------------------------------------------------------------- block accounting
+    def _still_reserved(self, seq: Sequence) -> int:
+        """Blocks a protected sequence may still take from its reservation (0 otherwise)."""
+        if not seq.num_preemptions:
+            return 0
+        return max(0, self.worst_case_blocks(seq) - len(seq.block_table))
+
+    def _fits(self, seq: Sequence, num_tokens: int) -> bool:
+        """Can `seq` cover `num_tokens` positions? Its own reservation first, then free blocks
+        nobody has reserved."""
+        need = self.allocator.extra_needed(seq.block_table, num_tokens)
+        own = min(need, self._still_reserved(seq))
+        return need - own <= self.allocator.num_free - self._reserved
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> None:
+        before = self._still_reserved(seq)
+        self.allocator.grow(seq.block_table, num_tokens)
+        self._reserved -= before - self._still_reserved(seq)
+
+    # ---------------------------------------------------------------- the rule
     def _reserve(self, seq: Sequence, n: int, preempted: list[Sequence]) -> bool:
-        """Grow `seq` by n slots, preempting the newest running sequences as needed."""
-        while not self.allocator.can_grow(seq.block_table, seq.num_computed + n):
-            victim = self.running[-1]
+        """Grow `seq` by n slots, preempting (rule 2) as needed. False if `seq` itself went."""
+        while not self._fits(seq, seq.num_computed + n):
+            victim = self._victim(seq)
             self._preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
-        self.allocator.grow(seq.block_table, seq.num_computed + n)
+        self._grow(seq, seq.num_computed + n)
         return True
 
+    def _victim(self, seq: Sequence) -> Sequence:
+        """The newest never-preempted sequence not yet scheduled this step (`seq` or after)."""
+        later = self.running[self.running.index(seq) :]
+        return next((s for s in reversed(later) if not s.num_preemptions), seq)
+
     def _preempt(self, seq: Sequence) -> None:
+        self._reserved -= self._still_reserved(seq)
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
         seq.num_computed = 0
@@ -111,18 +171,29 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def _admissible(self, seq: Sequence) -> bool:
+        """Rules 1 and 3. With nothing running, whatever fits the pool is admitted."""
+        free = self.allocator.num_free - self._reserved
+        whole = blocks_for(seq.num_tokens, self.allocator.block_size)
+        if not self.running:
+            return whole <= free
+        if seq.num_preemptions:
+            return self.worst_case_blocks(seq) <= free
+        return whole + len(self.running) + 1 <= free
+
     def _admit(self, work: list[SeqWork], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed, budget)
-            if not self.allocator.can_grow(seq.block_table, seq.num_computed + n):
+            if not self._admissible(seq):
                 break
             self.waiting.popleft()
-            self.allocator.grow(seq.block_table, seq.num_computed + n)
+            self.allocator.grow(seq.block_table, seq.num_tokens)
+            self._reserved += self._still_reserved(seq)
             seq.status = SeqStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
             work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
             budget -= n
         return budget
@@ -137,11 +208,11 @@ class Scheduler:
         for i, k in zip(decode, wanted, strict=True):
             seq = work[i].seq
             k = min(k, budget)
-            # Only slots that fit in free blocks: drafts never evict anyone.
-            while k > 0 and not self.allocator.can_grow(seq.block_table, seq.num_tokens + k):
+            # Only slots that fit without preempting anyone (rule 4).
+            while k > 0 and not self._fits(seq, seq.num_tokens + k):
                 k -= 1
             if k > 0:
-                self.allocator.grow(seq.block_table, seq.num_tokens + k)
+                self._grow(seq, seq.num_tokens + k)
                 out[i] = SeqWork(seq, 1, samples=True, max_drafts=k)
                 budget -= k
         return out

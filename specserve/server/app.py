@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
@@ -61,6 +62,9 @@ def create_app(
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
     app.add_api_route("/health", health, methods=["GET"], tags=["status"])
+    app.add_api_route(
+        "/health", health, methods=["HEAD"], tags=["status"], operation_id="health_head"
+    )
     app.add_api_route("/info", info, methods=["GET"], response_model=Info, tags=["status"])
     app.add_api_route("/metrics", prometheus, methods=["GET"], tags=["status"])
     _install_error_handlers(app, metrics)
@@ -91,7 +95,15 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         count(request, "invalid")
-        return error_response(request.url.path, from_validation_errors(exc.errors()))
+        err = from_validation_errors(exc.errors(), required_fields(request))
+        return error_response(request.url.path, err)
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)  # unknown route, wrong method
+        kind = ErrorKind.NOT_FOUND if exc.status_code == 404 else ErrorKind.VALIDATION
+        count(request, kind.outcome)
+        err = ApiError(exc.status_code, str(exc.detail), kind, None, dict(exc.headers or {}))
+        return error_response(request.url.path, err)
 
     async def on_gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -104,12 +116,26 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(ClientGone, on_gone)
     app.add_exception_handler(Exception, on_crash)
 
 
+def required_fields(request: Request) -> list[str]:
+    """The required fields of the route's JSON body, to name when the body is missing."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(body, "field_info", None), "annotation", None)
+    fields = getattr(model, "model_fields", {})
+    return [name for name, f in fields.items() if f.is_required()]
+
+
 async def health(ctx: Ctx) -> JSONResponse:
-    """200 while serving; 503 once shutdown has begun (stop routing new requests here)."""
+    """200 while serving; 503 once shutdown has begun or if the engine thread has died (stop
+    routing requests here)."""
+    engine = ctx.async_engine
+    if not engine.alive:
+        body = {"status": "engine_failed", "error": engine.died or "the engine stopped"}
+        return JSONResponse(body, status_code=503)
     if ctx.service.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     return JSONResponse({"status": "ok"})

@@ -5,9 +5,11 @@ With --speculation-profile, the profile's N and gate replace --speculate and
 target and proposer (see `server/provenance.py`): stale means a warning, or exit 2 under
 --strict-profile.
 
-Shutdown (SIGTERM or Ctrl-C): /health turns 503 and new generation requests get 503; uvicorn
-stops accepting connections and waits up to --drain-timeout for in-flight requests to finish;
-then the engine loop is stopped. A second Ctrl-C forces exit.
+Shutdown (SIGTERM or Ctrl-C) drains: /health turns 503 and new generation requests get 503,
+while the listener stays open and requests in flight finish. Those still running after
+--drain-timeout are aborted: an open stream gets a final error event, a waiting non-streaming
+request a JSON 503. Then uvicorn stops listening and the engine loop is stopped. A second
+Ctrl-C forces exit.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from types import FrameType
@@ -34,6 +37,7 @@ from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.server.provenance import ProfileChoice, Provenance, load_choice, review
+from specserve.server.service import GenerationService
 from specserve.server.settings import ServerSettings
 
 logger = logging.getLogger("specserve.serve")
@@ -45,9 +49,9 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
     (
         "--host",
-        "HOSTNAME",
+        "SPECSERVE_HOST",
         "127.0.0.1",
-        "address to listen on; loopback by default, 0.0.0.0 for every interface (TGI's default)",
+        "address to listen on; loopback by default, 0.0.0.0 for every interface",
         str,
     ),
     ("--port", "PORT", 8080, "port to listen on", int),
@@ -83,7 +87,8 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
         "--drain-timeout",
         "DRAIN_TIMEOUT",
         30.0,
-        "seconds in-flight requests get to finish at shutdown",
+        "seconds requests in flight get to finish at shutdown (the listener stays open, "
+        "/health answers 503); then they are aborted with an error",
         float,
     ),
     (
@@ -170,44 +175,85 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log_startup(config, settings, engine, provenance)
     async_engine = AsyncEngine(engine)
     app = create_app(async_engine, settings, provenance)
-    service = app.state.ctx.service
     server = DrainingServer(
         uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
             log_level="info",
-            timeout_graceful_shutdown=int(args.drain_timeout),
+            timeout_graceful_shutdown=int(DRAIN_GRACE_S),
         ),
-        on_drain=lambda: setattr(service, "draining", True),
+        app.state.ctx.service,
+        args.drain_timeout,
     )
-    asyncio.run(_serve(server, async_engine, args.drain_timeout))
+    asyncio.run(_serve(server, async_engine))
     return 0
 
 
-async def _serve(server: uvicorn.Server, async_engine: AsyncEngine, drain_timeout: float) -> None:
+# Seconds given, after the drain, to the last aborted responses and to the engine thread.
+DRAIN_GRACE_S = 5.0
+
+
+async def _serve(server: uvicorn.Server, async_engine: AsyncEngine) -> None:
     try:
-        await server.serve()  # returns once connections are drained (or the timeout passed)
+        await server.serve()  # returns once drained (see DrainingServer)
     finally:
-        await async_engine.shutdown(timeout=drain_timeout)
-        logger.info("engine stopped")
+        if await async_engine.shutdown(timeout=DRAIN_GRACE_S, grace=DRAIN_GRACE_S):
+            logger.info("engine stopped")
+        else:
+            logger.error("the engine thread did not stop within %.0f s", 2 * DRAIN_GRACE_S)
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn.Server that tells the app shutdown has begun, then drains. Unlike uvicorn's own
-    handler it does not re-raise the signal after a graceful drain, so the engine is stopped
-    after the server returns and the process exits 0."""
+    """uvicorn.Server that drains before it stops listening (see the module docstring).
 
-    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+    uvicorn's own shutdown closes the listener at once, so no probe could see the 503: here the
+    first signal only marks the service as draining, and `on_tick` (every 0.1 s) lets uvicorn
+    exit once nothing is in flight, or `drain_timeout` + DRAIN_GRACE_S after the signal, having
+    aborted what was left at `drain_timeout`. Unlike uvicorn's handler it does not re-raise the
+    signal afterwards, so the engine is stopped and the process exits 0."""
+
+    def __init__(
+        self, config: uvicorn.Config, service: GenerationService, drain_timeout: float
+    ) -> None:
         super().__init__(config)
-        self._on_drain = on_drain
+        self.service = service
+        self.drain_timeout = drain_timeout
+        self._drain_started: float | None = None
+        self._aborted = False
+        self._announced = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._on_drain()
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True  # a second Ctrl-C: stop waiting for requests
-        else:
-            self.should_exit = True
+        if self._drain_started is None:
+            self._drain_started = time.monotonic()
+            self.service.draining = True
+        elif sig == signal.SIGINT:  # a second Ctrl-C: stop waiting for requests
+            self.force_exit = self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_started is not None and not self.should_exit:
+            self.should_exit = self._drained(time.monotonic() - self._drain_started)
+        return await super().on_tick(counter)
+
+    def _drained(self, waited: float) -> bool:
+        active = self.service.active
+        if not self._announced:  # logged here, not from the signal handler
+            self._announced = True
+            logger.info(
+                "shutting down: draining %d request(s), up to %.0f s", active, self.drain_timeout
+            )
+        if active and waited >= self.drain_timeout and not self._aborted:
+            self._aborted = True
+            logger.warning(
+                "drain timeout (%.0f s): aborting %d request(s) still in flight",
+                self.drain_timeout,
+                active,
+            )
+            self.service.engine.abort_all(
+                f"the server is shutting down: the drain timeout ({self.drain_timeout:.0f} s) "
+                "passed before this request finished"
+            )
+        return active == 0 or waited >= self.drain_timeout + DRAIN_GRACE_S
 
 
 def log_startup(

@@ -22,6 +22,8 @@ class ErrorKind(enum.Enum):
     UNAUTHORIZED = "unauthorized"
     TOO_LARGE = "payload_too_large"
     UNAVAILABLE = "unavailable"
+    NOT_FOUND = "not_found"
+    MODEL_NOT_FOUND = "model_not_found"
 
     @property
     def outcome(self) -> str:
@@ -31,6 +33,7 @@ class ErrorKind(enum.Enum):
 
 _OUTCOME = {
     ErrorKind.VALIDATION: "invalid",
+    ErrorKind.MODEL_NOT_FOUND: "invalid",
     ErrorKind.GENERATION: "error",
     ErrorKind.TOO_LARGE: "too_large",
 }
@@ -43,6 +46,8 @@ _OPENAI_KIND: dict[ErrorKind, tuple[str, str | None]] = {
     ErrorKind.UNAUTHORIZED: ("authentication_error", "invalid_api_key"),
     ErrorKind.TOO_LARGE: ("invalid_request_error", "payload_too_large"),
     ErrorKind.UNAVAILABLE: ("server_error", "unavailable"),
+    ErrorKind.NOT_FOUND: ("invalid_request_error", "not_found"),
+    ErrorKind.MODEL_NOT_FOUND: ("invalid_request_error", "model_not_found"),
 }
 
 
@@ -82,22 +87,35 @@ def error_response(path: str, err: ApiError) -> JSONResponse:
     return JSONResponse(error_body(path, err), status_code=status, headers=err.headers)
 
 
-def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> ApiError:
-    """One ApiError for pydantic's list: 400 for unparseable JSON, else 422 naming each field."""
+def from_validation_errors(
+    errors: Sequence[Mapping[str, Any]], required: Sequence[str] = ()
+) -> ApiError:
+    """One ApiError for pydantic's list: 400 for unparseable JSON, else 422 naming each field.
+    `required`: the body's required fields, named when the body is missing altogether."""
     if any(e.get("type") == "json_invalid" for e in errors):
         first = next(e for e in errors if e.get("type") == "json_invalid")
         detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
         return ApiError(400, f"request body is not valid JSON: {detail}")
+    if any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",) for e in errors):
+        fields = f" with {', '.join(required)}" if required else ""
+        return ApiError(422, f"body: missing: send a JSON object{fields}", param="body")
     parts: list[str] = []
     params: list[str] = []
     for e in errors:
-        name = _field_name(e.get("loc", ()))
+        name = _field_name(e.get("loc", ())) or "body"
         msg = "unknown field" if e.get("type") == "extra_forbidden" else str(e.get("msg", ""))
-        text = f"{name}: {msg}" if name else msg
+        text = f"{name}: {msg.removeprefix('Value error, ')}"
         if text not in parts:
             parts.append(text)
             params.append(name)
     return ApiError(422, "; ".join(parts[:4]), ErrorKind.VALIDATION, params[0] if params else None)
+
+
+def not_utf8(exc: UnicodeDecodeError) -> ApiError:
+    """The body's bytes are not UTF-8 (JSON on the wire must be, RFC 8259)."""
+    return ApiError(
+        400, f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}", param="body"
+    )
 
 
 def _field_name(loc: Sequence[Any]) -> str:

@@ -44,7 +44,7 @@ def _info(ctx: ServerContext, engine: Engine) -> Info:
         max_running_requests=cfg.scheduler.max_running_requests,
         max_stop_sequences=ctx.limits.max_stop_sequences,
         max_input_tokens=ctx.limits.max_input_tokens,
-        max_total_tokens=ctx.limits.max_total_tokens,
+        max_total_tokens=ctx.limits.max_request_tokens,
         max_batch_total_tokens=ctx.limits.kv_capacity_tokens,
         max_batch_prefill_tokens=cfg.scheduler.max_batch_tokens,
         version=__version__,

@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput
+from specserve.spec.draft import DraftModelProposer
 from specserve.spec.policy import SpeculationPolicy
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -64,6 +65,7 @@ class EngineSnapshot:
     waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    draft_kv_blocks_used: int  # the draft model's own pool (0 without a draft model)
     preemptions: int
     spec_steps: int
     nonspec_steps: int
@@ -85,6 +87,9 @@ def snapshot(engine: Engine) -> EngineSnapshot:
         waiting=len(sched.waiting),
         kv_blocks_used=alloc.num_used,
         kv_blocks_total=alloc.num_blocks,
+        draft_kv_blocks_used=(
+            prop.num_blocks - prop.num_free_blocks if isinstance(prop, DraftModelProposer) else 0
+        ),
         preemptions=sched.num_preemptions,
         spec_steps=stats.spec_steps,
         nonspec_steps=stats.nonspec_steps,
@@ -112,6 +117,11 @@ class EngineCollector(Collector):
         yield _gauge("specserve_queue_size", "Requests waiting to be scheduled", s.waiting)
         yield _gauge("specserve_kv_cache_blocks_used", "KV cache blocks in use", s.kv_blocks_used)
         yield _gauge("specserve_kv_cache_blocks", "KV cache blocks in the pool", s.kv_blocks_total)
+        yield _gauge(
+            "specserve_draft_kv_cache_blocks_used",
+            "Draft model KV cache blocks in use (0 without a draft model)",
+            s.draft_kv_blocks_used,
+        )
         yield _counter("specserve_preemptions", "Sequences preempted for KV blocks", s.preemptions)
         yield _counter(
             "specserve_generated_tokens", "Tokens emitted by the engine", s.tokens_emitted

@@ -1,9 +1,10 @@
-"""ASGI guard in front of every route: bearer-token auth and the request body size limit.
+"""ASGI guard in front of every route: bearer-token auth, the body size limit, UTF-8 bodies.
 
 The body is read here, up to the limit, before the app sees it: a declared Content-Length over
 the limit is refused without reading, and a chunked body is refused as soon as it crosses the
-limit. The app then receives the buffered body, and later `receive()` calls (disconnect
-watching) go straight to the server.
+limit; a body that is not UTF-8 is refused (400, in the route family's error shape). The app
+then receives the buffered body, and later `receive()` calls (disconnect watching) go straight
+to the server.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from specserve.server.errors import ApiError, ErrorKind, error_response
+from specserve.server.errors import ApiError, ErrorKind, error_response, not_utf8
 
 # Probes and scrapers run without credentials.
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
@@ -61,6 +62,11 @@ class GuardMiddleware:
         body = await self._read_body(receive)
         if body is None:
             await self._reject(scope, receive, send, self._too_large(), "too_large")
+            return
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            await self._reject(scope, receive, send, not_utf8(exc), "invalid")
             return
         await self.app(scope, _replay(body, receive), send)
 

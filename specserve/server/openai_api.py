@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/models.
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (streaming or not),
+/v1/models and /v1/models/{id}.
 
 Streams are `data: <chunk>` events ending with `data: [DONE]`; a failure after the stream has
 started is sent as `data: {"error": {...}}`, which the openai SDK raises as an APIError.
@@ -35,7 +36,7 @@ from specserve.server.openai_schemas import (
     ModelList,
     Usage,
 )
-from specserve.server.params import Prepared, prepare_chat, prepare_completion
+from specserve.server.params import Prepared, check_model, prepare_chat, prepare_completion
 from specserve.server.service import Tracked
 from specserve.server.sse import EventStream, sse
 
@@ -76,6 +77,17 @@ def usage(out: RequestOutput) -> Usage:
 @router.get("/models", response_model=ModelList)
 async def models(ctx: Ctx) -> ModelList:
     return ModelList(data=[ModelCard(id=ctx.settings.model_id, created=ctx.started)])
+
+
+@router.get(
+    "/models/{model_id:path}",
+    response_model=ModelCard,
+    responses={404: _ERROR},
+    summary="Retrieve a model (its id from /v1/models, or its short name)",
+)
+async def model(model_id: str, ctx: Ctx) -> ModelCard:
+    check_model(model_id, ctx.limits)
+    return ModelCard(id=ctx.settings.model_id, created=ctx.started)
 
 
 @router.post("/completions", response_model=CompletionResponse, responses=_RESPONSES)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.server.schemas import U64_MAX, Strict
+from specserve.server.schemas import U64_MAX, Strict, UnicodeChecked
 
 FinishReasonOpenAI = Literal["stop", "length"]
 
@@ -25,7 +25,9 @@ class StreamOptions(Strict):
 class SamplingFields(Strict):
     """Fields shared by completions and chat completions."""
 
-    model: str | None = Field(default=None, description="any value; this server serves one model")
+    model: str | None = Field(
+        default=None, description="the served model's id (see /v1/models) or its short name"
+    )
     temperature: float | None = Field(default=None, ge=0, le=2, description="0 = greedy; default 1")
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=1, description="only 1 is supported")
@@ -66,9 +68,10 @@ class TextPart(Strict):
     text: str
 
 
-class ChatMessage(BaseModel):
-    # Lenient on purpose: clients send back assistant messages with extra null fields.
-    model_config = ConfigDict(extra="ignore")
+class ChatMessage(UnicodeChecked):
+    # Lenient about extra fields on purpose: clients send back assistant messages with extra
+    # null fields. Strict about types, as every request model.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None

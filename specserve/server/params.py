@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.engine.request import SamplingParams
-from specserve.server.errors import invalid
+from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specserve.server.schemas import GenerateParameters, GenerateRequest
 from specserve.server.settings import Limits
@@ -41,7 +41,8 @@ def check_prompt(ids: list[int], limits: Limits, field: str) -> None:
     if len(ids) > limits.max_input_tokens:
         raise invalid(
             field,
-            f"has {len(ids)} tokens; the limit is {limits.max_input_tokens} (--max-input-tokens)",
+            f"has {len(ids)} tokens; the limit is {limits.max_input_tokens} "
+            f"({limits.max_input_reason})",
         )
 
 
@@ -49,7 +50,7 @@ def resolve_max_new(
     requested: int | None, default: int | None, n_input: int, limits: Limits, field: str
 ) -> int:
     """The output budget: the requested one if it fits, else the default capped by what fits."""
-    room = min(limits.max_total_tokens, limits.kv_capacity_tokens) - n_input
+    room = limits.max_request_tokens - n_input
     if requested is None:
         if room < 1:
             raise invalid(
@@ -91,6 +92,20 @@ def check_stop(stops: list[str], limits: Limits, field: str) -> tuple[str, ...]:
     if any(not s for s in stops):
         raise invalid(field, "stop sequences must be non-empty")
     return tuple(stops)
+
+
+def check_model(model: str | None, limits: Limits) -> None:
+    """`model` must name the served model (or be left out): 404 model_not_found otherwise."""
+    names = limits.model_names
+    if model is None or not names or model.lower() in (n.lower() for n in names):
+        return
+    raise ApiError(
+        404,
+        f"The model `{model}` does not exist: this server serves `{limits.model_names[0]}` "
+        "(see /v1/models)",
+        ErrorKind.MODEL_NOT_FOUND,
+        "model",
+    )
 
 
 def require_default(field: str, value: Any, allowed: tuple[Any, ...], what: str) -> None:
@@ -151,6 +166,7 @@ def _tgi_unsupported(p: GenerateParameters) -> None:
 
 # ---------------------------------------------------------------------------------- OpenAI
 def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -> Prepared:
+    check_model(req.model, limits)
     require_default("echo", req.echo, (False,), "must be false")
     require_default("logprobs", req.logprobs, (None, 0), "must be null")
     require_default("best_of", req.best_of, (None, 1), "only 1")
@@ -171,6 +187,7 @@ def prepare_chat(
     encode_chat: Callable[[list[dict[str, str]]], list[int]],
     limits: Limits,
 ) -> Prepared:
+    check_model(req.model, limits)
     require_default("logprobs", req.logprobs, (None, False), "must be false")
     require_default("top_logprobs", req.top_logprobs, (None, 0), "must be null")
     require_default("tools", req.tools or None, (None,), "tools are not supported")
@@ -188,6 +205,13 @@ def prepare_chat(
         messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     ids = encode_chat(messages)
     check_prompt(ids, limits, "messages")
+    both = req.max_tokens is not None and req.max_completion_tokens is not None
+    if both and req.max_tokens != req.max_completion_tokens:
+        raise invalid(
+            "max_completion_tokens",
+            f"conflicts with max_tokens ({req.max_completion_tokens} != {req.max_tokens}): "
+            "send one of them",
+        )
     asked = req.max_completion_tokens or req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     max_new = resolve_max_new(asked, None, len(ids), limits, field)

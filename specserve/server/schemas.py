@@ -10,17 +10,48 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 U64_MAX = 2**64 - 1
 
 FinishReasonTGI = Literal["length", "eos_token", "stop_sequence"]
 
 
-class Strict(BaseModel):
-    """Request models reject unknown fields (a typo must not pass silently)."""
+def check_unicode(value: Any) -> Any:
+    """`value` as is; ValueError if a string in it (or in its lists and dict keys) holds a lone
+    surrogate (JSON may spell one, "\\ud800"; UTF-8 cannot encode it, so no tokenizer can)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start]
+            raise ValueError(
+                f"must be valid Unicode: lone surrogate U+{ord(bad):04X} at index {exc.start}"
+            ) from None
+    elif isinstance(value, list | tuple):
+        for item in value:
+            check_unicode(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key)
+            check_unicode(item)
+    return value
 
-    model_config = ConfigDict(extra="forbid")
+
+class UnicodeChecked(BaseModel):
+    """Every string field must be encodable as UTF-8 (see `check_unicode`)."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        return check_unicode(value)
+
+
+class Strict(UnicodeChecked):
+    """Request models reject unknown fields (a typo must not pass silently) and, as the OpenAI
+    API does, values of the wrong JSON type: `true` or `"5"` is not an integer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class GenerateParameters(Strict):

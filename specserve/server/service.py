@@ -70,6 +70,9 @@ class GenerationService:
         retry = {"Retry-After": str(self.retry_after_s)}
         if self.draining:
             raise ApiError(503, "the server is shutting down", ErrorKind.UNAVAILABLE, None, retry)
+        if not self.engine.alive:
+            why = f"the engine stopped: {self.engine.died or 'shut down'}"
+            raise ApiError(503, why, ErrorKind.UNAVAILABLE, None, retry)
         if self.active >= self.max_concurrent:
             raise ApiError(
                 429,
@@ -181,10 +184,14 @@ class GenerationService:
                 task.cancel()
             await asyncio.gather(work, gone, return_exceptions=True)
             self.close(t)
-        if result.final.finish_reason in ("error", "abort"):
+        final = result.final
+        if final.finish_reason == "abort" and self.draining:  # cut off by the drain timeout
+            why = final.error or "the server is shutting down"
+            raise ApiError(503, why, ErrorKind.UNAVAILABLE, counted=True)
+        if final.finish_reason in ("error", "abort"):
             raise ApiError(
                 500,
-                f"generation failed: {result.final.error or result.final.finish_reason}",
+                f"generation failed: {final.error or final.finish_reason}",
                 ErrorKind.GENERATION,
                 counted=True,
             )

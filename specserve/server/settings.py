@@ -36,27 +36,50 @@ class ServerSettings:
             raise ValueError("api_key must be non-empty when given")
 
 
+def model_names(model_id: str) -> tuple[str, ...]:
+    """Names a request's `model` may use for the served model: its id and its last path part,
+    without a .gguf suffix (`HuggingFaceTB/SmolLM2-135M-Instruct` -> `SmolLM2-135M-Instruct`,
+    `/models/qwen.Q4_1.gguf` -> `qwen.Q4_1`). Requests are matched case-insensitively."""
+    short = model_id.rstrip("/").rsplit("/", 1)[-1]
+    names = [model_id, short, short.removesuffix(".gguf")]
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a request may ask for, resolved once from the engine and the settings."""
 
-    max_input_tokens: int
+    max_input_tokens: int  # what is accepted: <= context window - 1 and <= KV pool - 1
     max_total_tokens: int  # context window: prompt + generated
     kv_capacity_tokens: int  # KV slots in the whole pool: one request can never exceed it
     speculate: int  # the server's N
     max_stop_sequences: int
     vocab_size: int
+    model_names: tuple[str, ...] = ()  # names `model` may take (any case); () = any
+    max_input_reason: str = "--max-input-tokens"  # which bound sets max_input_tokens
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Prompt + generated tokens one request may reach (context window and KV pool)."""
+        return min(self.max_total_tokens, self.kv_capacity_tokens)
 
     @classmethod
     def from_engine(cls, engine: Engine, settings: ServerSettings) -> Limits:
         total = engine.max_model_len
-        max_input = min(settings.max_input_tokens or total - 1, total - 1)
         alloc = engine.res.allocator
+        kv = alloc.num_blocks * alloc.block_size
+        # One token must be left to generate, within the window and within the pool.
+        bounds = [(total - 1, "the context window minus one"), (kv - 1, "the KV cache minus one")]
+        if settings.max_input_tokens is not None:
+            bounds.insert(0, (settings.max_input_tokens, "--max-input-tokens"))
+        max_input, why = min(bounds, key=lambda b: b[0])
         return cls(
             max_input_tokens=max_input,
+            max_input_reason=why,
             max_total_tokens=total,
-            kv_capacity_tokens=alloc.num_blocks * alloc.block_size,
+            kv_capacity_tokens=kv,
             speculate=engine.config.spec.speculate,
             max_stop_sequences=settings.max_stop_sequences,
             vocab_size=engine.res.model.arch.vocab_size,
+            model_names=model_names(settings.model_id),
         )

@@ -77,3 +77,15 @@ def test_spec_bench_compares_proposers_in_one_run(tmp_path: Path) -> None:
     assert all(r["identical"] == 1 for r in rows)  # both lossless against the shared baseline
     assert rows[2]["drafted"] > 0  # Medusa always proposes
     assert len(report["runs"]) == 3
+
+
+def test_kv_pressure_bench_runs_both_cases(tmp_path: Path) -> None:
+    from scripts import bench_kv_pressure
+
+    path = tmp_path / "kv.json"
+    assert bench_kv_pressure.main(["--threads", "1", "--scale", "0.05", "--json", str(path)]) == 0
+    results = json.loads(path.read_text())["results"]
+    assert [(r["case"], r["kv"]) for r in results][1::2] == [("a", "1GiB"), ("b", "1GiB")]
+    for pressure, ample in zip(results[::2], results[1::2], strict=True):
+        assert pressure["kv_tokens"] < ample["kv_tokens"] and ample["preemptions"] == 0
+        assert pressure["most_per_request"] <= 1 and pressure["tokens"] == ample["tokens"] > 0

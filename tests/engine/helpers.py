@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
@@ -39,23 +40,63 @@ def make_engine(
     )
 
 
+@dataclass
+class Outcome:
+    """One request's whole output, as `collect` saw it."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def collect(
+    engine: Engine,
+    prompts: list[list[int]] | list[str],
+    params: SamplingParams | list[SamplingParams],
+) -> list[Outcome]:
+    """Submit everything at once, step to completion; one Outcome per prompt, in order."""
+    plist = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+    outcomes = {i: Outcome() for i in ids}
+    while engine.has_work():
+        for out in engine.step():
+            o = outcomes[out.request_id]
+            assert o.finish_reason is None, f"{out.request_id} got output after finishing"
+            o.tokens += out.new_token_ids
+            if out.finished:
+                o.finish_reason, o.error = out.finish_reason, out.error
+    assert all(o.finish_reason is not None for o in outcomes.values())
+    return [outcomes[i] for i in ids]
+
+
 def run_all(
     engine: Engine,
     prompts: list[list[int]] | list[str],
     params: SamplingParams | list[SamplingParams],
 ) -> list[list[int]]:
-    """Submit everything at once, step to completion, return output tokens in prompt order."""
-    plist = params if isinstance(params, list) else [params] * len(prompts)
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-    tokens: dict[str, list[int]] = {i: [] for i in ids}
-    finished: set[str] = set()
-    while engine.has_work():
-        for out in engine.step():
-            tokens[out.request_id] += out.new_token_ids
-            if out.finished:
-                finished.add(out.request_id)
-    assert finished == set(ids)
-    return [tokens[i] for i in ids]
+    """Output tokens in prompt order; fails if any request errored or was aborted (an on/off
+    equality must never pass on two failed runs)."""
+    outcomes = collect(engine, prompts, params)
+    failed = [(o.finish_reason, o.error) for o in outcomes if o.finish_reason in FAILED]
+    assert not failed, f"requests failed: {failed}"
+    return [o.tokens for o in outcomes]
+
+
+FAILED = ("error", "abort")
+
+
+def assert_no_kv_held(engine: Engine) -> None:
+    """Every KV block is back on its free list: the target's and, with a draft model, the
+    draft's; and nothing is left to run."""
+    from specserve.spec.draft import DraftModelProposer
+
+    alloc = engine.res.allocator
+    assert alloc.num_free == alloc.num_blocks, f"target holds {alloc.num_used} blocks"
+    proposer = engine.res.proposer
+    if isinstance(proposer, DraftModelProposer):
+        held = proposer.num_blocks - proposer.num_free_blocks
+        assert held == 0, f"draft holds {held} blocks"
+    assert not engine.has_work()
 
 
 def mixed_prompts(n: int, vocab: int = 320, seed: int = 0) -> list[list[int]]:

@@ -9,7 +9,7 @@ import pytest
 
 from specserve.engine.request import SamplingParams
 from specserve.models.loader import ModelLoadError
-from tests.engine.helpers import make_engine, mixed_prompts, run_all
+from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 
@@ -127,3 +127,26 @@ def test_missing_model_path_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(ModelLoadError, match="nope"):
         make_engine(missing)
+
+
+@pytest.mark.parametrize("speculate", [0, 3])
+def test_kv_pressure_preempts_each_request_at_most_once(tiny_llama: Path, speculate: int) -> None:
+    # Two 60-token prompts x 40 new tokens on a 160-slot pool, prefilled in 16-token chunks:
+    # they cannot both finish side by side. Before the admission rule this thrashed (a request
+    # re-admitted chunk by chunk only to be preempted again).
+    prompts = [[3 + (i * 7 + j) % 300 for j in range(60)] for i in range(2)]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    want = run_all(make_engine(tiny_llama, num_blocks=256), prompts, params)
+    engine = make_engine(tiny_llama, num_blocks=40, max_batch_tokens=16, speculate=speculate)
+    ids = [engine.add_request(p, params) for p in prompts]
+    got: dict[str, list[int]] = {i: [] for i in ids}
+    most = 0
+    while engine.has_work():
+        sched = engine.scheduler
+        most = max([most, *(s.num_preemptions for s in [*sched.running, *sched.waiting])])
+        for out in engine.step():
+            assert out.finish_reason in (None, "length")
+            got[out.request_id] += out.new_token_ids
+    assert [got[i] for i in ids] == want
+    assert engine.scheduler.num_preemptions == most == 1
+    assert_no_kv_held(engine)

@@ -9,7 +9,7 @@ import torch
 
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
-from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory
+from specserve.engine.memory import MemoryBudget, measure_peak, parse_bytes, resolve_max_memory
 from specserve.engine.request import SamplingParams
 from tests.engine.helpers import mixed_prompts
 
@@ -102,3 +102,16 @@ def test_speculation_shrinks_pool_and_admission_stays_within_it(tmp_path: Path) 
         assert spec.res.allocator.num_used <= spec.res.allocator.num_blocks
     assert peak_blocks > 0
     assert spec.res.allocator.num_free == spec.res.allocator.num_blocks
+
+
+def test_kv_cache_bytes_takes_the_byte_forms_max_memory_takes() -> None:
+    from specserve.cli import build_parser
+    from specserve.cli_args import engine_config_from_args
+
+    for text, want in [("256MiB", 256 << 20), ("268435456", 268435456), ("1.5GB", 1_500_000_000)]:
+        assert parse_bytes(text) == want
+        args = build_parser().parse_args(["serve", "--kv-cache-bytes", text])
+        assert engine_config_from_args(args).cache.max_kv_bytes == want
+    for bad in ("0", "-5", "nan", "lots"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
-from tests.engine.helpers import make_engine, mixed_prompts, run_all
+from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 
 # Repetitive prompts give the n-gram lookup something to find; the tiny model loops a lot too.
 LOOPY = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [12, 13, 14, 15, 16, 12, 13]]
@@ -16,11 +15,6 @@ LOOPY = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [12, 13, 14,
 
 def greedy(n: int = 30, **kw: object) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, ignore_eos=True, **kw)  # type: ignore[arg-type]
-
-
-def assert_all_free(engine: Engine) -> None:
-    assert engine.res.allocator.num_free == engine.res.allocator.num_blocks
-    assert not engine.has_work()
 
 
 @pytest.mark.parametrize("n", [1, 3, 5])
@@ -34,7 +28,7 @@ def test_ngram_greedy_lossless_alone_and_mixed(tiny_llama: Path, n: int) -> None
     engine = make_engine(tiny_llama, speculate=n)
     assert run_all(engine, prompts, params) == want
     assert engine.stats.proposer.accepted_tokens > 0
-    assert_all_free(engine)
+    assert_no_kv_held(engine)
 
 
 def test_lossless_under_preemption(tiny_llama: Path) -> None:
@@ -43,7 +37,7 @@ def test_lossless_under_preemption(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=30, speculate=4)
     assert run_all(engine, prompts, greedy(40)) == want
     assert engine.scheduler.num_preemptions > 0
-    assert_all_free(engine)
+    assert_no_kv_held(engine)
 
 
 def test_seeded_sampling_lossless(tiny_llama: Path) -> None:
@@ -62,7 +56,7 @@ def test_n_larger_than_tokens_left(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, speculate=8)
     got = run_all(engine, LOOPY, greedy(3))
     assert got == want and all(len(g) == 3 for g in got)
-    assert_all_free(engine)
+    assert_no_kv_held(engine)
 
 
 def test_draft_crossing_eos_and_stop(tiny_llama: Path) -> None:
@@ -74,7 +68,7 @@ def test_draft_crossing_eos_and_stop(tiny_llama: Path) -> None:
         engine.res.eos_ids = frozenset({eos})
         out = run_all(engine, LOOPY[:1], SamplingParams(max_new_tokens=30))[0]
         assert out == base[0][: base[0].index(eos) + 1]
-        assert_all_free(engine)
+        assert_no_kv_held(engine)
     texts = []
     for speculate in (0, 5):
         engine = make_engine(tiny_llama, speculate=speculate)
@@ -87,7 +81,7 @@ def test_draft_crossing_eos_and_stop(tiny_llama: Path) -> None:
             text += "".join(o.new_text for o in engine.step())
         texts.append(text)
         assert stop not in text
-        assert_all_free(engine)
+        assert_no_kv_held(engine)
     assert texts[0] == texts[1]
 
 
@@ -97,7 +91,7 @@ def test_draft_at_context_window_end(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=300, speculate=5)
     got = run_all(engine, [prompt], greedy(30))[0]
     assert got == want and len(got) == 512 - 505
-    assert_all_free(engine)
+    assert_no_kv_held(engine)
 
 
 def test_abort_during_speculation(tiny_llama: Path) -> None:
@@ -108,7 +102,7 @@ def test_abort_during_speculation(tiny_llama: Path) -> None:
     assert engine.abort(rid)
     outs = engine.step()
     assert [o.finish_reason for o in outs] == ["abort"]
-    assert_all_free(engine)
+    assert_no_kv_held(engine)
 
 
 def test_zero_drafts_everywhere(tiny_llama: Path) -> None:
@@ -147,4 +141,4 @@ def test_adaptive_policy_is_lossless(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, speculate=4, policy="adaptive")
     assert run_all(engine, prompts, greedy()) == want
     assert engine.res.policy is not None and engine.res.policy.cost is not None
-    assert_all_free(engine)
+    assert_no_kv_held(engine)

@@ -60,3 +60,22 @@ def test_a_hanging_compiler_times_out(
         assert build.load(attention.KERNEL, attention.logger) is None
     assert "compiling took over" in caplog.text
     assert not list(tmp_path.glob("kernels/*.so"))
+@pytest.mark.parametrize(
+    ("env", "outcome"),
+    [
+        ({}, pytest.skip.Exception),
+        ({"SPECSERVE_EXPECT_KERNELS": "1"}, pytest.fail.Exception),
+        ({"CI": "true"}, pytest.fail.Exception),
+    ],
+)
+def test_missing_kernels_skip_or_fail_where_expected(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], outcome: type[BaseException]
+) -> None:
+    from tests.kernels.expect import require
+
+    for name in ("SPECSERVE_EXPECT_KERNELS", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(outcome):
+        require(lambda: None, "GGUF block kernels")

@@ -10,10 +10,9 @@ import torch.nn.functional as F
 from specserve.kernels import attention, ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models.llama import RMSNorm, apply_rope
-from tests.kernels.expect import requires_kernels
 from tests.kernels.test_ggml import quantised
 
-pytestmark = [requires_kernels(ggml.library), requires_kernels(attention.library)]
+pytestmark = pytest.mark.usefixtures("block_kernels", "attention_kernels")
 
 
 @pytest.mark.parametrize("kind", list(BlockKind))

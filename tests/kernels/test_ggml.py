@@ -9,9 +9,8 @@ from gguf import GGMLQuantizationType, quants
 
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
-from tests.kernels.expect import requires_kernels
 
-pytestmark = requires_kernels(ggml.library)
+pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
 
 GGML_TYPES = {BlockKind.Q4_1: GGMLQuantizationType.Q4_1, BlockKind.Q8_0: GGMLQuantizationType.Q8_0}
 

@@ -14,10 +14,9 @@ from specserve.models.attention import KERNEL_MAX_QUERY, build_ragged_metadata
 from specserve.models.attention_reference import build_metadata
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
-from tests.kernels.expect import requires_kernels
 
 CPU = torch.device("cpu")
-pytestmark = requires_kernels(kernel.library)
+pytestmark = pytest.mark.usefixtures("attention_kernels")
 
 
 def attend_both(

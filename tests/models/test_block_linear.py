@@ -20,11 +20,10 @@ from specserve.models.block_linear import BlockEmbedding, BlockLinear
 from specserve.models.gguf_blocks import BLOCKS_FILE, _unpermute_rows, hf_name
 from specserve.models.registry import build_model
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
-from tests.kernels.expect import requires_kernels
 from tests.kernels.test_ggml import GGML_TYPES, quantised
 from tests.tiny import make_model_dir
 
-pytestmark = requires_kernels(ggml.library)
+pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
 CPU = torch.device("cpu")
 
 

@@ -28,7 +28,7 @@ _FLAG_ENV = (
     "SPECULATE",
     "PROPOSER",
     "DRAFT_MODEL",
-    "HOSTNAME",
+    "SPECSERVE_HOST",
     "PORT",
     "MAX_INPUT_TOKENS",
     "MAX_TOTAL_TOKENS",
@@ -195,11 +195,14 @@ def wait_for(
 
 
 def idle(url: str) -> dict[str, float]:
-    """Wait until no request is in flight and no KV block is held."""
+    """Wait until no request is in flight and no KV block is held, the target's or a draft
+    model's."""
     return wait_for(
         url,
         lambda m: (
-            m["specserve_requests_in_flight"] == 0 and m["specserve_kv_cache_blocks_used"] == 0
+            m["specserve_requests_in_flight"] == 0
+            and m["specserve_kv_cache_blocks_used"] == 0
+            and m["specserve_draft_kv_cache_blocks_used"] == 0
         ),
     )
 
@@ -211,3 +214,16 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict[str, object]]:
 
 
 LONG = {"max_new_tokens": 3000, "ignore_eos": True, "speculate": 0}  # seconds on the tiny model
+
+
+@pytest.fixture(scope="session")
+def draft_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The tiny model with a noisy copy of itself as the draft model (its own KV pool)."""
+    from tests.tiny import noisy_copy
+
+    draft = noisy_copy(tiny_model, tmp_path_factory.mktemp("server-draft"), noise=0.3)
+    log = tmp_path_factory.mktemp("logs") / "draft-server.log"
+    flags = ["--model", str(tiny_model), *TINY_FLAGS, "--proposer", "draft"]
+    server = start_server([*flags, "--draft-model", str(draft)], log)
+    yield server
+    server.stop()

@@ -55,10 +55,12 @@ def test_right_key_passes_and_probes_stay_open(auth_server: Server) -> None:
 
 def test_openai_sdk_with_and_without_key(auth_server: Server) -> None:
     ok = openai.OpenAI(base_url=auth_server.url + "/v1", api_key=KEY)
-    assert ok.completions.create(model="m", prompt="hi", max_tokens=2).usage is not None
+    [model] = ok.models.list().data
+    assert ok.models.retrieve(model.id).id == model.id
+    assert ok.completions.create(model=model.id, prompt="hi", max_tokens=2).usage is not None
     bad = openai.OpenAI(base_url=auth_server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
-        bad.completions.create(model="m", prompt="hi", max_tokens=2)
+        bad.completions.create(model=model.id, prompt="hi", max_tokens=2)
 
 
 def test_token_matches() -> None:

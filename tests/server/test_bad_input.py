@@ -145,3 +145,101 @@ def test_body_over_limit_gets_413(tiny_server: Server) -> None:
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "payload_too_large"
     assert tgi(tiny_server, {"max_new_tokens": 2}).status_code == 200
+
+
+# --------------------------------------------------------------- encodings and empty bodies
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/generate", '{"inputs": "hi \\ud800 x"}'),
+        ("/generate_stream", '{"inputs": "hi", "parameters": {"stop": ["\\udfff"]}}'),
+        ("/v1/completions", '{"prompt": "a \\ud83d b"}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}'),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}',
+        ),
+    ],
+)
+def test_lone_surrogate_is_a_4xx(tiny_server: Server, route: str, body: str) -> None:
+    headers = {"content-type": "application/json"}
+    r = httpx.post(tiny_server.url + route, content=body.encode(), headers=headers)
+    assert r.status_code == (400 if route.startswith("/v1/") else 422), r.text
+    assert "lone surrogate" in r.text and "valid Unicode" in r.text
+    assert tgi(tiny_server, {"max_new_tokens": 2}).status_code == 200
+
+
+@pytest.mark.parametrize("route", ["/generate", "/generate_stream", "/v1/completions"])
+def test_non_utf8_body_gets_400_in_the_family_shape(tiny_server: Server, route: str) -> None:
+    body = b'{"inputs": "caf\xe9", "prompt": "caf\xe9"}'  # latin-1, not UTF-8
+    r = httpx.post(
+        tiny_server.url + route, content=body, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400
+    if route.startswith("/v1/"):
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and "UTF-8" in err["message"]
+    else:
+        assert r.json()["error_type"] == "validation" and "UTF-8" in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("route", "field"),
+    [("/generate", "inputs"), ("/v1/completions", "prompt"), ("/v1/chat/completions", "messages")],
+)
+def test_empty_body_names_what_is_missing(tiny_server: Server, route: str, field: str) -> None:
+    r = httpx.post(tiny_server.url + route, headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422)
+    text = r.text
+    assert "body: missing" in text and field in text, text
+
+
+# ---------------------------------------------------------------------- strict like OpenAI
+@pytest.mark.parametrize("value", [True, "5", 5.0])
+def test_wrong_json_types_are_refused(tiny_server: Server, value: object) -> None:
+    r = tgi(tiny_server, {"max_new_tokens": value})
+    assert r.status_code == 422 and "parameters.max_new_tokens" in r.json()["error"], r.text
+    r = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_unknown_model_is_404_model_not_found(tiny_server: Server) -> None:
+    for route, body in [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        ),
+    ]:
+        r = httpx.post(tiny_server.url + route, json={**body, "model": "gpt-4"})
+        assert r.status_code == 404, r.text
+        err = r.json()["error"]
+        assert err["code"] == "model_not_found" and err["param"] == "model"
+        assert "gpt-4" in err["message"]
+        served = httpx.get(tiny_server.url + "/v1/models").json()["data"][0]["id"]
+        short = served.rstrip("/").rsplit("/", 1)[-1]
+        for name in (served, short, short.upper()):
+            r = httpx.post(tiny_server.url + route, json={**body, "model": name})
+            assert r.status_code == 200, (name, r.text)
+
+
+def test_max_tokens_and_max_completion_tokens_must_agree(tiny_server: Server) -> None:
+    url = tiny_server.url + "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    r = httpx.post(url, json={"messages": msgs, "max_tokens": 3, "max_completion_tokens": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+    assert "conflicts with max_tokens" in r.json()["error"]["message"]
+    r = httpx.post(url, json={"messages": msgs, "max_tokens": 3, "max_completion_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_retrieve_model_and_head_health(tiny_server: Server) -> None:
+    served = httpx.get(tiny_server.url + "/v1/models").json()["data"][0]
+    r = httpx.get(f"{tiny_server.url}/v1/models/{served['id']}")
+    assert r.status_code == 200 and r.json() == served
+    r = httpx.get(tiny_server.url + "/v1/models/gpt-4")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.head(tiny_server.url + "/health")
+    assert r.status_code == 200 and r.content == b""
+    r = httpx.get(tiny_server.url + "/v1/no-such-route")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

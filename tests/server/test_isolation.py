@@ -101,13 +101,14 @@ def test_forward_failure_fails_the_request_not_the_server(
 
     monkeypatch.setattr(runner, "run", fail_once)
     r = httpx.post(server.url + "/generate", json={"inputs": "hello"})
+    failed = "generation failed: forward pass failed: RuntimeError: device fell over"
     assert r.status_code == 500
-    assert r.json() == {"error": "generation failed: device fell over", "error_type": "generation"}
+    assert r.json() == {"error": failed, "error_type": "generation"}
     calls["n"] = 0
     body = {"inputs": "hello", "parameters": {"max_new_tokens": 4}}
     with httpx.stream("POST", server.url + "/generate_stream", json=body) as s:
         events = list(sse_events(s.iter_lines()))
-    assert events == [{"error": "generation failed: device fell over", "error_type": "generation"}]
+    assert events == [{"error": failed, "error_type": "generation"}]
     idle(server.url)
     ok(server.url)
 

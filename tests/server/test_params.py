@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specserve.server.errors import ApiError, from_validation_errors
@@ -144,3 +146,29 @@ def test_validation_errors_name_fields() -> None:
         ]
     )
     assert bad_json.status == 400 and "Expecting value" in bad_json.message
+
+
+def test_max_input_tokens_is_what_the_kv_pool_accepts(tiny_llama: Path) -> None:
+    from specserve.server.settings import ServerSettings
+    from tests.engine.helpers import make_engine
+
+    engine = make_engine(tiny_llama, num_blocks=16, block_size=4)  # 64 KV slots, 512 context
+    limits = Limits.from_engine(engine, ServerSettings(model_id="m"))
+    assert limits.max_input_tokens == 63 and limits.max_request_tokens == 64
+    assert limits.max_input_reason == "the KV cache minus one"
+    ok = prepare_tgi(GenerateRequest(inputs="x" * 63), lambda t: [5] * len(t), limits)
+    assert len(ok.prompt_ids) == 63 and ok.params.max_new_tokens == 1
+    with pytest.raises(ApiError, match="the limit is 63 \\(the KV cache minus one\\)"):
+        prepare_tgi(GenerateRequest(inputs="x" * 64), lambda t: [5] * len(t), limits)
+    explicit = Limits.from_engine(engine, ServerSettings(model_id="m", max_input_tokens=10))
+    assert (explicit.max_input_tokens, explicit.max_input_reason) == (10, "--max-input-tokens")
+
+
+def test_model_names() -> None:
+    from specserve.server.settings import model_names
+
+    assert model_names("HuggingFaceTB/SmolLM2-135M-Instruct") == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "SmolLM2-135M-Instruct",
+    )
+    assert model_names("/models/qwen.Q4_1.gguf")[1:] == ("qwen.Q4_1.gguf", "qwen.Q4_1")

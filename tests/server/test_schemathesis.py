@@ -1,14 +1,16 @@
 """Property-based fuzzing of the server's own OpenAPI schema: no input may produce a 5xx.
 
-Slow (select with `-m slow`). A dedicated tiny server with a 128-token context keeps every
-generated request short, whatever max_new_tokens / max_tokens the fuzzer picks. Both valid
-(positive) and schema-violating (negative) inputs are generated. Operations are
-driven through schemathesis' Python API (its lazy pytest loader does not support pytest 9).
+Every route of both APIs (the test checks the schema lists them all), with valid (positive)
+and schema-violating (negative) inputs, a bounded number of examples each, in the default run
+(about 15 s). A dedicated tiny server with a 128-token context keeps every generated request
+short, whatever max_new_tokens / max_tokens the fuzzer picks. Operations are driven through
+schemathesis' Python API (its lazy pytest loader does not support pytest 9).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +21,20 @@ from schemathesis.checks import not_a_server_error
 
 from tests.server.conftest import Server, start_server
 
-pytestmark = pytest.mark.slow
 EXAMPLES_PER_OPERATION = 25
+ROUTES = {
+    ("POST", "/generate"),
+    ("POST", "/generate_stream"),
+    ("POST", "/"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/info"),
+    ("GET", "/health"),
+    ("HEAD", "/health"),
+    ("GET", "/metrics"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +60,14 @@ def fuzz_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 def test_no_server_errors(fuzz_server: Server) -> None:
     schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/generate", "/v1/chat/completions", "/metrics"}
-    # A GET without parameters has no invalid form: only POSTs get negative cases.
+    assert {(op.method.upper(), op.path) for op in operations} == ROUTES
+    # Only operations with a body have invalid forms (any string is a valid model id).
     cases = [
         (op, mode)
         for op, mode in itertools.product(operations, schemathesis.GenerationMode)
-        if op.method.upper() == "POST" or mode is schemathesis.GenerationMode.POSITIVE
+        if mode is schemathesis.GenerationMode.POSITIVE or op.body
     ]
+    calls: Counter[str] = Counter()
     for op, mode in cases:
 
         @given(case=op.as_strategy(generation_mode=mode))
@@ -63,6 +78,8 @@ def test_no_server_errors(fuzz_server: Server) -> None:
             suppress_health_check=list(HealthCheck),
         )
         def no_5xx(case: schemathesis.Case) -> None:
+            calls[f"{case.method} {case.path}"] += 1
             case.call_and_validate(checks=[not_a_server_error], timeout=60)
 
         no_5xx()
+    assert {f"{m} {p}" for m, p in ROUTES} == set(calls)  # every route was really called

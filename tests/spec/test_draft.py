@@ -22,7 +22,7 @@ from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import blocks_for
 from specserve.spec.draft import DraftModelProposer, check_compatible
 from specserve.spec.proposer import Draft
-from tests.engine.helpers import make_engine, mixed_prompts, run_all
+from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 from tests.tiny import make_model_dir, noisy_copy
 
 CPU = torch.device("cpu")
@@ -329,13 +329,6 @@ def mixed_params() -> list[SamplingParams]:
     return params
 
 
-def assert_all_blocks_free(engine: Engine) -> None:
-    proposer = engine.res.proposer
-    assert isinstance(proposer, DraftModelProposer)
-    assert engine.res.allocator.num_free == engine.res.allocator.num_blocks
-    assert proposer.num_free_blocks == proposer.num_blocks
-
-
 @pytest.fixture(scope="module")
 def baseline(target_dir: Path) -> list[list[int]]:
     return run_all(make_engine(target_dir), mixed_prompts(8, seed=6), mixed_params())
@@ -354,10 +347,10 @@ def test_greedy_lossless(
     prompts, params = mixed_prompts(8, seed=6), mixed_params()
     alone = draft_engine(target_dir, draft, n)
     assert run_all(alone, prompts[:1], params[0]) == baseline[:1]
-    assert_all_blocks_free(alone)
+    assert_no_kv_held(alone)
     mixed = draft_engine(target_dir, draft, n)
     assert run_all(mixed, prompts, params) == baseline
-    assert_all_blocks_free(mixed)
+    assert_no_kv_held(mixed)
     stats = mixed.stats.proposer
     assert stats.drafted_tokens > 0
     if draft_kind == "target":  # the target drafting for itself is always right
@@ -376,7 +369,7 @@ def test_greedy_lossless_under_preemption(target_dir: Path, noisy_draft: Path) -
     assert run_all(engine, prompts, GREEDY) == expected
     assert engine.scheduler.num_preemptions > 0
     assert 0 < engine.stats.proposer.accepted_tokens < engine.stats.proposer.drafted_tokens
-    assert_all_blocks_free(engine)
+    assert_no_kv_held(engine)
 
 
 @pytest.mark.parametrize("draft_kind", ["target", "noisy"])
@@ -397,7 +390,7 @@ def test_sampled_requests_through_rejection_sampling(
     assert all(len(o) == 20 for o in out)
     again = draft_engine(target_dir, draft, 3, num_blocks=160)
     assert run_all(again, prompts[::-1], params[::-1]) == out[::-1]
-    assert_all_blocks_free(first)
+    assert_no_kv_held(first)
     stats = first.stats.proposer
     if draft_kind == "target":  # q == p: min(1, p/q) = 1, every draft is accepted
         assert stats.accepted_tokens == stats.drafted_tokens > 0

@@ -1,0 +1,67 @@
+"""A step's drafts: each sequence's cap, and proposing so that a failing proposer fails only the
+requests it fails for."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from specserve.engine.request import Sequence
+from specserve.scheduler.scheduler import SeqWork
+from specserve.spec.proposer import Draft, Proposer
+
+logger = logging.getLogger(__name__)
+
+# Ends one request with an error message (the engine's `_fail`).
+Fail = Callable[[Sequence, str], None]
+
+
+def static_caps(seqs: list[Sequence], speculate: int, max_model_len: int) -> list[int]:
+    """Drafts each sequence may propose before any policy: the server's N, lowered by the
+    request's own `speculate`; k+1 emitted tokens must fit in max_new_tokens and k drafts in
+    the context."""
+    caps = []
+    for seq in seqs:
+        cap = speculate if seq.params.speculate is None else min(seq.params.speculate, speculate)
+        cap = min(cap, seq.tokens_left - 1, max_model_len - seq.num_tokens)
+        caps.append(max(0, cap))
+    return caps
+
+
+def propose(
+    proposer: Proposer, work: list[SeqWork], vocab_size: int, fail: Fail
+) -> dict[int, Draft]:
+    """seq_id -> non-empty draft for the sequences of `work` with draft slots. One batched
+    call; if it raises, each sequence proposes alone and those that raise fail. A draft longer
+    than its slots or with an id outside the vocabulary fails its request (it would otherwise
+    fail the whole forward pass)."""
+    spec = [w for w in work if w.max_drafts > 0]
+    if not spec:
+        return {}
+    try:
+        drafts = proposer.propose([w.seq for w in spec], [w.max_drafts for w in spec])
+    except Exception:
+        logger.exception("proposer %s failed: proposing for each sequence alone", proposer.name)
+        drafts = [_propose_alone(proposer, w, fail) for w in spec]
+    out = {}
+    for w, d in zip(spec, drafts, strict=True):
+        if len(d.tokens) > w.max_drafts or any(not 0 <= t < vocab_size for t in d.tokens):
+            fail(
+                w.seq,
+                f"proposer {proposer.name} returned an invalid draft: {len(d.tokens)} tokens "
+                f"for {w.max_drafts} slots, ids must be in [0, {vocab_size})",
+            )
+        elif d.tokens and not w.seq.is_finished:
+            out[w.seq.seq_id] = d
+    return out
+
+
+def _propose_alone(proposer: Proposer, w: SeqWork, fail: Fail) -> Draft:
+    try:
+        proposer.release(w.seq)  # whatever the failed batch left half done
+        [draft] = proposer.propose([w.seq], [w.max_drafts])
+    except Exception as exc:
+        logger.exception("proposer %s failed for %s", proposer.name, w.seq.request_id)
+        fail(w.seq, f"proposer {proposer.name} failed: {type(exc).__name__}: {exc}")
+        return Draft(tokens=[])
+    return draft

@@ -1,0 +1,56 @@
+"""One tokenizer shared by two threads, behind a lock.
+
+The event loop encodes prompts, renders chat templates and splits output text over tokens while
+the engine's step thread detokenizes. A transformers tokenizer is not documented as safe to call
+from two threads at once: an encode may reconfigure truncation or padding on the shared Rust
+tokenizer (a concurrent borrow then fails with "Already borrowed"). So every call goes through
+one lock; the calls are short (microseconds to decode a few tokens, about a millisecond to encode
+a long prompt), so neither side waits long.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+
+class LockedTokenizer:
+    """Wraps a tokenizer so that each method call holds one re-entrant lock. Attributes that are
+    not callable (`eos_token_id`, `all_special_ids`, `chat_template`) are read through as is."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.lock = threading.RLock()
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        with self.lock:
+            return list(self.inner.encode(text, **kwargs))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        with self.lock:
+            text: str = self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+            return text
+
+    def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.inner.apply_chat_template(messages, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy, unpickle): no recursion through getattr
+            raise AttributeError(name)
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                return attr(*args, **kwargs)
+
+        return locked
+
+
+def locked(tokenizer: Any) -> LockedTokenizer:
+    """`tokenizer` behind a lock (itself if it already is)."""
+    return tokenizer if isinstance(tokenizer, LockedTokenizer) else LockedTokenizer(tokenizer)

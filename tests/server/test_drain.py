@@ -1,0 +1,85 @@
+"""Shutdown drains: the listener stays open (/health 503) while requests finish; what is left at
+--drain-timeout ends with an error the client can read; nothing is logged as unhandled. And a
+dead engine thread turns /health to 503 and fails requests at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from specserve.config import CacheConfig, EngineConfig
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.engine import Engine
+from specserve.server.app import create_app
+from specserve.server.settings import ServerSettings
+from tests.server.conftest import LONG, TINY_FLAGS, sse_events, start_server
+from tests.server.test_isolation import ThreadServer
+
+BODY = {"inputs": "hello", "parameters": LONG}
+
+
+def test_drain_timeout_ends_open_requests_with_errors(tiny_model: Path, tmp_path: Path) -> None:
+    flags = ["--model", str(tiny_model), *TINY_FLAGS, "--drain-timeout", "2"]
+    server = start_server(flags, tmp_path / "drain.log")
+    blocking: dict[str, httpx.Response] = {}
+
+    def non_streaming() -> None:
+        blocking["r"] = httpx.post(server.url + "/generate", json=BODY, timeout=60)
+
+    try:
+        with httpx.stream("POST", server.url + "/generate_stream", json=BODY, timeout=60) as s:
+            events = sse_events(s.iter_lines())
+            assert "token" in next(events)
+            thread = threading.Thread(target=non_streaming)
+            thread.start()
+            time.sleep(0.3)  # both in flight
+            server.proc.terminate()
+            time.sleep(0.3)
+            health = httpx.get(server.url + "/health")  # the listener is still open
+            assert health.status_code == 503 and health.json() == {"status": "draining"}
+            refused = httpx.post(server.url + "/generate", json={"inputs": "hi"})
+            assert refused.status_code == 503 and refused.json()["error_type"] == "unavailable"
+            rest = list(events)
+        last = rest[-1]
+        assert last.get("error_type") == "generation", last
+        assert "shutting down" in str(last["error"]) and "drain timeout (2 s)" in str(last["error"])
+        thread.join(30)
+        r = blocking["r"]
+        assert r.status_code == 503 and r.json()["error_type"] == "unavailable", r.text
+        assert "shutting down" in r.json()["error"]
+        assert server.proc.wait(30) == 0
+        log = server.log.read_text()
+        assert "engine stopped" in log
+        assert "aborting 2 request(s) still in flight" in log
+        for unhandled in ("Traceback", "CancelledError", "Exception in ASGI application"):
+            assert unhandled not in log, log
+    finally:
+        server.stop()
+
+
+def test_dead_engine_thread_turns_health_503(tiny_model: Path) -> None:
+    config = EngineConfig(model=str(tiny_model), num_threads=1, cache=CacheConfig(num_blocks=64))
+    front = AsyncEngine(Engine(config))
+    app = create_app(front, ServerSettings(model_id="tiny"))
+    with ThreadServer(app) as server:
+        assert httpx.get(server.url + "/health").status_code == 200
+
+        def broken(item: object) -> None:
+            raise RuntimeError("loop bug")
+
+        front._apply = broken  # type: ignore[method-assign]
+        front.abort("wake-up")
+        for _ in range(100):
+            if not front.alive:
+                break
+            time.sleep(0.02)
+        health = httpx.get(server.url + "/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "engine_failed", "error": "RuntimeError: loop bug"}
+        started = time.monotonic()
+        r = httpx.post(server.url + "/generate", json={"inputs": "hi"}, timeout=10)
+        assert r.status_code == 503 and "the engine stopped" in r.json()["error"]
+        assert time.monotonic() - started < 2  # refused, not queued for nobody

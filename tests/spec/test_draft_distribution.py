@@ -1,0 +1,100 @@
+"""Sampled drafts keep the target's distribution, checked through the engine.
+
+2000 requests with the same prompt and seeds 0..1999 sample 4 tokens each with top_k=4, so the
+first three tokens have at most 4^3 = 64 outcomes whose exact probability under the target,
+p1(a) p2(b | a) p3(c | a, b), takes 21 forward passes to compute. Token 1 comes from the prefill
+step; tokens 2 and 3 from a speculative step in which a noisy draft model proposed k=2 sampled
+drafts (accepted, recovered from the residual, or the bonus). The empirical joint must be within
+the TV bound of `test_rejection.tv_bound`; the same run with the residual replaced by p (a
+subtle bug: right accept test, wrong resampling) must be outside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.engine.engine import Engine
+from specserve.engine.request import SamplingParams
+from specserve.runner.model_runner import RunItem
+from specserve.runner.sampler import SampleRow, processed_logits
+from specserve.spec import rejection
+from tests.engine.helpers import make_engine, run_all
+from tests.spec.test_rejection import tv_bound
+from tests.tiny import noisy_copy
+
+PROMPT = [5, 6, 7, 8]
+REQUESTS = 2000
+Joint = dict[tuple[int, ...], float]
+
+
+def params(seed: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=4, temperature=1.5, top_k=4, seed=seed, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return noisy_copy(tiny_llama, tmp_path_factory.mktemp("noisy-draft"), noise=0.3)
+
+
+def engine(tiny_llama: Path, draft_dir: Path) -> Engine:
+    return make_engine(
+        tiny_llama,
+        num_blocks=4096,
+        max_batch_tokens=4096,
+        max_running=512,
+        speculate=2,
+        proposer="draft",
+        draft_model=str(draft_dir),
+    )
+
+
+def exact_joint(e: Engine) -> Joint:
+    """P(first three tokens) under the target, processed as the engine samples them."""
+
+    def dist(prefix: list[int]) -> torch.Tensor:  # [vocab]
+        ids = PROMPT + prefix
+        table = list(range(-(-len(ids) // e.res.allocator.block_size)))  # blocks nobody holds
+        logits = e.res.runner.run([RunItem(ids, 0, table, 1)]).logits[0]
+        z = processed_logits(logits, SampleRow(params(0), [], len(prefix)))
+        return torch.softmax(z.double(), dim=-1)
+
+    joint: Joint = {}
+    p1 = dist([])
+    for a in torch.nonzero(p1).flatten().tolist():
+        p2 = dist([a])
+        for b in torch.nonzero(p2).flatten().tolist():
+            p3 = dist([a, b])
+            for c in torch.nonzero(p3).flatten().tolist():
+                joint[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    return joint
+
+
+def empirical_tv(e: Engine, exact: Joint) -> float:
+    outs = run_all(e, [PROMPT] * REQUESTS, [params(s) for s in range(REQUESTS)])
+    counts: dict[tuple[int, ...], int] = {}
+    for tokens in outs:
+        counts[tuple(tokens[:3])] = counts.get(tuple(tokens[:3]), 0) + 1
+    keys = set(counts) | set(exact)
+    return 0.5 * sum(abs(counts.get(k, 0) / REQUESTS - exact.get(k, 0.0)) for k in keys)
+
+
+def test_sampled_drafts_follow_the_target_through_the_engine(
+    tiny_llama: Path, draft_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engine(tiny_llama, draft_dir)
+    exact = exact_joint(e)
+    assert len(exact) == 64 and abs(sum(exact.values()) - 1) < 1e-6
+    bound = tv_bound(REQUESTS, len(exact))
+    assert empirical_tv(e, exact) < bound
+    stats = e.stats.proposer
+    # Drafts were sampled, verified, and both accepted and rejected (residual path taken).
+    assert stats.drafted_tokens >= REQUESTS and 0 < stats.accepted_tokens < stats.drafted_tokens
+
+    def broken_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return p  # resample from p after a rejection: over-weights what the draft likes
+
+    monkeypatch.setattr(rejection, "_residual", broken_residual)
+    assert empirical_tv(engine(tiny_llama, draft_dir), exact) > bound
