@@ -221,6 +221,13 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         "--max-running-requests full context windows can use",
         parse_bytes,
     )
+    add_switch(
+        p,
+        "--no-prefix-caching",
+        "NO_PREFIX_CACHING",
+        "recompute every prompt: no reuse of KV blocks cached from earlier requests' prompts "
+        "and outputs (prefix caching is on by default; outputs are the same either way)",
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -238,7 +245,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             num_threads=args.num_threads,
             max_model_len=args.max_total_tokens,
             max_memory=args.max_memory,
-            cache=CacheConfig(max_kv_bytes=args.kv_cache_bytes),
+            cache=CacheConfig(
+                max_kv_bytes=args.kv_cache_bytes, prefix_caching=not args.no_prefix_caching
+            ),
             scheduler=SchedulerConfig(
                 max_batch_tokens=args.max_batch_tokens,
                 max_running_requests=args.max_running_requests,

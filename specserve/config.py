@@ -21,6 +21,9 @@ class CacheConfig:
     # Number of KV blocks; None sizes the pool from `max_kv_bytes`.
     num_blocks: int | None = None
     max_kv_bytes: int = 2 << 30
+    # Reuse the KV of full blocks of tokens already computed (by any request) for a prompt that
+    # starts with the same tokens.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -199,6 +199,7 @@ class Engine:
         for w in work:
             if not w.samples:
                 w.seq.num_computed += w.num_tokens
+                self.scheduler.cache_committed(w.seq)
         rows, spans = sample_rows(work, drafts)
         if not rows:
             return
@@ -246,11 +247,14 @@ class Engine:
             if reason:
                 break
         self.stats.tokens_emitted += len(new_ids)
+        # KV holds every committed token but the last (its K/V come with the next pass); the
+        # rejected drafts' slots after it are dropped.
+        seq.num_computed = seq.num_tokens - 1
         if reason:
             self._finish(live, reason, new_ids)
             return
-        seq.num_computed = seq.num_tokens - 1
         self.res.allocator.truncate(seq.block_table, seq.num_computed)
+        self.scheduler.cache_committed(seq)
         if self.res.proposer is not None:
             self.res.proposer.sync(seq, hidden)
         self._outbox.append(self._output(live, new_ids, finished=False))
@@ -282,6 +286,11 @@ class Engine:
             logger.exception("detokenizing the end of %s failed", seq.request_id)
             if reason != "abort":
                 reason, error = "error", error or f"detokenization failed: {describe(exc)}"
+        if reason != "error":  # its committed blocks can serve later prompts (a next turn)
+            try:
+                self.scheduler.cache_committed(seq)
+            except Exception:
+                logger.exception("caching the blocks of %s failed", seq.request_id)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.scheduler.remove(seq)

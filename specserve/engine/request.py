@@ -23,6 +23,11 @@ class SamplingParams:
     ignore_eos: bool = False
     # Per-request cap on proposed tokens per step; None = the server's N. Never raises above N.
     speculate: int | None = None
+    # Log-probabilities of emitted tokens (under the processed distribution the sampler uses):
+    # None = none, 0 = the chosen token's, k = it and the k most likely alternatives.
+    logprobs: int | None = None
+    # Log-probabilities of the prompt's tokens (every position is then computed, none cached).
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -35,6 +40,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.speculate is not None and self.speculate < 0:
             raise ValueError(f"speculate must be >= 0, got {self.speculate}")
         if any(not s for s in self.stop):
@@ -78,6 +85,10 @@ class Sequence:
     first_token_time: float | None = None
     num_preemptions: int = 0
     spec: SpecCounts = field(default_factory=SpecCounts)
+    # Prefix cache: leading blocks of block_table already offered to it; once one could not be
+    # cached, none after it can be (their keys chain from it).
+    cached_blocks: int = 0
+    cache_broken: bool = False
 
     @property
     def token_ids(self) -> list[int]:

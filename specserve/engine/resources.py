@@ -79,7 +79,7 @@ def load_resources(config: EngineConfig) -> EngineResources:
     else:
         draft_kv = draft.arch.kv_bytes_per_token if draft is not None else 0
         num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token + draft_kv, max_model_len)
-    allocator = BlockAllocator(num_blocks, block_size)
+    allocator = BlockAllocator(num_blocks, block_size, caching=config.cache.prefix_caching)
     runner = ModelRunner(model, num_blocks, block_size, device, config.attention)
     proposer = make_proposer(config, draft, num_blocks, device, model, model_dir)
     return EngineResources(

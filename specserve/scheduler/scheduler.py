@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from specserve.config import SchedulerConfig
 from specserve.engine.request import SeqStatus, Sequence
-from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
+from specserve.scheduler.kv_blocks import NO_MATCH, BlockAllocator, PrefixMatch, blocks_for
 
 
 @dataclass(frozen=True)
@@ -165,28 +165,62 @@ class Scheduler:
         self._reserved -= self._still_reserved(seq)
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
-        seq.num_computed = 0
+        seq.num_computed = seq.cached_blocks = 0
+        seq.cache_broken = False
         seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def _admissible(self, seq: Sequence) -> bool:
-        """Rules 1 and 3. With nothing running, whatever fits the pool is admitted."""
-        free = self.allocator.num_free - self._reserved
-        whole = blocks_for(seq.num_tokens, self.allocator.block_size)
+    def _admissible(self, seq: Sequence) -> PrefixMatch | None:
+        """Rules 1 and 3, counting a cached prefix's blocks once: they need no new block, but
+        unreferenced ones stop being free. The prefix to share, or None if `seq` must wait.
+        With nothing running, whatever fits the pool is admitted."""
+        match = self._prefix(seq)
+        free = self.allocator.num_free - self._reserved - match.num_evictable
+        whole = blocks_for(seq.num_tokens, self.allocator.block_size) - len(match.blocks)
         if not self.running:
-            return whole <= free
-        if seq.num_preemptions:
-            return self.worst_case_blocks(seq) <= free
-        return whole + len(self.running) + 1 <= free
+            fits = whole <= free
+        elif seq.num_preemptions:
+            fits = self.worst_case_blocks(seq) - len(match.blocks) <= free
+        else:
+            fits = whole + len(self.running) + 1 <= free
+        return match if fits else None
+
+    def _prefix(self, seq: Sequence) -> PrefixMatch:
+        """Cached blocks `seq` may start from: whole blocks, at least one token left to feed
+        (its logits sample the next token)."""
+        if seq.params.prompt_logprobs:  # its prompt's logits are wanted: compute every position
+            return NO_MATCH
+        return self.allocator.match(seq.token_slice(0, seq.num_tokens), seq.num_tokens - 1)
+
+    def cache_committed(self, seq: Sequence) -> None:
+        """Offer `seq`'s blocks that are now full of committed tokens to the prefix cache."""
+        if not self.allocator.caching or seq.cache_broken:
+            return
+        bs = self.allocator.block_size
+        while seq.cached_blocks < seq.num_computed // bs:
+            i = seq.cached_blocks
+            tokens = tuple(seq.token_slice(i * bs, (i + 1) * bs))
+            if not self.allocator.register(seq.block_table, i, tokens):
+                seq.cache_broken = True  # its later blocks cannot chain to this one
+                return
+            seq.cached_blocks += 1
 
     def _admit(self, work: list[SeqWork], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             seq = self.waiting[0]
-            if not self._admissible(seq):
+            match = self._admissible(seq)
+            if match is None:
                 break
             self.waiting.popleft()
+            if self.allocator.caching:
+                stats = self.allocator.stats
+                stats.queried_tokens += seq.num_tokens
+                stats.hit_tokens += match.num_tokens(self.allocator.block_size)
+            self.allocator.share(seq.block_table, match)
+            seq.cached_blocks = len(match.blocks)
+            seq.num_computed = match.num_tokens(self.allocator.block_size)
             self.allocator.grow(seq.block_table, seq.num_tokens)
             self._reserved += self._still_reserved(seq)
             seq.status = SeqStatus.RUNNING

@@ -57,6 +57,8 @@ def _info(ctx: ServerContext, engine: Engine) -> Info:
             kv_cache_tokens=alloc.num_blocks * alloc.block_size,
             kv_block_size=alloc.block_size,
             kv_blocks=alloc.num_blocks,
+            prefix_caching=alloc.caching,
+            kv_blocks_cached=alloc.num_cached,
             budget=_budget(res),
             available_bytes=available_memory(res.device),
         ),

@@ -9,7 +9,7 @@ and cost nothing between scrapes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput
+from specserve.scheduler.kv_blocks import CacheStats
 from specserve.spec.draft import DraftModelProposer
 from specserve.spec.policy import SpeculationPolicy
 
@@ -76,6 +77,8 @@ class EngineSnapshot:
     accepted_tokens: int
     accepted_per_position: tuple[int, ...]  # [i]: steps whose draft at position i was accepted
     policy: PolicySnapshot | None  # None when speculation is off
+    cache: CacheStats | None = None  # None without prefix caching
+    kv_blocks_cached: int = 0
 
 
 def snapshot(engine: Engine) -> EngineSnapshot:
@@ -91,6 +94,8 @@ def snapshot(engine: Engine) -> EngineSnapshot:
             prop.num_blocks - prop.num_free_blocks if isinstance(prop, DraftModelProposer) else 0
         ),
         preemptions=sched.num_preemptions,
+        cache=replace(alloc.stats) if alloc.caching else None,
+        kv_blocks_cached=alloc.num_cached,
         spec_steps=stats.spec_steps,
         nonspec_steps=stats.nonspec_steps,
         tokens_emitted=stats.tokens_emitted,
@@ -135,8 +140,29 @@ class EngineCollector(Collector):
         steps.add_metric(["off"], s.nonspec_steps)
         yield steps
         yield from _spec_families(s)
+        if s.cache is not None:
+            yield from _cache_families(s.cache, s.kv_blocks_cached)
         if s.policy is not None:
             yield from _policy_families(s.policy)
+
+
+def _cache_families(c: CacheStats, cached: int) -> Iterator[Metric]:
+    yield _counter(
+        "specserve_prefix_cache_queried_tokens",
+        "Prompt tokens of admitted sequences looked up in the prefix cache",
+        c.queried_tokens,
+    )
+    yield _counter(
+        "specserve_prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache (not recomputed)",
+        c.hit_tokens,
+    )
+    yield _counter(
+        "specserve_prefix_cache_evicted_blocks",
+        "Cached KV blocks evicted to make room",
+        c.evicted_blocks,
+    )
+    yield _gauge("specserve_kv_cache_blocks_cached", "KV blocks holding reusable prefixes", cached)
 
 
 def _spec_families(s: EngineSnapshot) -> Iterator[Metric]:

@@ -214,6 +214,11 @@ class MemoryInfo(BaseModel):
     kv_cache_tokens: int
     kv_block_size: int
     kv_blocks: int
+    prefix_caching: bool = Field(
+        description="full blocks of computed tokens are reused by later prompts that start the "
+        "same way (--no-prefix-caching turns it off)"
+    )
+    kv_blocks_cached: int = Field(description="blocks holding reusable prefix content now")
     budget: dict[str, int] | None = Field(
         default=None,
         description="the engine's memory plan (with --max-memory): weights, "

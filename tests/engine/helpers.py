@@ -19,6 +19,7 @@ def make_engine(
     draft_model: str | None = None,
     device: str = "cpu",
     dense_weights: bool = False,
+    prefix_caching: bool = True,
     **spec: object,
 ) -> Engine:
     return Engine(
@@ -26,7 +27,9 @@ def make_engine(
             model=str(model_dir) if model_dir else None,
             device=device,
             dense_weights=dense_weights,
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+            cache=CacheConfig(
+                block_size=block_size, num_blocks=num_blocks, prefix_caching=prefix_caching
+            ),
             scheduler=SchedulerConfig(
                 max_batch_tokens=max_batch_tokens, max_running_requests=max_running
             ),

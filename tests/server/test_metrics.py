@@ -30,6 +30,10 @@ EXPECTED = {
     "specserve_spec_k_chosen": "histogram",
     "specserve_spec_gated_steps": "counter",
     "specserve_block_kernels_fallback": "gauge",
+    "specserve_prefix_cache_queried_tokens": "counter",
+    "specserve_prefix_cache_hit_tokens": "counter",
+    "specserve_prefix_cache_evicted_blocks": "counter",
+    "specserve_kv_cache_blocks_cached": "gauge",
 }
 # Copy-heavy: the n-gram proposer finds the continuation in the prompt itself.
 COPY_PROMPT = "one two three four five six seven eight one two three four five six"
@@ -86,3 +90,18 @@ def test_speculate_zero_request_drafts_nothing(tiny_server: Server) -> None:
         after['specserve_engine_steps_total{speculation="off"}']
         > before['specserve_engine_steps_total{speculation="off"}']
     )
+
+
+def test_prefix_cache_counters_move_on_a_repeated_prompt(tiny_server: Server) -> None:
+    body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 4}}
+    httpx.post(tiny_server.url + "/generate", json=body).raise_for_status()
+    before = idle(tiny_server.url)
+    httpx.post(tiny_server.url + "/generate", json=body).raise_for_status()
+    after = idle(tiny_server.url)
+    queried = after["specserve_prefix_cache_queried_tokens_total"]
+    hit = after["specserve_prefix_cache_hit_tokens_total"]
+    assert queried > before["specserve_prefix_cache_queried_tokens_total"]
+    assert hit - before["specserve_prefix_cache_hit_tokens_total"] > 0
+    assert after["specserve_kv_cache_blocks_cached"] > 0
+    info = httpx.get(tiny_server.url + "/info").json()["memory"]
+    assert info["prefix_caching"] is True and info["kv_blocks_cached"] > 0
