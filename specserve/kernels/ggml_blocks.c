@@ -68,69 +68,81 @@ static inline void store(float* y, const float* bias, const float* res, int64_t 
     y[i] = res ? res[i] + dot : dot;
 }
 
-// One weight row against ROWS activation rows; two accumulators per activation row keep the
-// FMA chains short enough to overlap.
-#define DOT_ROWS(ROWS)                                                                     \
+// ROWS activation rows against COLS weight rows. Each product y[m][n] is one accumulator chain
+// over the blocks in order (lanes of w0, w1, w2, w3 of block 0, then block 1, ...), then one
+// horizontal sum, whatever the tile: a row's result never depends on how many rows were scored
+// with it, so a verify step's rows equal what scoring them one by one gives, bit for bit.
+// Independent chains (ROWS x COLS of them) keep the FMA units busy.
+#define TILE(ROWS, COLS)                                                                   \
     do {                                                                                   \
-        __m256 acc[ROWS][2];                                                               \
-        for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();        \
+        __m256 acc[ROWS][COLS];                                                            \
+        for (int r = 0; r < ROWS; r++)                                                     \
+            for (int c = 0; c < COLS; c++) acc[r][c] = _mm256_setzero_ps();                \
         for (int64_t blk = 0; blk < nb; blk++) {                                           \
-            __m256 w[4];                                                                   \
-            __builtin_prefetch(row + blk * bb + PREFETCH_AHEAD);                           \
-            expand(kind, row + blk * bb, w);                                               \
-            for (int r = 0; r < ROWS; r++) {                                               \
-                const float* xr = x + (m + r) * K + blk * QK;                              \
-                acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[r][0]);         \
-                acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), acc[r][1]);     \
-                acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), acc[r][0]);    \
-                acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[r][1]);    \
+            for (int c = 0; c < COLS; c++) {                                               \
+                const uint8_t* b = w + (n + c) * nb * bb + blk * bb;                       \
+                __m256 v[4];                                                               \
+                __builtin_prefetch(b + PREFETCH_AHEAD);                                    \
+                expand(kind, b, v);                                                        \
+                for (int r = 0; r < ROWS; r++) {                                           \
+                    const float* xr = x + (m + r) * K + blk * QK;                          \
+                    __m256 a = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xr), acc[r][c]);      \
+                    a = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xr + 8), a);                 \
+                    a = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xr + 16), a);                \
+                    acc[r][c] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xr + 24), a);        \
+                }                                                                          \
             }                                                                              \
         }                                                                                  \
-        for (int r = 0; r < ROWS; r++) store(y, bias, res, (m + r) * N + n, n, hsum(_mm256_add_ps(acc[r][0], acc[r][1]))); \
+        for (int r = 0; r < ROWS; r++)                                                     \
+            for (int c = 0; c < COLS; c++)                                                 \
+                store(y, bias, res, (m + r) * N + n + c, n + c, hsum(acc[r][c]));          \
     } while (0)
 
-// Up to eight activation rows per expanded block, one accumulator each (registers run out
-// otherwise).
-#define DOT_ROWS_WIDE(ROWS)                                                                \
-    do {                                                                                   \
-        __m256 acc[ROWS];                                                                  \
-        for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();                       \
-        for (int64_t blk = 0; blk < nb; blk++) {                                           \
-            __m256 w[4];                                                                   \
-            __builtin_prefetch(row + blk * bb + PREFETCH_AHEAD);                           \
-            expand(kind, row + blk * bb, w);                                               \
-            for (int r = 0; r < ROWS; r++) {                                               \
-                const float* xr = x + (m + r) * K + blk * QK;                              \
-                __m256 a = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[r]);             \
-                a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), a);                     \
-                a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), a);                    \
-                acc[r] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), a);               \
-            }                                                                              \
-        }                                                                                  \
-        for (int r = 0; r < ROWS; r++) store(y, bias, res, (m + r) * N + n, n, hsum(acc[r])); \
-    } while (0)
+// Up to 8 activation rows share each expanded block; with few rows, several weight rows are
+// taken at once instead, so there are still enough independent chains.
+static inline __attribute__((always_inline)) void tiles(
+    int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K,
+    int64_t first, int64_t cols, const float* bias, const float* res) {
+    const int64_t nb = K / QK, bb = block_bytes(kind);
+    for (int64_t m = 0; m < M;) {
+        const int64_t rows = M - m < 8 ? M - m : 8;
+        if (cols == 4 && rows == 1) {
+            const int64_t n = first;
+            TILE(1, 4);
+        } else if (cols == 2 && rows <= 4) {
+            const int64_t n = first;
+            switch (rows) {
+                case 1: TILE(1, 2); break;
+                case 2: TILE(2, 2); break;
+                case 3: TILE(3, 2); break;
+                default: TILE(4, 2); break;
+            }
+        } else {
+            for (int64_t n = first; n < first + cols; n++) {
+                switch (rows) {
+                    case 1: TILE(1, 1); break;
+                    case 2: TILE(2, 1); break;
+                    case 3: TILE(3, 1); break;
+                    case 4: TILE(4, 1); break;
+                    case 5: TILE(5, 1); break;
+                    case 6: TILE(6, 1); break;
+                    case 7: TILE(7, 1); break;
+                    default: TILE(8, 1); break;
+                }
+            }
+        }
+        m += rows;
+    }
+}
 
 static inline __attribute__((always_inline)) void matmul_impl(
     int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K,
     int threads, const float* bias, const float* res) {
-    const int64_t nb = K / QK, bb = block_bytes(kind);
+    const int64_t group = M == 1 ? 4 : M <= 4 ? 2 : 1;  // weight rows per task
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t* row = w + n * nb * bb;
-        // Up to 8 activation rows share each expanded block: a verify step's k+1 rows cost
-        // little more than one.
-        for (int64_t m = 0; m < M;) {
-            switch (M - m < 8 ? M - m : 8) {
-                case 1: DOT_ROWS(1); m += 1; break;
-                case 2: DOT_ROWS(2); m += 2; break;
-                case 3: DOT_ROWS_WIDE(3); m += 3; break;
-                case 4: DOT_ROWS(4); m += 4; break;
-                case 5: DOT_ROWS_WIDE(5); m += 5; break;
-                case 6: DOT_ROWS_WIDE(6); m += 6; break;
-                case 7: DOT_ROWS_WIDE(7); m += 7; break;
-                default: DOT_ROWS_WIDE(8); m += 8; break;
-            }
-        }
+    for (int64_t g = 0; g < (N + group - 1) / group; g++) {
+        const int64_t n = g * group, cols = N - n < group ? N - n : group;
+        tiles(kind, x, w, y, M, N, K, n, cols, bias, res);
     }
 }
 

@@ -11,9 +11,13 @@
 // max and l the running sum of exp(s - m),
 //     m' = max(m, max_j s_j),  l' = l * e^(m - m') + sum_j e^(s_j - m'),
 //     acc' = acc * e^(m - m') + sum_j e^(s_j - m') v_j,     out = acc / l.
-// Long contexts of few sequences are split along the keys so both cores have work; the splits'
-// (m, l, acc) merge with the same rescaling. The result equals softmax(q k^T * scale) v up to
-// float32 summation order and exp rounding (within 2 ulp of expf).
+// Keys are split at fixed positions (every SPLIT_KEYS) so long contexts give every thread work;
+// the splits' (m, l, acc) merge with the same rescaling. The result equals
+// softmax(q k^T * scale) v up to float32 summation order and exp rounding (within 2 ulp of
+// expf), and a row's result depends only on its own query and visible keys: chunks and splits
+// sit at absolute key positions, and keys a row may not see add exact zeros. So a row verified
+// beside k others, in any batch, on any thread count, equals the same row decoded alone, bit for
+// bit.
 
 #include <math.h>
 #include <stdint.h>
@@ -23,7 +27,7 @@
 #include "simd.h"
 
 #define CHUNK 32          // keys per online-softmax update
-#define MIN_SPLIT_KEYS 256  // fewest keys worth a split of their own
+#define SPLIT_KEYS 256  // keys per split (a multiple of CHUNK)
 #define MAX_D 256
 
 // Eight partial-sum vectors -> their eight totals, in order.
@@ -170,6 +174,13 @@ static void run_task(const Problem* P, const Task* t, float* m, float* l, float*
     }
 }
 
+// The first key any row of a sequence whose earliest query sits at `first` may see, rounded down
+// to a chunk: chunks start at absolute multiples of CHUNK whatever the window.
+static inline int64_t key_floor(int64_t first, int64_t window) {
+    const int64_t lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
+    return lo / CHUNK * CHUNK;
+}
+
 // Writes out rows of a task from its split results (m, l, acc per split, splits consecutive).
 static void finish_rows(const Problem* P, const Task* t, int64_t splits, const float* m,
                         const float* l, const float* acc, float* out) {
@@ -203,19 +214,12 @@ int paged_attention(const float* q, int64_t q_stride, const float* k_cache, cons
                     int64_t window, int threads) {
     if (D % 8 || D > MAX_D || Hkv < 1 || H % Hkv || B < 1) return -1;
     const Problem P = {q, k_cache, v_cache, tables, q_stride, max_blocks, H, Hkv, D, block_size, window, scale};
-    // Splits per sequence: enough tasks for every thread, never a split under MIN_SPLIT_KEYS.
-    const int64_t want = 4 * (int64_t)threads;
     int64_t n_tasks = 0, n_partial = 0;
     int64_t* splits = malloc(sizeof(int64_t) * B);
     if (!splits) return -1;
     for (int64_t b = 0; b < B; b++) {
         const int64_t q_len = seq_info[3 * b + 1], ctx = seq_info[3 * b + 2];
-        const int64_t first = ctx - q_len;  // earliest query position
-        const int64_t lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
-        int64_t sp = (want + B * Hkv - 1) / (B * Hkv);
-        const int64_t by_len = (ctx - lo) / MIN_SPLIT_KEYS;
-        sp = sp < by_len ? sp : by_len;
-        splits[b] = sp < 1 ? 1 : sp;
+        splits[b] = (ctx + SPLIT_KEYS - 1) / SPLIT_KEYS - key_floor(ctx - q_len, window) / SPLIT_KEYS;
         n_tasks += Hkv * splits[b];
         n_partial += Hkv * splits[b] * (H / Hkv) * q_len;
     }
@@ -232,14 +236,16 @@ int paged_attention(const float* q, int64_t q_stride, const float* k_cache, cons
     }
     for (int64_t b = 0, i = 0, off = 0; b < B; b++) {
         const int64_t q_start = seq_info[3 * b], q_len = seq_info[3 * b + 1], ctx = seq_info[3 * b + 2];
-        const int64_t first = ctx - q_len;
-        const int64_t lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
-        const int64_t rows = (H / Hkv) * q_len, span = ctx - lo;
+        const int64_t rows = (H / Hkv) * q_len;
+        const int64_t floor = key_floor(ctx - q_len, window);
+        const int64_t start = floor / SPLIT_KEYS * SPLIT_KEYS;
         for (int64_t h = 0; h < Hkv; h++) {
             first_task[b * Hkv + h] = i;
             for (int64_t s = 0; s < splits[b]; s++, i++) {
-                tasks[i] = (Task){b, h, lo + span * s / splits[b], lo + span * (s + 1) / splits[b],
-                                  q_start, q_len, ctx};
+                const int64_t lo = start + s * SPLIT_KEYS, hi = lo + SPLIT_KEYS;
+                // Keys before `floor` are hidden from every row: skipping them changes nothing.
+                tasks[i] = (Task){b, h, lo > floor ? lo : floor, hi < ctx ? hi : ctx, q_start,
+                                  q_len, ctx};
                 offset[i] = off;
                 off += rows;
             }

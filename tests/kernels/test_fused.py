@@ -60,3 +60,16 @@ def test_rope_in_place_is_bit_identical_to_apply_rope(head_dim: int) -> None:
     attention.rope_rotate_half(qkv, heads, cos, sin)
     assert torch.equal(qkv[:, : heads * head_dim].view(tokens, heads, head_dim), want)
     assert torch.equal(qkv[:, heads * head_dim :], untouched)
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kind: BlockKind) -> None:
+    """Bit for bit: what a verify step computes for a row is what a decode step computes."""
+    blocks, _ = quantised(kind, 37, 96)  # 37 outputs: every column grouping and remainder
+    x = torch.randn(24, 96)
+    alone = torch.cat([ggml.matmul(x[i : i + 1], blocks, kind) for i in range(24)])
+    for rows in (2, 3, 4, 5, 8, 9, 17, 24):
+        assert torch.equal(ggml.matmul(x[:rows], blocks, kind), alone[:rows]), rows
+    fused = ggml.matmul_fused(x[:5], blocks, kind, 96, bias=torch.ones(37))
+    assert torch.equal(fused, torch.cat([ggml.matmul_fused(x[i : i + 1], blocks, kind, 96,
+                                         bias=torch.ones(37)) for i in range(5)]))  # fmt: skip

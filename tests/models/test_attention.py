@@ -139,3 +139,36 @@ def test_model_logits_equal_on_a_mixed_step(tiny_llama: Path) -> None:
         runner.kv.normal_()  # the cached context both paths read
         logits.append(runner.run(items).logits)
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("ctx", "window"), [(40, None), (700, None), (1030, None), (600, 100)])
+def test_a_verify_row_equals_the_same_row_decoded_alone_bit_for_bit(
+    ctx: int, window: int | None
+) -> None:
+    """Whatever the rows, sequences and threads beside it: chunks and key splits sit at
+    absolute positions, so speculation on or off computes the same attention for a row."""
+    torch.manual_seed(1)
+    heads, kv, dim, bs = 9, 3, 64, 16
+    table = list(range(ctx // bs + 2))[::-1]
+    other = list(range(len(table), len(table) + 4))  # a 50-token neighbour's blocks
+    kc, vc = torch.randn(2, (len(table) + 4) * bs, kv, dim)
+    q = torch.randn(5, heads, dim)
+
+    def attend(q_lens: list[int], ctxs: list[int], tables: list[list[int]], rows: torch.Tensor):
+        meta = build_ragged_metadata(q_lens, ctxs, tables, bs, CPU, window)
+        slots = meta.slot_mapping  # the step writes back what the cache holds: no change
+        return meta.attend(rows, kc[slots], vc[slots], kc, vc, dim**-0.5).view(-1, heads, dim)
+
+    together = attend([5], [ctx], [table], q)
+    threads = torch.get_num_threads()
+    try:
+        for i in range(5):
+            torch.set_num_threads(1 + i % 2)
+            alone = attend([1], [ctx - 4 + i], [table], q[i : i + 1])
+            beside = attend(
+                [3, 1], [50, ctx - 4 + i], [other, table], torch.cat([q[:3], q[i : i + 1]])
+            )
+            assert torch.equal(together[i], alone[0]), i
+            assert torch.equal(beside[3], alone[0]), i
+    finally:
+        torch.set_num_threads(threads)
