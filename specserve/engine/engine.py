@@ -16,11 +16,13 @@ import torch
 from specserve.config import EngineConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.drafting import propose, static_caps
+from specserve.engine.logprobs import emitted_logprobs, prompt_logprobs
 from specserve.engine.request import (
     RequestOutput,
     SamplingParams,
     SeqStatus,
     Sequence,
+    TokenLogprob,
     check_request,
 )
 from specserve.engine.resources import EngineResources, load_resources
@@ -42,6 +44,10 @@ class _Live:
     seq: Sequence
     detok: IncrementalDetokenizer
     pending_text: str = ""
+    # With prompt_logprobs: the prompt tokens' log-probabilities so far (the first has none),
+    # delivered with the first output.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs_sent: bool = False
 
 
 class Engine:
@@ -187,15 +193,52 @@ class Engine:
             seq = w.seq
             fed = seq.token_slice(seq.num_computed, seq.num_computed + w.num_tokens)
             extra = drafts[seq.seq_id].tokens if seq.seq_id in drafts else []
-            n_logits = 1 + len(extra) if w.samples else 0
+            n_logits = self._prompt_rows(w) + (1 + len(extra) if w.samples else 0)
             items.append(RunItem(fed + extra, seq.num_computed, seq.block_table, n_logits))
         return items
+
+    def _prompt_rows(self, w: SeqWork) -> int:
+        """Logits rows of prompt positions this chunk computes for prompt_logprobs: each one
+        predicts the prompt token after it (the chunk's last row samples, if the chunk ends
+        the prompt)."""
+        live = self._live.get(w.seq.request_id)
+        if live is None or not w.seq.params.prompt_logprobs or live.prompt_logprobs_sent:
+            return 0
+        return w.num_tokens - (1 if w.samples else 0)
+
+    def _take_prompt_logprobs(
+        self, work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput
+    ) -> RunOutput:
+        """Record the prompt log-probabilities the pass computed; the rows left are those the
+        sampler reads (each sampling sequence's last 1 + k)."""
+        counts = [self._prompt_rows(w) for w in work]
+        if not any(counts):
+            return run
+        keep: list[int] = []
+        row = 0
+        for w, n in zip(work, counts, strict=True):
+            if n:
+                seq, live = w.seq, self._live[w.seq.request_id]
+                lps = live.prompt_logprobs = live.prompt_logprobs or [None]
+                first = seq.num_computed + 1  # the prompt position row `row` predicts
+                nxt = seq.token_slice(first, first + n)
+                new = prompt_logprobs(run.logits[row : row + n], nxt)
+                lps += new[len(lps) - first :] if len(lps) > first else new  # once per position
+                row += n
+            if w.samples:
+                draft = drafts.get(w.seq.seq_id)
+                span = 1 + (len(draft.tokens) if draft else 0)
+                keep += range(row, row + span)
+                row += span
+        index = torch.tensor(keep, dtype=torch.long, device=run.logits.device)
+        return RunOutput(run.logits[index], run.hidden[index])
 
     def _verify_and_commit(
         self, work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput
     ) -> None:
         """Each sampling sequence verifies and commits alone: a non-finite logits row or an
         exception fails that request only (see `engine/verification.py`)."""
+        run = self._take_prompt_logprobs(work, drafts, run)
         for w in work:
             if not w.samples:
                 w.seq.num_computed += w.num_tokens
@@ -218,12 +261,28 @@ class Engine:
                 continue
             try:
                 k = len(span.draft.tokens) if span.draft else 0
-                self._commit(span.work, result, k, run.hidden[span.start + result.num_accepted])
+                top = seq.params.logprobs
+                lps = None
+                if top is not None:
+                    n = len(result.tokens)
+                    lps = emitted_logprobs(
+                        run.logits[span.start : span.start + n], rows[span.start : span.start + n],
+                        result.tokens, top,
+                    )  # fmt: skip
+                hidden = run.hidden[span.start + result.num_accepted]
+                self._commit(span.work, result, k, hidden, lps)
             except Exception as exc:  # detokenization, stop checks, the proposer's sync
                 logger.exception("commit failed for %s", seq.request_id)
                 self._fail([seq], f"commit failed: {describe(exc)}")
 
-    def _commit(self, w: SeqWork, result: VerifyResult, k: int, hidden: torch.Tensor) -> None:
+    def _commit(
+        self,
+        w: SeqWork,
+        result: VerifyResult,
+        k: int,
+        hidden: torch.Tensor,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> None:
         seq = w.seq
         live = self._live.get(seq.request_id)
         if live is None or seq.is_finished:
@@ -250,14 +309,15 @@ class Engine:
         # KV holds every committed token but the last (its K/V come with the next pass); the
         # rejected drafts' slots after it are dropped.
         seq.num_computed = seq.num_tokens - 1
+        lps = logprobs[: len(new_ids)] if logprobs is not None else None
         if reason:
-            self._finish(live, reason, new_ids)
+            self._finish(live, reason, new_ids, logprobs=lps)
             return
         self.res.allocator.truncate(seq.block_table, seq.num_computed)
         self.scheduler.cache_committed(seq)
         if self.res.proposer is not None:
             self.res.proposer.sync(seq, hidden)
-        self._outbox.append(self._output(live, new_ids, finished=False))
+        self._outbox.append(self._output(live, new_ids, finished=False, logprobs=lps))
 
     def _stop_reason(self, live: _Live, token: int) -> str | None:
         seq = live.seq
@@ -276,7 +336,12 @@ class Engine:
                 self._finish(live, "error", error=error)
 
     def _finish(
-        self, live: _Live, reason: str, new_ids: list[int] | None = None, error: str | None = None
+        self,
+        live: _Live,
+        reason: str,
+        new_ids: list[int] | None = None,
+        error: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         """Never raises: it is how failures end requests."""
         seq = live.seq
@@ -296,7 +361,7 @@ class Engine:
         self.scheduler.remove(seq)
         self._release_proposer(seq)
         self._live.pop(seq.request_id, None)
-        self._outbox.append(self._output(live, new_ids or [], True, error=error))
+        self._outbox.append(self._output(live, new_ids or [], True, error, logprobs))
 
     def _release_proposer(self, seq: Sequence) -> None:
         try:
@@ -308,10 +373,18 @@ class Engine:
             self.res.policy.forget(seq.seq_id)
 
     def _output(
-        self, live: _Live, new_ids: list[int], finished: bool, error: str | None = None
+        self,
+        live: _Live,
+        new_ids: list[int],
+        finished: bool,
+        error: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> RequestOutput:
         text, live.pending_text = live.pending_text, ""
-        return RequestOutput.of(live.seq, new_ids, text, finished, error)
+        prompt_lps = None
+        if live.prompt_logprobs is not None and new_ids and not live.prompt_logprobs_sent:
+            prompt_lps, live.prompt_logprobs_sent = live.prompt_logprobs, True
+        return RequestOutput.of(live.seq, new_ids, text, finished, error, logprobs, prompt_lps)
 
 
 def describe(exc: BaseException) -> str:

@@ -122,6 +122,15 @@ class Sequence:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability at its position, and the most likely tokens there."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """What one step produced for one request (a stream delta)."""
 
@@ -138,10 +147,21 @@ class RequestOutput:
     # Seconds from arrival to first being scheduled; set once the request has been scheduled.
     queue_seconds: float | None = None
     error: str | None = None
+    # With SamplingParams.logprobs: one per new token. With prompt_logprobs: on the first
+    # output, one per prompt token (None for the first, which nothing predicts).
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @classmethod
     def of(
-        cls, seq: Sequence, new_ids: list[int], text: str, finished: bool, error: str | None
+        cls,
+        seq: Sequence,
+        new_ids: list[int],
+        text: str,
+        finished: bool,
+        error: str | None,
+        logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> RequestOutput:
         """The delta `seq` emits now: `new_ids` / `text`, with its running counts."""
         queued = seq.first_scheduled_time
@@ -158,6 +178,8 @@ class RequestOutput:
             spec_steps=seq.spec.steps,
             queue_seconds=None if queued is None else queued - seq.arrival_time,
             error=error,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
 

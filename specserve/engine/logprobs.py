@@ -1,0 +1,43 @@
+"""Log-probabilities a request asked for, from the logits rows of the pass that produced them.
+
+An emitted token's log-probability is the target's own at that position, under the distribution
+the sampler draws from there (`processed_logits`: penalties, temperature, top-k, top-p; removed
+tokens are -inf), from the same pass that verified it. A prompt token's is the model's raw
+log-softmax at the position before it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.engine.request import TokenLogprob
+from specserve.runner.sampler import SampleRow, processed_logits
+
+
+def emitted_logprobs(
+    logits: torch.Tensor,  # [n, vocab]: the rows that produced `tokens`, in order
+    rows: list[SampleRow],  # [n]
+    tokens: list[int],  # [n]
+    top: int,
+) -> list[TokenLogprob]:
+    out = []
+    for i, token in enumerate(tokens):
+        lp = processed_logits(logits[i], rows[i]).log_softmax(-1)
+        out.append(entry(lp, token, top))
+    return out
+
+
+def prompt_logprobs(
+    logits: torch.Tensor,  # [n, vocab]: rows of prompt positions p .. p + n - 1
+    next_tokens: list[int],  # [n]: prompt tokens at positions p + 1 .. p + n
+) -> list[TokenLogprob]:
+    lp = logits.float().log_softmax(-1)
+    return [entry(lp[i], t, 0) for i, t in enumerate(next_tokens)]
+
+
+def entry(lp: torch.Tensor, token: int, top: int) -> TokenLogprob:  # lp: [vocab]
+    best: tuple[tuple[int, float], ...] = ()
+    if top:
+        values, ids = lp.topk(min(top, lp.numel()))
+        best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprob(token, float(lp[token]), best)
