@@ -15,6 +15,7 @@ import torch
 
 from specserve.config import EngineConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.request import (
     RequestOutput,
     SamplingParams,
@@ -63,10 +64,7 @@ class Engine:
         return self.res.max_model_len
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.res.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        return list(self.res.tokenizer.encode(text, add_special_tokens=False))
+        return encode_messages(self.res.tokenizer, messages)
 
     def add_request(
         self,
@@ -109,7 +107,7 @@ class Engine:
 
     def encode(self, text: str) -> list[int]:
         """Prompt text -> token ids, without adding special tokens (templates add their own)."""
-        return list(self.res.tokenizer.encode(text, add_special_tokens=False))
+        return encode_text(self.res.tokenizer, text)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks. False if it is unknown or finished."""
