@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specserve.config import EngineConfig
+from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.request import (
@@ -23,7 +23,7 @@ from specserve.engine.request import (
     Sequence,
     check_request,
 )
-from specserve.engine.resources import EngineResources, load_resources
+from specserve.engine.resources import EngineResources, load_resources, respeculate
 from specserve.engine.stats import EngineStats, StepRecord
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, processed_logits, sample
@@ -116,6 +116,19 @@ class Engine:
             return False
         self._finish(live, "abort")
         return True
+
+    def set_speculation(self, spec: SpecConfig) -> None:
+        """Swap the speculation settings between steps (under `AsyncEngine.run_locked`).
+        Requests in flight go on; sequences forget their drafting state if the proposer changes.
+        ValueError when `spec` needs artifacts this engine has not loaded (then restart it)."""
+        proposer, policy = respeculate(self.res, self.config, spec)
+        for live in self._live.values():
+            if proposer is not self.res.proposer:
+                self._release_proposer(live.seq)
+            if self.res.policy is not None:
+                self.res.policy.forget(live.seq.seq_id)
+        self.res.proposer, self.res.policy = proposer, policy
+        self.config = replace(self.config, spec=spec)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._finished_outputs)
