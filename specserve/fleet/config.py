@@ -75,7 +75,7 @@ class _PoolBase(_Strict):
                     "speculation_profile (set speculation_profile to null to give them)"
                 )
         engine_config(namespace(values, pool_parser()), resolve_speculate=False)
-        pool_settings("pool", self)  # the request limits
+        pool_settings(values)  # the request limits
         return self
 
 
@@ -188,12 +188,15 @@ def restart_key(pool: _PoolBase) -> str:
     return digest[:16]
 
 
-def pool_settings(model_id: str, pool: _PoolBase) -> ServerSettings:
-    """The serve-side limits of one pool (its model name, prompt and admission limits)."""
+def pool_settings(values: dict[str, Any]) -> ServerSettings:
+    """The serve-side limits of one pool (its model name, prompt and admission limits), from
+    its flag values (`pool_values`), as `serve` builds them from its flags."""
+    from specserve.server.cli import DEFAULT_MODEL_ID
+
     return ServerSettings(
-        model_id=model_id,
-        max_input_tokens=getattr(pool, "max_input_tokens", None),
-        max_concurrent_requests=getattr(pool, "max_concurrent_requests", 128),
+        model_id=values["model"] or DEFAULT_MODEL_ID,
+        max_input_tokens=values["max_input_tokens"],
+        max_concurrent_requests=values["max_concurrent_requests"],
     )
 
 

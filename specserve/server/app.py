@@ -70,7 +70,7 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
     _install_error_handlers(app, contexts)
 
     def on_reject(path: str, outcome: str) -> None:  # 401, 413: before any body is parsed
-        contexts.count(path, {}, outcome)
+        contexts.count(path, {}, outcome, None)
 
     app.add_middleware(
         GuardMiddleware,
@@ -83,7 +83,8 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
 
 def _install_error_handlers(app: FastAPI, contexts: Contexts) -> None:
     def count(request: Request, outcome: str) -> None:
-        contexts.count(request.url.path, dict(request.headers), outcome)
+        chosen = getattr(request.state, "chosen", None)
+        contexts.count(request.url.path, dict(request.headers), outcome, chosen)
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

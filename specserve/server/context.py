@@ -68,7 +68,9 @@ class Contexts(Protocol):
 
     async def pick(self, request: Request) -> ServerContext: ...
 
-    def count(self, path: str, headers: dict[str, str], outcome: str) -> None: ...
+    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
+        """`chosen`: what `pick` left in `request.state.chosen` (None: it did not run)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class OneContext:
     async def pick(self, request: Request) -> ServerContext:
         return self.ctx
 
-    def count(self, path: str, headers: dict[str, str], outcome: str) -> None:
+    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
         self.ctx.metrics.count(route_label(path), outcome)
 
 

@@ -25,7 +25,9 @@ class StreamOptions(Strict):
 class SamplingFields(Strict):
     """Fields shared by completions and chat completions."""
 
-    model: str | None = Field(default=None, description="any value; this server serves one model")
+    model: str | None = Field(
+        default=None, description="any value for `serve`; a fleet routes by it"
+    )
     temperature: float | None = Field(default=None, ge=0, le=2, description="0 = greedy; default 1")
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=1, description="only 1 is supported")
