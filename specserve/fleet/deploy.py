@@ -8,9 +8,10 @@ each replica, same process, requests in flight untouched. (Re-running `serve.run
 deploy a new random code version and replaces every replica; 2.60 no longer takes a version.)
 
 So a pool's live settings are its `user_config`, and everything else its replicas are built
-from travels in an environment variable of their actor options (`SPECSERVE_POOL`): changing a
-model or an engine limit changes those options, and Serve restarts that pool's replicas, and only
-those. The ingress takes the whole config as its user_config (routes, what /info shows), and only
+from (with `config.restart_key`, which also covers a live setting that loads something) travels
+in an environment variable of their actor options (`SPECSERVE_POOL`): changing a model or an
+engine limit changes those options, and Serve restarts that pool's replicas, and only those.
+The ingress takes the whole config as its user_config (routes, what /info shows), and only
 what its app is built from (API key, body limit) in its options. Adding or removing a pool
 changes the builder's arguments: then everything restarts.
 """
@@ -31,7 +32,9 @@ from specserve.fleet.config import (
     live_settings,
     parse_fleet,
     pool_values,
+    restart_key,
 )
+from specserve.fleet.flags import LIVE_FIELDS
 from specserve.fleet.ingress import FleetContexts, fleet_app
 from specserve.fleet.replica import PoolReplica
 from specserve.server.settings import ServerSettings
@@ -52,7 +55,7 @@ class PoolDeployment(PoolReplica):
     """A pool's replica as Ray Serve starts it: the flag values from its actor options."""
 
     def __init__(self, pool: str) -> None:
-        super().__init__(pool, json.loads(os.environ[POOL_ENV]))
+        super().__init__(pool, json.loads(os.environ[POOL_ENV])["values"])
 
 
 class FleetIngress:
@@ -117,12 +120,14 @@ def deploy_schema(config: FleetConfig) -> Any:
 
 
 def _pool_options(name: str, pool: Any) -> dict[str, Any]:
+    fixed = {k: v for k, v in pool_values(pool).items() if k not in LIVE_FIELDS}
     options: dict[str, Any] = {
         "name": pool_deployment_name(name),
         "user_config": live_settings(pool),
         "ray_actor_options": {
             "num_cpus": pool.num_cpus,
-            "runtime_env": _env(POOL_ENV, pool_values(pool)),
+            # What the replicas are built from: a change here restarts them (see above).
+            "runtime_env": _env(POOL_ENV, {"version": restart_key(pool), "values": fixed}),
         },
         # The engine batches and queues: let every admitted request of the pool reach it.
         "max_ongoing_requests": pool.max_concurrent_requests,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specserve.cli_args import engine_config
+from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput, SamplingParams
@@ -30,7 +31,7 @@ from specserve.fleet.flags import namespace as flag_namespace
 from specserve.server.cli import apply_profile
 from specserve.server.info import engine_info
 from specserve.server.metrics import EngineSnapshot, snapshot
-from specserve.server.provenance import Provenance, review
+from specserve.server.provenance import ProfileChoice, Provenance, review
 from specserve.server.settings import Limits, ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -60,31 +61,51 @@ class ReplicaState:
 
 
 class PoolReplica:
+    """Built from the pool's restart fields; the engine starts on the first `reconfigure`,
+    which Ray Serve calls with the live settings before the replica takes requests. Later calls
+    swap the live settings in place."""
+
     def __init__(self, pool: str, values: dict[str, Any]) -> None:
-        """`values`: the pool's flags (`fleet.config.pool_values`)."""
+        """`values`: the pool's flags (`fleet.config.pool_values`) but the live ones."""
         self.pool, self.values = pool, dict(values)
-        args = flag_namespace(self.values, pool_parser())
-        choice = apply_profile(args)
-        self.config = engine_config(args)
-        self.settings = pool_settings(self.values)
-        engine = Engine(self.config)
-        self.provenance = review(engine, choice, strict=args.strict_profile)
-        self.engine = AsyncEngine(engine)
-        self.limits = self.engine.run_locked(lambda e: Limits.from_engine(e, self.settings))
-        self.started = time.time()
-        logger.info("pool %s: replica %d up: %s", pool, os.getpid(), self.config.spec)
+        self._engine: AsyncEngine | None = None
+        # Set when the engine starts:
+        self.config: EngineConfig
+        self.settings: ServerSettings
+        self.limits: Limits
+        self.provenance: Provenance
+        self.started = 0.0
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError(f"pool {self.pool}: the engine has not started")
+        return self._engine
 
     async def reconfigure(self, live: dict[str, Any]) -> None:
         """Apply the pool's live settings (Ray Serve user_config) between engine steps."""
-        args = flag_namespace({**self.values, **live}, pool_parser())
-        apply_profile(args)  # a profile still sets N and the gate
+        self.values.update(live)
+        args = flag_namespace(self.values, pool_parser())
+        choice = apply_profile(args)  # a profile sets N and the gate, at start and after
+        if self._engine is None:
+            await asyncio.to_thread(self._start, args, choice)
+            return
         spec = engine_config(args).spec
         if spec != self.config.spec:
             await asyncio.to_thread(self.engine.run_locked, lambda e: e.set_speculation(spec))
             logger.info("pool %s: speculation now %s", self.pool, spec)
-        self.values.update(live)
         self.config = replace(self.config, spec=spec)
         self.limits = replace(self.limits, speculate=spec.speculate)
+
+    def _start(self, args: Any, choice: ProfileChoice | None) -> None:
+        self.config = engine_config(args)
+        self.settings = pool_settings(self.values)
+        engine = Engine(self.config)
+        self.provenance = review(engine, choice, strict=args.strict_profile)
+        self.limits = Limits.from_engine(engine, self.settings)
+        self.started = time.time()
+        self._engine = AsyncEngine(engine)
+        logger.info("pool %s: replica %d up: %s", self.pool, os.getpid(), self.config.spec)
 
     def describe(self) -> PoolDescription:
         return PoolDescription(
