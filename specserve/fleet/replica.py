@@ -69,6 +69,7 @@ class PoolReplica:
         """`values`: the pool's flags (`fleet.config.pool_values`) but the live ones."""
         self.pool, self.values = pool, dict(values)
         self._engine: AsyncEngine | None = None
+        self._up = asyncio.Event()  # the engine started (Serve may call before it has)
         # Set when the engine starts:
         self.config: EngineConfig
         self.settings: ServerSettings
@@ -89,6 +90,7 @@ class PoolReplica:
         choice = apply_profile(args)  # a profile sets N and the gate, at start and after
         if self._engine is None:
             await asyncio.to_thread(self._start, args, choice)
+            self._up.set()
             return
         spec = engine_config(args).spec
         if spec != self.config.spec:
@@ -107,7 +109,8 @@ class PoolReplica:
         self._engine = AsyncEngine(engine)
         logger.info("pool %s: replica %d up: %s", self.pool, os.getpid(), self.config.spec)
 
-    def describe(self) -> PoolDescription:
+    async def describe(self) -> PoolDescription:
+        await self._up.wait()
         return PoolDescription(
             self.engine.engine.tokenizer, self.settings, self.limits, self.provenance
         )
@@ -116,12 +119,15 @@ class PoolReplica:
         self, prompt_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs, streamed; cancelling the caller's stream aborts it."""
+        await self._up.wait()
         stream = self.engine.generate(prompt_ids, params, request_id)
         async with contextlib.aclosing(stream) as outs:
             async for out in outs:
                 yield out
 
     async def state(self) -> ReplicaState:
+        await self._up.wait()
+
         def read(engine: Engine) -> tuple[EngineSnapshot, dict[str, Any]]:
             info = engine_info(engine, self.settings, self.limits, self.provenance)
             return snapshot(engine), info.model_dump(mode="json")
@@ -129,15 +135,15 @@ class PoolReplica:
         snap, info = await asyncio.to_thread(self.engine.run_locked, read)
         live = {k: self.values[k] for k in LIVE_FIELDS}
         return ReplicaState(
-            replica_id(), os.getpid(), socket.gethostname(), self.started, live, snap, info
+            replica_id(self.pool), os.getpid(), socket.gethostname(), self.started, live, snap, info
         )
 
 
-def replica_id() -> str:
-    """Ray Serve's id of this replica; the pid outside a replica (tests)."""
+def replica_id(pool: str) -> str:
+    """Ray Serve's id of this replica; pool and pid outside a replica (local testing mode)."""
     try:
         from ray import serve
 
         return str(serve.get_replica_context().replica_id.unique_id)
     except Exception:  # not in a Serve replica
-        return f"pid-{os.getpid()}"
+        return f"{pool}-{os.getpid()}"
