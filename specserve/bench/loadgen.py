@@ -267,8 +267,11 @@ SPEC_COUNTERS = (
 )
 
 
-async def scrape_counters(client: httpx.AsyncClient) -> dict[str, float]:
-    """Sums of the speculation counters in /metrics (all labels); {} if unavailable."""
+async def scrape_counters(
+    client: httpx.AsyncClient, labels: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Sums of the speculation counters in /metrics over the series carrying `labels` (a fleet
+    pool's: {"pool": name}); {} if unavailable."""
     try:
         resp = await client.get("/metrics", timeout=30)
         resp.raise_for_status()
@@ -276,7 +279,7 @@ async def scrape_counters(client: httpx.AsyncClient) -> dict[str, float]:
     except (httpx.HTTPError, ValueError):
         return {}
     present = {name for name, _ in flat}
-    return {name: total(flat, name) for name in SPEC_COUNTERS if name in present}
+    return {name: total(flat, name, **(labels or {})) for name in SPEC_COUNTERS if name in present}
 
 
 def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -182,6 +182,50 @@ def test_live_reconfigure_keeps_the_replica_and_its_requests(fleet: Fleet) -> No
     assert fleet.metric("specserve_spec_drafted_tokens_total", pool="chat") > 0
 
 
+def test_bench_and_diagnose_read_one_pool(fleet: Fleet, tmp_path: Path, capsys: Any) -> None:
+    from specserve.cli import main
+
+    items = tmp_path / "w.jsonl"
+    line = {"id": "r1", "workload": "mine", "prompt": LOOPY, "messages": None}
+    items.write_text(json.dumps(line) + "\n")
+    out = tmp_path / "bench"
+    argv = [
+        "bench",
+        "--url",
+        fleet.url,
+        "--pool",
+        "code",
+        "--workload",
+        str(items),
+        "--speculate",
+        "2",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    by_n = {c["key"]["speculate"]: c for c in cells}
+    assert all(r["ok"] for c in cells for r in c["records"])
+    assert by_n[2]["server"]["specserve_spec_drafted_tokens_total"] > 0  # the code pool's
+    assert by_n[0]["server"]["specserve_spec_drafted_tokens_total"] == 0
+    assert main(["bench", "--url", fleet.url, "--workload", str(items), "--out", str(out)]) == 2
+    assert "this is a fleet: pass --pool, one of chat, code" in capsys.readouterr().err
+    assert main(["diagnose", "--url", fleet.url, "--samples", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["pools"]) == {"chat", "code"}
+    assert report["pools"]["code"]["reading"]["speculate"] == 4
+    assert report["pools"]["chat"]["reading"]["speculate"] == 3  # set live above
+
+
 def test_a_killed_replica_is_replaced(fleet: Fleet) -> None:
     [pid] = fleet.pids("code")
     first = threading.Event()
