@@ -41,6 +41,8 @@ class GenSettings:
     seed: int = 0  # request i of a cell samples with seed + i, so every N sees the same draws
     ignore_eos: bool = False
     timeout_s: float = 600.0
+    # Send the per-request `speculate` cap. Off: the server's (or fleet pool's) own N applies.
+    per_request_cap: bool = True
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ async def send(
     t0: float,
 ) -> RequestRecord:
     path, body = request_for(item, speculate, s, index)
+    if not s.per_request_cap:
+        body.get("parameters", body).pop("speculate", None)
     sent = time.perf_counter()
     rec = RequestRecord(item.id, "chat" if item.messages else "generate_stream", sent - t0)
     token_times: list[float] = []
