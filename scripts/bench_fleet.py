@@ -237,7 +237,9 @@ def main() -> int:
     specs = args.classes or ["code:code-edit:2", "chat:chat-creative:2", "bulk:summarize:4:128"]
     classes = [parse_class(c) for c in specs]
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine": machine_info("scripts/bench_fleet.py", sys.argv[1:])}
+    machine = machine_info("", [])
+    machine["command"] = shlex.join(["python", "scripts/bench_fleet.py", *sys.argv[1:]])
+    result: dict[str, Any] = {"machine": machine}
     for side in ("serve", "fleet"):
         print(f"running {side} ...", file=sys.stderr, flush=True)
         result[side] = run_side(side, args, classes)

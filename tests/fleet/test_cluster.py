@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ import pytest
 
 from specserve.fleet.config import FleetConfig, parse_fleet, with_changes
 from tests.fleet.conftest import LOOPY, two_pools
+from tests.server.conftest import free_port
 
 CODE, CHAT = {"x-specserve-pool": "code"}, {"x-specserve-pool": "chat"}
 
@@ -52,13 +52,6 @@ class Fleet:
         details: dict[str, Any] = r.json()["details"]
         assert details["finish_reason"] == "length"
         return details
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def ray_children() -> list[str]:
@@ -224,6 +217,20 @@ def test_bench_and_diagnose_read_one_pool(fleet: Fleet, tmp_path: Path, capsys: 
     assert set(report["pools"]) == {"chat", "code"}
     assert report["pools"]["code"]["reading"]["speculate"] == 4
     assert report["pools"]["chat"]["reading"]["speculate"] == 3  # set live above
+
+
+def test_an_engine_change_restarts_only_that_pool(fleet: Fleet) -> None:
+    from specserve.fleet.deploy import deploy
+
+    [chat], [code] = fleet.pids("chat"), fleet.pids("code")
+    fleet.config = with_changes(fleet.config, "chat", {"kv_cache_bytes": 12_000_000})
+    deploy(fleet.config, timeout_s=300)
+    assert fleet.pids("code") == [code]
+    [new] = fleet.pids("chat")
+    assert new != chat
+    blocks = fleet.info()["pools"]["chat"]["engine"]["memory"]["kv_blocks"]
+    assert blocks < fleet.info()["pools"]["code"]["engine"]["memory"]["kv_blocks"]
+    assert fleet.generate(CHAT, speculate=3)["drafted_tokens"] > 0  # live settings kept
 
 
 def test_a_killed_replica_is_replaced(fleet: Fleet) -> None:
