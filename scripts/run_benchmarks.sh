@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Reproduce docs/benchmarks.md: engine vs HF, batch-1 speculation, goodput sweep, policies,
-# attention, throughput under KV pressure, the soak.
+# attention, throughput under KV pressure, the soak, serve against a fleet under mixed traffic.
 # Needs a quiet machine: every part compares configurations side by side in one run.
-# Usage: bash scripts/run_benchmarks.sh [engine|spec|goodput|policy|attention|kv|soak|all]
-#        [OUT=docs/bench]
+# Usage: bash scripts/run_benchmarks.sh
+#        [engine|spec|goodput|policy|attention|kv|soak|fleet|all] [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -86,4 +86,26 @@ fi
 if [[ $what == soak || $what == all ]]; then
   SPECSERVE_SOAK_REQUESTS="${SOAK_REQUESTS:-10000}" SPECSERVE_SOAK_OUT="$out/soak.json" \
     python -m pytest -m slow tests/server/test_soak.py -s -q | tee "$out/soak.txt"
+fi
+
+if [[ $what == fleet || $what == all ]]; then
+  # Mixed traffic: one serve with one global setting against a fleet planned from a profile.
+  # PROFILE=path reuses a speculation profile; else a short sweep measures one here.
+  fdir="$out/fleet"
+  mkdir -p "$fdir"
+  profile="${PROFILE:-}"
+  if [[ -z $profile ]]; then
+    serve_bg 8314 --speculate 8
+    specserve bench --url http://127.0.0.1:8314 --speculate 0,2,4,8 --concurrency 1,4 \
+      --workload code-edit --workload chat-creative --workload summarize \
+      --duration "${FLEET_BENCH_S:-15}" --max-new-tokens 48 --ignore-eos \
+      --slo-ttft 3 --slo-itl 0.15 --out "$fdir/profile"
+    stop_bg 8314
+    profile="$fdir/profile/speculation-profile.json"
+  fi
+  # Each pool: one torch thread, half a CPU of the 2-CPU Ray cluster (up to 4 pools).
+  specserve fleet plan --profile "$profile" --out "$fdir/fleet.yaml" --num-threads 1 --num-cpus 0.5
+  python scripts/bench_fleet.py --fleet-config "$fdir/fleet.yaml" --num-cpus 2 \
+    --serve-args "--speculate 4 --num-threads $threads --max-running-requests 32" \
+    --duration "${FLEET_DURATION:-60}" --slo-ttft 3 --slo-itl 0.15 --out "$fdir"
 fi

@@ -1,4 +1,4 @@
-"""`specserve` command line: generate, serve, bench, diagnose."""
+"""`specserve` command line: generate, serve, bench, diagnose, fleet."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from specserve import __version__
 from specserve.bench.cli import add_bench_parsers
 from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args
+from specserve.fleet.cli import add_fleet_parser
 from specserve.server.cli import add_serve_parser
 from specserve.spec.medusa_cli import add_medusa_parser
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_medusa_parser(sub)
     add_bench_parsers(sub)
+    add_fleet_parser(sub)
     return parser
 
 

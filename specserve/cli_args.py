@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specserve.config import (
@@ -29,8 +29,13 @@ def parse_bool(value: str) -> bool:
     raise ValueError(f"expected one of {_TRUE + _FALSE}")
 
 
-def env_default(env: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
-    value = os.environ.get(env)
+def env_default(
+    env: str,
+    default: Any,
+    cast: Callable[[str], Any] = str,
+    environ: Mapping[str, str] | None = None,
+) -> Any:
+    value = (os.environ if environ is None else environ).get(env)
     if value is None or value == "":
         return default
     try:
@@ -46,23 +51,32 @@ def add_flag(
     default: Any,
     help: str,
     cast: Callable[[str], Any] = str,
+    environ: Mapping[str, str] | None = None,
     **kwargs: Any,
 ) -> None:
+    """`environ`: where the env-var forms are read (None: this process's environment; {}: none,
+    so the defaults are the declared ones, as a fleet config's pools take them)."""
     parser.add_argument(
         flag,
-        default=env_default(env, default, cast),
+        default=env_default(env, default, cast, environ),
         type=cast,
         help=f"{help} [env: {env}; default: {default}]",
         **kwargs,
     )
 
 
-def add_switch(parser: argparse.ArgumentParser, flag: str, env: str, help: str) -> None:
+def add_switch(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    env: str,
+    help: str,
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """An on/off flag, off by default; `env` set to a true value turns it on."""
     parser.add_argument(
         flag,
         action="store_true",
-        default=env_default(env, False, parse_bool),
+        default=env_default(env, False, parse_bool, environ),
         help=f"{help} [env: {env}; default: False]",
     )
 
@@ -73,15 +87,17 @@ MODEL_HELP = (
 )
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
     """Every engine flag: the model, speculation, and the runtime limits."""
-    add_flag(p, "--model", "MODEL_ID", None, MODEL_HELP)
-    add_speculation_args(p)
-    add_proposer_args(p)
-    add_runtime_args(p)
+    add_flag(p, "--model", "MODEL_ID", None, MODEL_HELP, environ=environ)
+    add_speculation_args(p, environ)
+    add_proposer_args(p, environ)
+    add_runtime_args(p, environ)
 
 
-def add_speculation_args(p: argparse.ArgumentParser) -> None:
+def add_speculation_args(
+    p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None
+) -> None:
     add_flag(
         p,
         "--speculate",
@@ -90,6 +106,7 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         "max proposed tokens per sequence per step (0 = speculation off; unset = the number "
         "of Medusa heads when Medusa serves, else 0)",
         int,
+        environ=environ,
     )
     add_flag(
         p,
@@ -101,6 +118,7 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         "medusa (heads from --medusa, the checkpoint, or the shipped heads for the default "
         "model; n-gram when there are none)",
         choices=PROPOSERS,
+        environ=environ,
     )
     add_flag(
         p,
@@ -110,6 +128,7 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         "static: every sequence drafts its cap; adaptive: k per sequence and step from live "
         "acceptance and the step cost profiled at start-up (turns speculation off under load)",
         choices=POLICIES,
+        environ=environ,
     )
     add_flag(
         p,
@@ -118,6 +137,7 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         None,
         "no speculation in a step where more sequences are running than this",
         int,
+        environ=environ,
     )
     add_flag(
         p,
@@ -126,10 +146,11 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         None,
         "no speculation in a step that would score more tokens than this (drafts included)",
         int,
+        environ=environ,
     )
 
 
-def add_proposer_args(p: argparse.ArgumentParser) -> None:
+def add_proposer_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
     """What each proposer loads or matches: the draft model, Medusa heads, n-gram length."""
     add_flag(
         p,
@@ -137,6 +158,7 @@ def add_proposer_args(p: argparse.ArgumentParser) -> None:
         "DRAFT_MODEL",
         None,
         "draft model (HF directory or .gguf) sharing the target's tokenizer",
+        environ=environ,
     )
     add_flag(
         p,
@@ -146,26 +168,35 @@ def add_proposer_args(p: argparse.ArgumentParser) -> None:
         "Medusa heads directory (config.json with medusa_num_heads + medusa_lm_head.safetensors); "
         "unset: heads beside the model's weights, or the shipped heads for the default model "
         "with --proposer medusa",
+        environ=environ,
     )
     add_switch(
         p,
         "--force-medusa",
         "FORCE_MEDUSA",
         "load Medusa heads whose recorded base fingerprint differs from the loaded base (warns)",
+        environ=environ,
     )
     add_flag(
-        p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches", int
+        p,
+        "--ngram-max",
+        "NGRAM_MAX",
+        4,
+        "longest context suffix the n-gram lookup matches",
+        int,
+        environ=environ,
     )
 
 
-def add_runtime_args(p: argparse.ArgumentParser) -> None:
-    add_flag(p, "--device", "DEVICE", "cpu", "cpu, cuda, cuda:N or auto")
+def add_runtime_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    add_flag(p, "--device", "DEVICE", "cpu", "cpu, cuda, cuda:N or auto", environ=environ)
     add_switch(
         p,
         "--dense-weights",
         "DENSE_WEIGHTS",
         "run a GGUF model on float32 weights dequantised at load instead of its Q4_1/Q8_0 "
         "blocks through the CPU block kernels (same model; ~5x the bytes per token)",
+        environ=environ,
     )
     add_flag(
         p,
@@ -175,6 +206,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         "auto: ragged attention, reading the paged KV cache in place with the CPU kernel where "
         "it runs (CPU, float32), else the padded reference; reference: always the padded "
         "gather + SDPA path (for comparisons)",
+        environ=environ,
         choices=ATTENTION_IMPLS,
     )
     add_flag(
@@ -184,6 +216,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         None,
         "torch intra-op threads (unset = torch's default)",
         int,
+        environ=environ,
     )
     add_flag(
         p,
@@ -192,6 +225,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         None,
         "context window: prompt + generated tokens (unset = the model's)",
         int,
+        environ=environ,
     )
     add_flag(
         p,
@@ -200,9 +234,16 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         2048,
         "tokens scored in one forward pass (prefill chunks + decode + drafts)",
         int,
+        environ=environ,
     )
     add_flag(
-        p, "--max-running-requests", "MAX_RUNNING_REQUESTS", 64, "sequences decoding at once", int
+        p,
+        "--max-running-requests",
+        "MAX_RUNNING_REQUESTS",
+        64,
+        "sequences decoding at once",
+        int,
+        environ=environ,
     )
     add_flag(
         p,
@@ -211,6 +252,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         None,
         "memory budget: bytes (8GiB) or a fraction of free memory (0.8); the KV pool gets what "
         "weights and the measured peak activation leave (overrides --kv-cache-bytes)",
+        environ=environ,
     )
     add_flag(
         p,
@@ -220,6 +262,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         "bytes for the paged KV cache (268435456, 256MiB, 2GiB), capped at what "
         "--max-running-requests full context windows can use",
         parse_bytes,
+        environ=environ,
     )
     add_switch(
         p,
@@ -227,42 +270,53 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
         "NO_PREFIX_CACHING",
         "recompute every prompt: no reuse of KV blocks cached from earlier requests' prompts "
         "and outputs (prefix caching is on by default; outputs are the same either way)",
+        environ=environ,
     )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    from specserve.spec.medusa_resolve import default_speculate
-
+    """The engine config the flags say; SystemExit naming the problem when they are invalid."""
     try:
-        speculate = args.speculate
-        if speculate is None:
-            speculate = default_speculate(args.model, args.proposer, args.medusa)
-        return EngineConfig(
-            model=args.model,
-            device=args.device,
-            dense_weights=args.dense_weights,
-            attention=args.attention,
-            num_threads=args.num_threads,
-            max_model_len=args.max_total_tokens,
-            max_memory=args.max_memory,
-            cache=CacheConfig(
-                max_kv_bytes=args.kv_cache_bytes, prefix_caching=not args.no_prefix_caching
-            ),
-            scheduler=SchedulerConfig(
-                max_batch_tokens=args.max_batch_tokens,
-                max_running_requests=args.max_running_requests,
-            ),
-            spec=SpecConfig(
-                speculate=speculate,
-                proposer=args.proposer,
-                draft_model=args.draft_model,
-                medusa=args.medusa,
-                force_medusa=args.force_medusa,
-                ngram_max=args.ngram_max,
-                policy=args.speculation_policy,
-                max_batch=args.speculate_max_batch,
-                max_tokens=args.speculate_max_tokens,
-            ),
-        )
+        return engine_config(args)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
+
+
+def engine_config(args: argparse.Namespace, resolve_speculate: bool = True) -> EngineConfig:
+    """The engine config the flags say; ValueError when they are invalid. An unset --speculate
+    is resolved (the Medusa heads' count, which reads the model) unless `resolve_speculate` is
+    False: then it counts as 0, enough to check the rest without the model."""
+    from specserve.spec.medusa_resolve import default_speculate
+
+    speculate = args.speculate
+    if speculate is None:
+        speculate = (
+            default_speculate(args.model, args.proposer, args.medusa) if resolve_speculate else 0
+        )
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dense_weights=args.dense_weights,
+        attention=args.attention,
+        num_threads=args.num_threads,
+        max_model_len=args.max_total_tokens,
+        max_memory=args.max_memory,
+        cache=CacheConfig(
+            max_kv_bytes=args.kv_cache_bytes, prefix_caching=not args.no_prefix_caching
+        ),
+        scheduler=SchedulerConfig(
+            max_batch_tokens=args.max_batch_tokens,
+            max_running_requests=args.max_running_requests,
+        ),
+        spec=SpecConfig(
+            speculate=speculate,
+            proposer=args.proposer,
+            draft_model=args.draft_model,
+            medusa=args.medusa,
+            force_medusa=args.force_medusa,
+            ngram_max=args.ngram_max,
+            policy=args.speculation_policy,
+            max_batch=args.speculate_max_batch,
+            max_tokens=args.speculate_max_tokens,
+        ),
+    )

@@ -101,3 +101,17 @@ def noisy_copy(model_dir: Path, out: Path, noise: float = 0.1, seed: int = 1) ->
             weights[name] = w + noise * w.std() * torch.randn(w.shape, generator=gen)
     save_file(weights, str(out / "model.safetensors"))
     return out
+
+
+TINY_CONTEXT = 4096  # long enough that a request of thousands of tokens lasts seconds
+
+
+def make_tiny_model(path: Path) -> Path:
+    """A tiny Llama whose context is stretched to TINY_CONTEXT (RoPE has no learnt positions)."""
+    import json
+
+    make_model_dir(path, "llama")
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = TINY_CONTEXT
+    (path / "config.json").write_text(json.dumps(config))
+    return path

@@ -30,6 +30,18 @@ def add_target_args(target: Any) -> None:
     )
     target.add_argument("--draft-model", help="the server's --draft-model, likewise")
     target.add_argument("--api-key", help="bearer token, if the server requires one")
+    target.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="repeatable: a header on every request (a fleet routes by them)",
+    )
+    target.add_argument(
+        "--pool",
+        help="a fleet's pool to load: sends x-specserve-pool and reads that pool's /info "
+        "and /metrics",
+    )
 
 
 def add_sweep_args(sweep: Any) -> None:

@@ -69,6 +69,7 @@ class Plan:
     settings: GenSettings
     warmup: int
     headers: dict[str, str] = field(default_factory=dict)
+    pool: str | None = None  # a fleet's pool: its /info and its series in /metrics
     infos: list[dict[str, Any]] = field(default_factory=list)  # /info of each server used
 
 
@@ -91,8 +92,22 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             args.max_new_tokens, args.temperature, args.seed, args.ignore_eos, args.request_timeout
         ),
         warmup=args.warmup,
-        headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
+        headers=request_headers(args),
+        pool=args.pool,
     )
+
+
+def request_headers(args: argparse.Namespace) -> dict[str, str]:
+    """--api-key, --header NAME:VALUE and --pool as the headers of every request."""
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--header wants NAME:VALUE, got {item!r}")
+        headers[name.strip()] = value.strip()
+    if args.pool:
+        headers["x-specserve-pool"] = args.pool
+    return headers
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -187,7 +202,7 @@ async def _sweep(url: str, plan: Plan, ns: list[int] | None, bar: Any, task: Any
     async with httpx.AsyncClient(
         base_url=url, limits=limits, timeout=60, headers=plan.headers
     ) as client:
-        info = (await client.get("/info")).raise_for_status().json()
+        info = pool_info((await client.get("/info")).raise_for_status().json(), plan.pool)
         plan.infos.append(info)
         server_n = int(info["speculation"]["speculate"])
         ns = ns if ns is not None else plan.speculate or sorted({0, server_n})
@@ -215,12 +230,26 @@ async def _cell(
         if plan.budget.num_requests:
             bar.advance(task)
 
-    before = await loadgen.scrape_counters(client)
+    labels = {"pool": plan.pool} if plan.pool else {}
+    before = await loadgen.scrape_counters(client, labels)
     records, duration = await loadgen.run_cell(client, items, key, plan.budget, plan.settings, done)
-    after = await loadgen.scrape_counters(client)
+    after = await loadgen.scrape_counters(client, labels)
     if not plan.budget.num_requests:
         bar.advance(task)
     return Cell(key, duration, records, loadgen.counter_delta(before, after))
+
+
+def pool_info(info: dict[str, Any], pool: str | None) -> dict[str, Any]:
+    """The /info of what is loaded: a server's own, or a fleet pool's engine (`--pool`)."""
+    if "pools" not in info:
+        return info
+    pools = info["pools"]
+    if pool is None or pool not in pools:
+        raise ValueError(f"this is a fleet: pass --pool, one of {', '.join(sorted(pools))}")
+    engine = pools[pool].get("engine")
+    if engine is None:
+        raise ValueError(f"pool {pool!r} has no replica answering /info now")
+    return dict(engine)
 
 
 # ------------------------------------------------------------------------------ --launch

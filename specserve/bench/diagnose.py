@@ -1,5 +1,8 @@
 """`specserve diagnose --url URL`: what a running deployment is limited by, with the numbers.
 
+For a fleet (its /info lists pools) every pool is judged on its own series, with its replicas'
+batches added up.
+
 It scrapes /metrics `--samples` times over `--interval` seconds (counters and histograms are
 differenced between the first and last scrape, gauges averaged) and reads /info. With no
 requests finishing in the window, it judges the totals since the server started instead.
@@ -217,14 +220,39 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"error: cannot read {args.url}: {exc}", file=sys.stderr)
         return 2
-    r = reading(scrapes, info, time.monotonic() - started)
-    d = diagnose(r, Targets(args.slo_itl, args.slo_ttft, args.modest_batch))
+    window = time.monotonic() - started
+    targets = Targets(args.slo_itl, args.slo_ttft, args.modest_batch)
+    judged = {
+        name: (r := reading(flats, pool_info, window), diagnose(r, targets))
+        for name, flats, pool_info in per_pool(scrapes, info)
+    }
     if args.json:
-        print(json.dumps({"reading": asdict(r), "diagnosis": asdict(d)}, indent=1))
+        out = {n: {"reading": asdict(r), "diagnosis": asdict(d)} for n, (r, d) in judged.items()}
+        print(json.dumps(out.get("", {"pools": out}), indent=1))
         return 0
-    span = f"the last {r.window_s:.0f} s" if r.window_s else "totals since start"
-    print(f"{args.url} ({info.get('model_id')}, N={r.speculate}), {span}: {d.verdict}")
-    for line in d.evidence:
-        print(f"  - {line}")
-    print(f"speculation: {d.speculation}")
+    for name, (r, d) in judged.items():
+        span = f"the last {r.window_s:.0f} s" if r.window_s else "totals since start"
+        who = f"{args.url} pool {name}" if name else args.url
+        model = info.get("model_id") or (info["pools"][name].get("engine") or {}).get("model_id")
+        print(f"{who} ({model}, N={r.speculate}), {span}: {d.verdict}")
+        for line in d.evidence:
+            print(f"  - {line}")
+        print(f"speculation: {d.speculation}")
     return 0
+
+
+def per_pool(
+    scrapes: list[Flat], info: dict[str, Any]
+) -> list[tuple[str, list[Flat], dict[str, Any]]]:
+    """[("", scrapes, info)] for a server; for a fleet, one entry per pool: its series and its
+    engine's /info, with the running limit of all its replicas together."""
+    if "pools" not in info:
+        return [("", scrapes, info)]
+    out = []
+    for name, pool in info["pools"].items():
+        mine = [{k: v for k, v in s.items() if ("pool", name) in k[1]} for s in scrapes]
+        engine = dict(pool.get("engine") or {})
+        if engine.get("max_running_requests"):
+            engine["max_running_requests"] *= max(len(pool.get("replicas") or []), 1)
+        out.append((name, mine, engine))
+    return out

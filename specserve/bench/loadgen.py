@@ -41,6 +41,8 @@ class GenSettings:
     seed: int = 0  # request i of a cell samples with seed + i, so every N sees the same draws
     ignore_eos: bool = False
     timeout_s: float = 600.0
+    # Send the per-request `speculate` cap. Off: the server's (or fleet pool's) own N applies.
+    per_request_cap: bool = True
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ async def send(
     t0: float,
 ) -> RequestRecord:
     path, body = request_for(item, speculate, s, index)
+    if not s.per_request_cap:
+        body.get("parameters", body).pop("speculate", None)
     sent = time.perf_counter()
     rec = RequestRecord(item.id, "chat" if item.messages else "generate_stream", sent - t0)
     token_times: list[float] = []
@@ -267,8 +271,11 @@ SPEC_COUNTERS = (
 )
 
 
-async def scrape_counters(client: httpx.AsyncClient) -> dict[str, float]:
-    """Sums of the speculation counters in /metrics (all labels); {} if unavailable."""
+async def scrape_counters(
+    client: httpx.AsyncClient, labels: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Sums of the speculation counters in /metrics over the series carrying `labels` (a fleet
+    pool's: {"pool": name}); {} if unavailable."""
     try:
         resp = await client.get("/metrics", timeout=30)
         resp.raise_for_status()
@@ -276,7 +283,7 @@ async def scrape_counters(client: httpx.AsyncClient) -> dict[str, float]:
     except (httpx.HTTPError, ValueError):
         return {}
     present = {name for name, _ in flat}
-    return {name: total(flat, name) for name in SPEC_COUNTERS if name in present}
+    return {name: total(flat, name, **(labels or {})) for name in SPEC_COUNTERS if name in present}
 
 
 def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

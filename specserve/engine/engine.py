@@ -13,10 +13,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specserve.config import EngineConfig
+from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.drafting import propose, static_caps
 from specserve.engine.logprobs import emitted_logprobs, prompt_logprobs
+from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.request import (
     RequestOutput,
     SamplingParams,
@@ -25,7 +26,7 @@ from specserve.engine.request import (
     TokenLogprob,
     check_request,
 )
-from specserve.engine.resources import EngineResources, load_resources
+from specserve.engine.resources import EngineResources, load_resources, respeculate
 from specserve.engine.stats import EngineStats, StepRecord
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
@@ -72,10 +73,7 @@ class Engine:
         return self.res.max_model_len
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.res.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        return list(self.res.tokenizer.encode(text, add_special_tokens=False))
+        return encode_messages(self.res.tokenizer, messages)
 
     def add_request(
         self,
@@ -118,7 +116,7 @@ class Engine:
 
     def encode(self, text: str) -> list[int]:
         """Prompt text -> token ids, without adding special tokens (templates add their own)."""
-        return list(self.res.tokenizer.encode(text, add_special_tokens=False))
+        return encode_text(self.res.tokenizer, text)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks. False if it is unknown or finished."""
@@ -133,6 +131,19 @@ class Engine:
         each gets a final output with finish_reason "abort" and `error`."""
         for live in list(self._live.values()):
             self._finish(live, "abort", error=error)
+
+    def set_speculation(self, spec: SpecConfig) -> None:
+        """Swap the speculation settings between steps (under `AsyncEngine.run_locked`).
+        Requests in flight go on; sequences forget their drafting state if the proposer changes.
+        ValueError when `spec` needs artifacts this engine has not loaded (then restart it)."""
+        proposer, policy = respeculate(self.res, self.config, spec)
+        for live in self._live.values():
+            if proposer is not self.res.proposer:
+                self._release_proposer(live.seq)
+            if self.res.policy is not None:
+                self.res.policy.forget(live.seq.seq_id)
+        self.res.proposer, self.res.policy = proposer, policy
+        self.config = replace(self.config, spec=spec)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._outbox)

@@ -23,6 +23,11 @@ class LockedTokenizer:
         self.inner = inner
         self.lock = threading.RLock()
 
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        """Pickled (a fleet replica sends its tokenizer to the ingress) without the lock: the
+        copy gets a lock of its own."""
+        return LockedTokenizer, (self.inner,)
+
     def encode(self, text: str, **kwargs: Any) -> list[int]:
         with self.lock:
             return list(self.inner.encode(text, **kwargs))

@@ -18,7 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
 from specserve.server import openai_api, tgi
-from specserve.server.context import Ctx, ServerContext
+from specserve.server.backend import LocalBackend
+from specserve.server.context import Contexts, Ctx, OneContext, ServerContext
 from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
 from specserve.server.info import info
 from specserve.server.metrics import ServerMetrics, snapshot
@@ -30,10 +31,6 @@ from specserve.server.settings import Limits, ServerSettings
 
 logger = logging.getLogger(__name__)
 
-# Label values for request counts; anything else is "other" (bounded cardinality).
-GENERATION_ROUTES = frozenset(
-    {"/", "/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"}
-)
 CLIENT_CLOSED_REQUEST = 499  # nginx's code: nobody is left to read the response
 
 
@@ -43,34 +40,42 @@ def create_app(
     """`provenance`: the fingerprints and speculation profile checked at start-up, if any."""
     engine = async_engine.engine
     limits = async_engine.run_locked(lambda e: Limits.from_engine(e, settings))
-    metrics = ServerMetrics(lambda: async_engine.run_locked(snapshot))
+    metrics = ServerMetrics(lambda: [({}, async_engine.run_locked(snapshot))])
+    backend = LocalBackend(async_engine)
     service = GenerationService(
-        async_engine, metrics, settings.max_concurrent_requests, settings.retry_after_s
+        backend, metrics, settings.max_concurrent_requests, settings.retry_after_s
     )
     special = frozenset(int(i) for i in engine.tokenizer.all_special_ids)
-    app = FastAPI(
-        title="specserve",
-        version=__version__,
-        description="TGI- and OpenAI-compatible LLM server with speculative decoding.",
-    )
-    app.state.ctx = ServerContext(
-        async_engine, settings, limits, metrics, service, special, provenance
-    )
+    ctx = ServerContext(backend, settings, limits, metrics, service, special, provenance)
+    app = api_app(OneContext(ctx), settings)
+    app.state.ctx = ctx
     if provenance is not None and provenance.profile is not None:
         metrics.show_profile(provenance.profile.stale)
     metrics.show_block_fallback(engine.res.model.block_kernel_fallback is not None)
-    app.include_router(tgi.router)
-    app.include_router(openai_api.router)
     app.add_api_route("/health", health, methods=["GET"], tags=["status"])
     app.add_api_route(
         "/health", health, methods=["HEAD"], tags=["status"], operation_id="health_head"
     )
     app.add_api_route("/info", info, methods=["GET"], response_model=Info, tags=["status"])
     app.add_api_route("/metrics", prometheus, methods=["GET"], tags=["status"])
-    _install_error_handlers(app, metrics)
+    return app
 
-    def on_reject(path: str, outcome: str) -> None:
-        metrics.count(path if path in GENERATION_ROUTES else "other", outcome)
+
+def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
+    """The TGI and OpenAI routes, their error handlers and the guard (auth, body size): what
+    `serve` and a fleet's ingress share. The caller adds /health, /info and /metrics."""
+    app = FastAPI(
+        title="specserve",
+        version=__version__,
+        description="TGI- and OpenAI-compatible LLM server with speculative decoding.",
+    )
+    app.state.contexts = contexts
+    app.include_router(tgi.router)
+    app.include_router(openai_api.router)
+    _install_error_handlers(app, contexts)
+
+    def on_reject(path: str, outcome: str) -> None:  # 401, 413: before any body is parsed
+        contexts.count(path, {}, outcome, None)
 
     app.add_middleware(
         GuardMiddleware,
@@ -81,10 +86,10 @@ def create_app(
     return app
 
 
-def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+def _install_error_handlers(app: FastAPI, contexts: Contexts) -> None:
     def count(request: Request, outcome: str) -> None:
-        path = request.url.path
-        metrics.count(path if path in GENERATION_ROUTES else "other", outcome)
+        chosen = getattr(request.state, "chosen", None)
+        contexts.count(request.url.path, dict(request.headers), outcome, chosen)
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -132,9 +137,9 @@ def required_fields(request: Request) -> list[str]:
 async def health(ctx: Ctx) -> JSONResponse:
     """200 while serving; 503 once shutdown has begun or if the engine thread has died (stop
     routing requests here)."""
-    engine = ctx.async_engine
-    if not engine.alive:
-        body = {"status": "engine_failed", "error": engine.died or "the engine stopped"}
+    backend = ctx.backend
+    if not backend.alive:
+        body = {"status": "engine_failed", "error": backend.died or "the engine stopped"}
         return JSONResponse(body, status_code=503)
     if ctx.service.draining:
         return JSONResponse({"status": "draining"}, status_code=503)

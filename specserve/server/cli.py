@@ -109,6 +109,14 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
 )
 
 
+# (flag, environment variable, help) of the one serve-only switch.
+STRICT_PROFILE = (
+    "--strict-profile",
+    "STRICT_PROFILE",
+    "refuse to start (exit 2) when the speculation profile was measured on other artifacts",
+)
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `serve` on the `specserve` subcommand parser."""
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -121,12 +129,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_engine_args(p)
     for flag, env, default, help_text, cast in SERVE_FLAGS:
         add_flag(p, flag, env, default, help_text, cast)
-    add_switch(
-        p,
-        "--strict-profile",
-        "STRICT_PROFILE",
-        "refuse to start (exit 2) when the speculation profile was measured on other artifacts",
-    )
+    add_switch(p, *STRICT_PROFILE)
     p.set_defaults(func=cmd_serve)
     return p
 

@@ -1,15 +1,20 @@
-"""What every route needs, built once per app and reached through a FastAPI dependency."""
+"""What every route needs, built once per app and reached through a FastAPI dependency.
+
+An app serves one `ServerContext` (`serve`) or picks one per request (a fleet ingress picks the
+pool's): `Contexts` is that choice, `get_ctx` the dependency the routes declare.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 
 from specserve.engine.async_engine import AsyncEngine
+from specserve.server.backend import Backend, LocalBackend
 from specserve.server.metrics import ServerMetrics
 from specserve.server.provenance import Provenance
 from specserve.server.service import GenerationService
@@ -18,7 +23,7 @@ from specserve.server.settings import Limits, ServerSettings
 
 @dataclass
 class ServerContext:
-    async_engine: AsyncEngine
+    backend: Backend
     settings: ServerSettings
     limits: Limits
     metrics: ServerMetrics
@@ -28,15 +33,22 @@ class ServerContext:
     started: int = field(default_factory=lambda: int(time.time()))
 
     @property
+    def async_engine(self) -> AsyncEngine:
+        """The engine in this process (`serve`); a fleet ingress's pools have none."""
+        if not isinstance(self.backend, LocalBackend):
+            raise TypeError("this context's engine runs elsewhere (a fleet pool)")
+        return self.backend.async_engine
+
+    @property
     def tokenizer(self) -> Any:
-        return self.async_engine.engine.tokenizer
+        return self.backend.tokenizer
 
     def encode(self, text: str) -> list[int]:
         """As the engine encodes a text prompt (no special tokens added)."""
-        return self.async_engine.engine.encode(text)
+        return self.backend.encode(text)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.async_engine.engine.encode_chat(messages)
+        return self.backend.encode_chat(messages)
 
     def token_texts(self, ids: list[int], text: str) -> list[str]:
         """Split one output delta's text over its tokens. Each token's own decoding is used when
@@ -50,13 +62,47 @@ class ServerContext:
         return [""] * (len(ids) - 1) + [text]
 
 
+class Contexts(Protocol):
+    """Which context serves a request, and where a request that fails before it has one (bad
+    JSON, 401, 413) is counted."""
+
+    async def pick(self, request: Request) -> ServerContext: ...
+
+    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
+        """`chosen`: what `pick` left in `request.state.chosen` (None: it did not run)."""
+        ...
+
+
+@dataclass(frozen=True)
+class OneContext:
+    """`serve`: every request gets the one engine's context."""
+
+    ctx: ServerContext
+
+    async def pick(self, request: Request) -> ServerContext:
+        return self.ctx
+
+    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
+        self.ctx.metrics.count(route_label(path), outcome)
+
+
+# Label values for request counts; anything else is "other" (bounded cardinality).
+GENERATION_ROUTES = frozenset(
+    {"/", "/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"}
+)
+
+
+def route_label(path: str) -> str:
+    return path if path in GENERATION_ROUTES else "other"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def get_ctx(request: Request) -> ServerContext:
-    ctx: ServerContext = request.app.state.ctx
-    return ctx
+async def get_ctx(request: Request) -> ServerContext:
+    contexts: Contexts = request.app.state.contexts
+    return await contexts.pick(request)
 
 
 Ctx = Annotated[ServerContext, Depends(get_ctx)]

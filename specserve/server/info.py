@@ -12,7 +12,7 @@ from specserve import __version__
 from specserve.engine.engine import Engine
 from specserve.models.block_linear import block_kinds
 from specserve.runner.cost import CostCurve
-from specserve.server.context import Ctx, ServerContext
+from specserve.server.context import Ctx
 from specserve.server.provenance import Provenance
 from specserve.server.schemas import (
     CostCurveInfo,
@@ -23,15 +23,23 @@ from specserve.server.schemas import (
     ProfileInfo,
     SpeculationInfo,
 )
+from specserve.server.settings import Limits, ServerSettings
 
 
 async def info(ctx: Ctx) -> Info:
     """Model, dtype, speculation config, proposer, profile and memory budget."""
-    return await asyncio.to_thread(ctx.async_engine.run_locked, lambda e: _info(ctx, e))
+
+    def read(engine: Engine) -> Info:
+        return engine_info(engine, ctx.settings, ctx.limits, ctx.provenance)
+
+    return await asyncio.to_thread(ctx.async_engine.run_locked, read)
 
 
-def _info(ctx: ServerContext, engine: Engine) -> Info:
-    res, cfg, s = engine.res, engine.config, ctx.settings
+def engine_info(
+    engine: Engine, s: ServerSettings, limits: Limits, provenance: Provenance | None
+) -> Info:
+    """Call under the engine lock. A fleet pool's replica answers with the same record."""
+    res, cfg = engine.res, engine.config
     alloc = res.allocator
     return Info(
         model_id=s.model_id,
@@ -42,15 +50,15 @@ def _info(ctx: ServerContext, engine: Engine) -> Info:
         model_device_type=res.device.type,
         max_concurrent_requests=s.max_concurrent_requests,
         max_running_requests=cfg.scheduler.max_running_requests,
-        max_stop_sequences=ctx.limits.max_stop_sequences,
-        max_input_tokens=ctx.limits.max_input_tokens,
-        max_total_tokens=ctx.limits.max_request_tokens,
-        max_batch_total_tokens=ctx.limits.kv_capacity_tokens,
+        max_stop_sequences=limits.max_stop_sequences,
+        max_input_tokens=limits.max_input_tokens,
+        max_total_tokens=limits.max_request_tokens,
+        max_batch_total_tokens=limits.kv_capacity_tokens,
         max_batch_prefill_tokens=cfg.scheduler.max_batch_tokens,
         version=__version__,
         speculation=speculation_info(engine),
-        speculation_profile=profile_info(ctx.provenance),
-        fingerprints=fingerprints_info(ctx.provenance),
+        speculation_profile=profile_info(provenance),
+        fingerprints=fingerprints_info(provenance),
         memory=MemoryInfo(
             weights_bytes=res.weight_bytes,
             kv_cache_bytes=res.runner.kv_bytes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,6 +36,7 @@ from specserve.spec.policy import SpeculationPolicy
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
 GATE_REASONS = ("max_batch", "max_tokens")  # spec/policy.py Gate.closed_by
 
 
@@ -112,86 +114,138 @@ def snapshot(engine: Engine) -> EngineSnapshot:
     )
 
 
+# One engine's snapshot with the labels that tell it apart from the others on the same
+# exposition: none for `serve`, {"replica": id} for a fleet pool's replicas.
+Labelled = list[tuple[dict[str, str], EngineSnapshot]]
+
+
 class EngineCollector(Collector):
-    def __init__(self, read: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, read: Callable[[], Labelled]) -> None:
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
-        s = self._read()
-        yield _gauge("specserve_batch_size", "Sequences in the running batch", s.running)
-        yield _gauge("specserve_queue_size", "Requests waiting to be scheduled", s.waiting)
-        yield _gauge("specserve_kv_cache_blocks_used", "KV cache blocks in use", s.kv_blocks_used)
-        yield _gauge("specserve_kv_cache_blocks", "KV cache blocks in the pool", s.kv_blocks_total)
-        yield _gauge(
-            "specserve_draft_kv_cache_blocks_used",
-            "Draft model KV cache blocks in use (0 without a draft model)",
-            s.draft_kv_blocks_used,
-        )
-        yield _counter("specserve_preemptions", "Sequences preempted for KV blocks", s.preemptions)
-        yield _counter(
-            "specserve_generated_tokens", "Tokens emitted by the engine", s.tokens_emitted
-        )
-        steps = CounterMetricFamily(
-            "specserve_engine_steps",
-            "Engine steps, by whether any sequence verified drafts",
-            labels=["speculation"],
-        )
-        steps.add_metric(["on"], s.spec_steps)
-        steps.add_metric(["off"], s.nonspec_steps)
-        yield steps
-        yield from _spec_families(s)
-        if s.cache is not None:
-            yield from _cache_families(s.cache, s.kv_blocks_cached)
-        if s.policy is not None:
-            yield from _policy_families(s.policy)
+        engines = self._read()
+        if not engines:
+            return
+        keys = sorted(engines[0][0])
+        fam = _Families(keys)
+        for labels, s in engines:
+            at = [labels[k] for k in keys]
+            fam.gauge("specserve_batch_size", "Sequences in the running batch", at, s.running)
+            fam.gauge("specserve_queue_size", "Requests waiting to be scheduled", at, s.waiting)
+            fam.gauge(
+                "specserve_kv_cache_blocks_used", "KV cache blocks in use", at, s.kv_blocks_used
+            )
+            fam.gauge(
+                "specserve_kv_cache_blocks", "KV cache blocks in the pool", at, s.kv_blocks_total
+            )
+            fam.gauge(
+                "specserve_draft_kv_cache_blocks_used",
+                "Draft model KV cache blocks in use (0 without a draft model)",
+                at,
+                s.draft_kv_blocks_used,
+            )
+            fam.counter(
+                "specserve_preemptions", "Sequences preempted for KV blocks", at, s.preemptions
+            )
+            fam.counter(
+                "specserve_generated_tokens", "Tokens emitted by the engine", at, s.tokens_emitted
+            )
+            steps = "Engine steps, by whether any sequence verified drafts"
+            fam.counter("specserve_engine_steps", steps, at, s.spec_steps, speculation="on")
+            fam.counter("specserve_engine_steps", steps, at, s.nonspec_steps, speculation="off")
+            _spec_samples(fam, at, s)
+            if s.cache is not None:
+                _cache_samples(fam, at, s.cache, s.kv_blocks_cached)
+            if s.policy is not None:
+                _policy_samples(fam, at, s.policy)
+        yield from fam.all()
 
 
-def _cache_families(c: CacheStats, cached: int) -> Iterator[Metric]:
-    yield _counter(
+class _Families:
+    """Metric families keyed by name, each labelled with `keys` before its own labels."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self._families: dict[str, Metric] = {}
+
+    def _family(self, cls: type[F], name: str, doc: str, own: list[str]) -> F:
+        if name not in self._families:
+            self._families[name] = cls(name, doc, labels=[*self.keys, *own])
+        family = self._families[name]
+        assert isinstance(family, cls)
+        return family
+
+    def gauge(self, name: str, doc: str, at: list[str], value: float, **own: str) -> None:
+        fam = self._family(GaugeMetricFamily, name, doc, list(own))
+        fam.add_metric([*at, *own.values()], value)
+
+    def counter(self, name: str, doc: str, at: list[str], value: float, **own: str) -> None:
+        fam = self._family(CounterMetricFamily, name, doc, list(own))
+        fam.add_metric([*at, *own.values()], value)
+
+    def histogram(
+        self, name: str, doc: str, at: list[str], buckets: list[tuple[str, float]], total: float
+    ) -> None:
+        fam = self._family(HistogramMetricFamily, name, doc, [])
+        fam.add_metric(at, buckets, total)
+
+    def declare(self, cls: type[F], name: str, doc: str, own: list[str]) -> None:
+        """A family that is exported even when no engine has samples for it."""
+        self._family(cls, name, doc, own)
+
+    def all(self) -> list[Metric]:
+        return list(self._families.values())
+
+
+def _cache_samples(fam: _Families, at: list[str], c: CacheStats, cached: int) -> None:
+    fam.counter(
         "specserve_prefix_cache_queried_tokens",
         "Prompt tokens of admitted sequences looked up in the prefix cache",
+        at,
         c.queried_tokens,
     )
-    yield _counter(
+    fam.counter(
         "specserve_prefix_cache_hit_tokens",
         "Prompt tokens found in the prefix cache (not recomputed)",
+        at,
         c.hit_tokens,
     )
-    yield _counter(
+    fam.counter(
         "specserve_prefix_cache_evicted_blocks",
         "Cached KV blocks evicted to make room",
+        at,
         c.evicted_blocks,
     )
-    yield _gauge("specserve_kv_cache_blocks_cached", "KV blocks holding reusable prefixes", cached)
+    fam.gauge("specserve_kv_cache_blocks_cached", "KV blocks holding reusable prefixes", at, cached)
 
 
-def _spec_families(s: EngineSnapshot) -> Iterator[Metric]:
-    drafts = CounterMetricFamily(
-        "specserve_spec_drafts", "Sequence-steps that proposed drafts", labels=["proposer"]
+def _spec_samples(fam: _Families, at: list[str], s: EngineSnapshot) -> None:
+    specs = (
+        ("specserve_spec_drafts", "Sequence-steps that proposed drafts", s.drafts),
+        ("specserve_spec_drafted_tokens", "Tokens proposed by the proposer", s.drafted_tokens),
+        (
+            "specserve_spec_accepted_tokens",
+            "Proposed tokens accepted by the target",
+            s.accepted_tokens,
+        ),
     )
-    drafted = CounterMetricFamily(
-        "specserve_spec_drafted_tokens", "Tokens proposed by the proposer", labels=["proposer"]
-    )
-    accepted = CounterMetricFamily(
-        "specserve_spec_accepted_tokens",
-        "Proposed tokens accepted by the target",
-        labels=["proposer"],
-    )
-    by_pos = CounterMetricFamily(
+    by_pos = (
         "specserve_spec_accepted_tokens_by_position",
         "Steps whose draft token at this position (0 = first) was accepted",
-        labels=["proposer", "position"],
     )
-    if s.proposer is not None:
-        drafts.add_metric([s.proposer], s.drafts)
-        drafted.add_metric([s.proposer], s.drafted_tokens)
-        accepted.add_metric([s.proposer], s.accepted_tokens)
-        for i, n in enumerate(s.accepted_per_position):
-            by_pos.add_metric([s.proposer, str(i)], n)
-    yield from (drafts, drafted, accepted, by_pos)
+    for name, doc, _ in specs:
+        fam.declare(CounterMetricFamily, name, doc, ["proposer"])
+    fam.declare(CounterMetricFamily, *by_pos, ["proposer", "position"])
+    if s.proposer is None:
+        return
+    for name, doc, value in specs:
+        fam.counter(name, doc, at, value, proposer=s.proposer)
+    for i, n in enumerate(s.accepted_per_position):
+        fam.counter(*by_pos, at, n, proposer=s.proposer, position=str(i))
 
 
-def _policy_families(p: PolicySnapshot) -> Iterator[Metric]:
+def _policy_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> None:
     # A histogram over k in 0..N: bucket le="k" counts sequence-steps given at most k drafts.
     cumulative, total = 0, 0
     buckets: list[tuple[str, float]] = []
@@ -199,38 +253,27 @@ def _policy_families(p: PolicySnapshot) -> Iterator[Metric]:
         cumulative, total = cumulative + n, total + k * n
         buckets.append((str(k), cumulative))
     buckets.append(("+Inf", cumulative))
-    yield HistogramMetricFamily(
+    fam.histogram(
         "specserve_spec_k_chosen",
         "Drafts the policy allowed one sequence in one decode step (after the gates)",
-        buckets=buckets,
-        sum_value=total,
+        at,
+        buckets,
+        total,
     )
-    gated = CounterMetricFamily(
-        "specserve_spec_gated_steps",
-        "Steps whose speculation a gate switched off (--speculate-max-batch/-max-tokens)",
-        labels=["reason"],
-    )
+    gated = "Steps whose speculation a gate switched off (--speculate-max-batch/-max-tokens)"
     for reason in GATE_REASONS:
-        gated.add_metric([reason], p.gated.get(reason, 0))
-    yield gated
+        fam.counter("specserve_spec_gated_steps", gated, at, p.gated.get(reason, 0), reason=reason)
     if p.adaptive:
-        yield _gauge(
+        fam.gauge(
             "specserve_spec_predicted_speedup",
             "Adaptive policy: expected tokens/s of the chosen k over k=0, at its last decision",
+            at,
             p.predicted_speedup,
         )
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value)
-
-
-def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, value=value)
-
-
 class ServerMetrics:
-    def __init__(self, read_engine: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, read_engine: Callable[[], Labelled]) -> None:
         disable_created_metrics()  # process-wide: drop the `_created` twin of every series
         self.registry = r = CollectorRegistry()
         self.requests = Counter(

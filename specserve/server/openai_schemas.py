@@ -26,7 +26,9 @@ class SamplingFields(Strict):
     """Fields shared by completions and chat completions."""
 
     model: str | None = Field(
-        default=None, description="the served model's id (see /v1/models) or its short name"
+        default=None,
+        description="the served model's id (see /v1/models) or its short name; a fleet also "
+        "routes by it",
     )
     temperature: float | None = Field(default=None, ge=0, le=2, description="0 = greedy; default 1")
     top_p: float | None = Field(default=None, gt=0, le=1)

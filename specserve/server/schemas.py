@@ -1,8 +1,8 @@
 """TGI request and response shapes, plus /info.
 
 Field names and meanings follow text-generation-inference. Extensions (not in TGI) are marked;
-they are optional, so TGI clients never need them: `speculate` and `ignore_eos` in the
-parameters, and the per-request speculation counts `drafted_tokens` / `accepted_tokens` /
+they are optional, so TGI clients never need them: `speculate`, `ignore_eos` and `model`
+in the parameters, and the per-request speculation counts `drafted_tokens` / `accepted_tokens` /
 `speculation_steps` in the details.
 """
 
@@ -90,6 +90,9 @@ class GenerateParameters(Strict):
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
     )
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
+    model: str | None = Field(
+        default=None, description="extension: a fleet routes by it (`serve` ignores it)"
+    )
 
 
 class GenerateRequest(Strict):

@@ -1,4 +1,5 @@
-"""Runs admitted requests through the AsyncEngine: admission, timing, outcome, disconnects.
+"""Runs admitted requests through the backend (`server/backend.py`): admission, timing,
+outcome, disconnects.
 
 Life of one request here: `admit()` takes a slot (or raises 429/503) and returns a `Tracked`;
 `run()` streams the engine's outputs while recording latencies; whatever way the request ends
@@ -18,8 +19,8 @@ from typing import cast
 
 from starlette.requests import Request
 
-from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.request import RequestOutput
+from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.metrics import ServerMetrics, queue_seconds
 from specserve.server.params import Prepared
@@ -54,12 +55,12 @@ class Collected:
 class GenerationService:
     def __init__(
         self,
-        async_engine: AsyncEngine,
+        backend: Backend,
         metrics: ServerMetrics,
         max_concurrent: int,
         retry_after_s: int,
     ) -> None:
-        self.engine = async_engine
+        self.engine = backend
         self.metrics = metrics
         self.max_concurrent = max_concurrent
         self.retry_after_s = retry_after_s

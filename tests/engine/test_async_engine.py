@@ -148,3 +148,17 @@ def test_tokenizer_is_never_entered_by_two_threads_at_once(tiny_llama: Path) -> 
 async def _drain(stream: AsyncIterator[RequestOutput]) -> None:
     async for _ in stream:
         pass
+
+
+def test_the_locked_tokenizer_pickles_with_a_lock_of_its_own(tiny_llama: Path) -> None:
+    """A fleet replica sends its (locked) tokenizer to the ingress."""
+    import pickle
+
+    from transformers import AutoTokenizer
+
+    from specserve.engine.tokenizer import LockedTokenizer, locked
+
+    tok = locked(AutoTokenizer.from_pretrained(str(tiny_llama)))
+    copy = pickle.loads(pickle.dumps(tok))
+    assert isinstance(copy, LockedTokenizer) and copy.lock is not tok.lock
+    assert copy.encode("def add(a, b):") == tok.encode("def add(a, b):")

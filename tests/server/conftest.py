@@ -22,6 +22,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.tiny import TINY_CONTEXT, make_tiny_model
+
 # Flags' environment forms that would leak from the caller's shell into the servers.
 _FLAG_ENV = (
     "MODEL_ID",
@@ -50,7 +52,6 @@ _FLAG_ENV = (
     "PROFILE_WORKLOAD",
     "STRICT_PROFILE",
 )
-TINY_CONTEXT = 4096
 TINY_FLAGS = [
     "--speculate",
     "4",
@@ -134,16 +135,6 @@ def start_server(
         time.sleep(0.2)
     server.stop()
     raise RuntimeError(f"server did not become healthy in {timeout} s:\n{server.log_tail()}")
-
-
-def make_tiny_model(path: Path) -> Path:
-    from tests.tiny import make_model_dir
-
-    make_model_dir(path, "llama")
-    config = json.loads((path / "config.json").read_text())
-    config["max_position_embeddings"] = TINY_CONTEXT  # RoPE has no learnt positions
-    (path / "config.json").write_text(json.dumps(config))
-    return path
 
 
 @pytest.fixture(scope="session")

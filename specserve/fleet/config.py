@@ -1,0 +1,212 @@
+"""The fleet config file: pools (each one `serve`'s engine flags), the routes, the ingress.
+
+```yaml
+default_pool: chat
+port: 8080                 # host, port, api_key, max_body_bytes: as `serve` takes them
+pools:
+  code: {speculate: 4, proposer: ngram, speculate_max_batch: 8, replicas: 1, num_cpus: 1}
+  chat: {speculate: 2}
+  bulk: {speculate: 0, autoscaling: {min_replicas: 1, max_replicas: 2}}
+routes:                    # first match wins, then the default pool
+  - {header: {x-specserve-pool: "*"}}       # the header names the pool
+  - {model: smollm2-code, pool: code}       # OpenAI `model` / TGI `parameters.model`
+  - {path: /v1/completions, pool: code}
+```
+
+`load_fleet` validates it once, in the CLI, and every error names the file, the pool and the
+field. A pool's fields are exactly `specserve serve`'s flags (`fleet/flags.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from specserve.cli_args import engine_config
+from specserve.fleet.flags import LIVE_FIELDS, fields_of, fleet_parser, namespace, pool_parser
+from specserve.server.settings import ServerSettings
+
+POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+POOL_HEADER = "x-specserve-pool"
+
+
+class FleetConfigError(ValueError):
+    """A fleet config that cannot serve: the message names the file, the pool and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Autoscaling(_Strict):
+    """Ray Serve autoscaling of a pool's replicas (instead of a fixed `replicas`)."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1, ge=1)
+    target_ongoing_requests: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must be <= max_replicas")
+        return self
+
+
+class _PoolBase(_Strict):
+    replicas: int = Field(default=1, ge=1, description="engines serving this pool")
+    autoscaling: Autoscaling | None = Field(default=None, description="instead of replicas")
+    num_cpus: float = Field(default=1.0, gt=0, description="CPUs one replica reserves in Ray")
+
+    @model_validator(mode="after")
+    def _engine(self) -> Self:
+        if self.autoscaling is not None and "replicas" in self.model_fields_set:
+            raise ValueError("give replicas or autoscaling, not both")
+        values = self.model_dump()
+        if values["speculation_profile"] is not None:
+            given = {"speculate", "speculate_max_batch"} & self.model_fields_set
+            if given:
+                raise ValueError(
+                    f"{', '.join(sorted(given))}: this pool takes them from its "
+                    "speculation_profile (set speculation_profile to null to give them)"
+                )
+        engine_config(namespace(values, pool_parser()), resolve_speculate=False)
+        pool_settings(values)  # the request limits
+        return self
+
+
+# Models built from the flag declarations: mypy sees them as Any.
+PoolConfig: Any = create_model("PoolConfig", __base__=_PoolBase, **fields_of(pool_parser()))
+
+
+class Route(_Strict):
+    """One rule: exactly one of header, model or path; `pool` unless the header names it."""
+
+    header: dict[str, str] | None = None
+    model: str | None = None
+    path: str | None = None
+    pool: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Self:
+        kinds = [k for k in ("header", "model", "path") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("a route matches on exactly one of header, model or path")
+        if self.header is not None and len(self.header) != 1:
+            raise ValueError("a header route names exactly one header")
+        names_pool = self.header is not None and "*" in self.header.values()
+        if names_pool == (self.pool is not None):
+            raise ValueError(
+                'a route needs pool, except a header route with value "*" (the header names it)'
+            )
+        return self
+
+
+_FleetBase: Any = create_model("_FleetBase", __base__=_Strict, **fields_of(fleet_parser()))
+
+
+class FleetConfig(_FleetBase):
+    default_pool: str
+    pools: dict[str, PoolConfig]
+    routes: list[Route] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names(self) -> Self:
+        for name in self.pools:
+            if not POOL_NAME.match(name):
+                raise ValueError(f"pool name {name!r}: letters, digits, '_' and '-' only")
+        known = sorted(self.pools)
+        if self.default_pool not in self.pools:
+            raise ValueError(f"default_pool {self.default_pool!r} is not a pool; pools: {known}")
+        for i, route in enumerate(self.routes):
+            if route.pool is not None and route.pool not in self.pools:
+                raise ValueError(f"routes[{i}]: pool {route.pool!r} is not a pool; pools: {known}")
+        return self
+
+
+# ------------------------------------------------------------------------------- loading
+def load_fleet(path: str | Path) -> FleetConfig:
+    """Read and validate a fleet file; FleetConfigError names the file, pool and field."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise FleetConfigError(f"{path}: cannot read the fleet config: {exc}") from exc
+    return parse_fleet(raw, str(path))
+
+
+def parse_fleet(raw: Any, source: str) -> FleetConfig:
+    if not isinstance(raw, dict):
+        raise FleetConfigError(f"{source}: a fleet config is a mapping with pools and routes")
+    try:
+        return FleetConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{source}: {_where(e['loc'])}: {_message(e)}" for e in exc.errors()]
+        raise FleetConfigError("\n".join(lines)) from None
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    if len(loc) >= 2 and loc[0] == "pools":
+        rest = ".".join(str(p) for p in loc[2:])
+        return f"pool {loc[1]!r}" + (f", field {rest}" if rest else "")
+    return ".".join(str(p) for p in loc) or "fleet"
+
+
+def _message(error: Any) -> str:
+    msg = str(error["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+# ------------------------------------------------------------------------- one pool's parts
+def pool_values(pool: _PoolBase) -> dict[str, Any]:
+    """Every engine and serve flag of the pool (no Ray fields)."""
+    return {k: v for k, v in pool.model_dump().items() if k in _FLAG_NAMES}
+
+
+def live_settings(pool: _PoolBase) -> dict[str, Any]:
+    """What changes without restarting the pool's replicas (Ray Serve's user_config)."""
+    values = pool.model_dump()
+    return {k: values[k] for k in LIVE_FIELDS}
+
+
+def restart_key(pool: _PoolBase) -> str:
+    """The pool's deployment version: a digest of everything a change of which must restart
+    its replicas. The live fields count only where they load something: a proposer other than
+    n-gram (when speculating), and N when --max-memory sized the KV pool for it."""
+    values = pool_values(pool)
+    key = {k: v for k, v in values.items() if k not in LIVE_FIELDS}
+    speculating = values["speculate"] != 0 or values["speculation_profile"] is not None
+    key["loads"] = values["proposer"] if speculating and values["proposer"] != "ngram" else None
+    if values["max_memory"] is not None:
+        key["speculate"] = values["speculate"]
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def pool_settings(values: dict[str, Any]) -> ServerSettings:
+    """The serve-side limits of one pool (its model name, prompt and admission limits), from
+    its flag values (`pool_values`), as `serve` builds them from its flags."""
+    from specserve.server.cli import DEFAULT_MODEL_ID
+
+    return ServerSettings(
+        model_id=values["model"] or DEFAULT_MODEL_ID,
+        max_input_tokens=values["max_input_tokens"],
+        max_concurrent_requests=values["max_concurrent_requests"],
+    )
+
+
+def with_changes(config: FleetConfig, pool: str, changes: dict[str, Any]) -> FleetConfig:
+    """The config with `changes` applied to one pool, validated as a file would be."""
+    if pool not in config.pools:
+        raise FleetConfigError(f"no pool {pool!r}; pools: {sorted(config.pools)}")
+    raw = config.model_dump(exclude_unset=True)
+    raw["pools"][pool] = {**raw["pools"].get(pool, {}), **changes}
+    return parse_fleet(raw, f"fleet set {pool}")
+
+
+_FLAG_NAMES = frozenset(fields_of(pool_parser()))

@@ -1,0 +1,184 @@
+"""A fleet config -> one Ray Serve application: a deployment per pool, an ingress in front.
+
+It is deployed as `serve run CONFIG` deploys (Ray Serve's declarative path, without the
+dashboard): an import path (`app_builder`, bound to the pool names) plus per-deployment
+options. On that path Serve keeps a deployment's replicas while its code and actor options stay
+the same, and an update of only its `user_config` is the lightweight one: `reconfigure` runs in
+each replica, same process, requests in flight untouched. (Re-running `serve.run` gives every
+deploy a new random code version and replaces every replica; 2.60 no longer takes a version.)
+
+So a pool's live settings are its `user_config`, and everything else its replicas are built
+from (with `config.restart_key`, which also covers a live setting that loads something) travels
+in an environment variable of their actor options (`SPECSERVE_POOL`): changing a model or an
+engine limit changes those options, and Serve restarts that pool's replicas, and only those.
+The ingress takes the whole config as its user_config (routes, what /info shows), and only
+what its app is built from (API key, body limit) in its options. Adding or removing a pool
+changes the builder's arguments: then everything restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from specserve.fleet.config import (
+    FleetConfig,
+    live_settings,
+    parse_fleet,
+    pool_values,
+    restart_key,
+)
+from specserve.fleet.flags import LIVE_FIELDS
+from specserve.fleet.ingress import FleetContexts, fleet_app
+from specserve.fleet.replica import PoolReplica
+from specserve.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+APP = "specserve-fleet"
+INGRESS = "ingress"
+POOL_ENV = "SPECSERVE_POOL"  # a pool replica's flag values, JSON
+INGRESS_ENV = "SPECSERVE_INGRESS"  # the ingress's API key and body limit, JSON
+
+
+def pool_deployment_name(pool: str) -> str:
+    return f"pool-{pool}"
+
+
+class PoolDeployment(PoolReplica):
+    """A pool's replica as Ray Serve starts it: the flag values from its actor options."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__(pool, json.loads(os.environ[POOL_ENV])["values"])
+
+
+class FleetIngress:
+    """The ingress replica: `fleet_app` over the pools' handles."""
+
+    def __init__(self, pools: dict[str, DeploymentHandle]) -> None:
+        self.guard = json.loads(os.environ[INGRESS_ENV])
+        self.contexts = FleetContexts(None, pools)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        settings = ServerSettings(model_id="fleet", **self.guard)
+        return fleet_app(self.contexts, settings)
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        self.contexts.update(parse_fleet(config, "the deployed fleet"))
+
+    def refresh(self) -> None:
+        """The pools changed (redeployed): take their limits and tokenizers again."""
+        self.contexts.refresh()
+
+    def fleet_config(self) -> dict[str, Any]:
+        assert self.contexts.config is not None
+        return dump(self.contexts.config)
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """The application for `args["pools"]` (the import path of the deploy config)."""
+    pools = {
+        name: serve.deployment(name=pool_deployment_name(name))(PoolDeployment).bind(name)
+        for name in args["pools"]
+    }
+    return serve.deployment(name=INGRESS)(serve.ingress()(FleetIngress)).bind(pools)
+
+
+def dump(config: FleetConfig) -> dict[str, Any]:
+    """The config as it was written (fields left out stay out, so defaults stay defaults)."""
+    raw: dict[str, Any] = config.model_dump(mode="json", exclude_unset=True)
+    return raw
+
+
+def deploy_schema(config: FleetConfig) -> Any:
+    """The `serve run`-style config of the fleet (a `ServeDeploySchema`)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    guard = {"api_key": config.api_key, "max_body_bytes": config.max_body_bytes}
+    in_flight = sum(p.max_concurrent_requests for p in config.pools.values())
+    ingress = {
+        "name": INGRESS,
+        "user_config": dump(config),
+        "num_replicas": 1,  # request series are observed here: one ingress, one count
+        "max_ongoing_requests": in_flight + 64,  # admitted per pool, plus status routes
+        "ray_actor_options": {"num_cpus": 0, "runtime_env": _env(INGRESS_ENV, guard)},
+    }
+    app = {
+        "name": APP,
+        "route_prefix": "/",
+        "import_path": f"{__name__}:app_builder",
+        "args": {"pools": sorted(config.pools)},
+        "deployments": [ingress, *(_pool_options(n, p) for n, p in config.pools.items())],
+    }
+    return ServeDeploySchema.model_validate({"applications": [app]})
+
+
+def _pool_options(name: str, pool: Any) -> dict[str, Any]:
+    fixed = {k: v for k, v in pool_values(pool).items() if k not in LIVE_FIELDS}
+    options: dict[str, Any] = {
+        "name": pool_deployment_name(name),
+        "user_config": live_settings(pool),
+        "ray_actor_options": {
+            "num_cpus": pool.num_cpus,
+            # What the replicas are built from: a change here restarts them (see above).
+            "runtime_env": _env(POOL_ENV, {"version": restart_key(pool), "values": fixed}),
+        },
+        # The engine batches and queues: let every admitted request of the pool reach it.
+        "max_ongoing_requests": pool.max_concurrent_requests,
+        "graceful_shutdown_timeout_s": 30,
+    }
+    if pool.autoscaling is not None:
+        options["autoscaling_config"] = pool.autoscaling.model_dump()
+    else:
+        options["num_replicas"] = pool.replicas
+    return options
+
+
+def _env(name: str, value: Any) -> dict[str, Any]:
+    return {"env_vars": {name: json.dumps(value, sort_keys=True)}}
+
+
+def deploy(config: FleetConfig, timeout_s: float = 600.0) -> DeploymentHandle:
+    """Deploy or update the fleet and wait until it serves; the ingress then re-reads the
+    pools' limits (a restarted pool may have a new model). Serve must be started."""
+    from ray.serve._private.api import serve_start  # what `serve run CONFIG` calls
+
+    started = time.monotonic()
+    serve_start(http_options={"host": config.host, "port": config.port}).deploy_apps(
+        deploy_schema(config), _blocking=True
+    )
+    wait_running(timeout_s - (time.monotonic() - started))
+    handle = ingress_handle()
+    handle.refresh.remote().result()
+    logger.info("fleet deployed in %.1f s", time.monotonic() - started)
+    return handle
+
+
+def wait_running(timeout_s: float) -> None:
+    """Until the application runs; RuntimeError with Serve's message if it failed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        app = serve.status().applications.get(APP)
+        status = str(app.status) if app is not None else "NOT_STARTED"
+        if status.endswith("RUNNING"):
+            return
+        if status.endswith("DEPLOY_FAILED") or time.monotonic() > deadline:
+            message = app.message if app is not None else "the application is not there"
+            raise RuntimeError(f"fleet {status}: {message}")
+        time.sleep(0.5)
+
+
+def ingress_handle() -> DeploymentHandle:
+    return serve.get_app_handle(APP)
+
+
+def current_config() -> FleetConfig:
+    """The config the running fleet was deployed with."""
+    raw = ingress_handle().fleet_config.remote().result()
+    return parse_fleet(raw, "the running fleet")

@@ -1,0 +1,284 @@
+"""The fleet's HTTP front: `serve`'s own routes (`server.app.api_app`), a context per pool.
+
+Each request is routed (`Router.select_pool` over path, headers and the body's model name),
+then validated, admitted (429 per pool) and timed by the same code as in `serve`, against the
+pool's limits and tokenizer; `PoolClient` streams it from one of the pool's replicas over a Ray
+Serve handle. Importing this module does not import Ray: the handles come from the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specserve.engine.prompt import encode_messages, encode_text
+from specserve.engine.request import RequestOutput, SamplingParams
+from specserve.fleet.config import FleetConfig, live_settings, restart_key
+from specserve.fleet.observe import FleetInfo, PoolInfo, ReplicaInfo, render_pools
+from specserve.fleet.replica import PoolDescription, ReplicaState
+from specserve.fleet.routing import Router, UnknownPool
+from specserve.server.app import api_app
+from specserve.server.context import ServerContext, route_label
+from specserve.server.errors import ApiError, ErrorKind, invalid
+from specserve.server.metrics import ServerMetrics
+from specserve.server.schemas import Info
+from specserve.server.service import GenerationService
+from specserve.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+STATE_TIMEOUT_S = 10.0  # a replica that does not report its state by then is "unreachable"
+
+
+class PoolClient:
+    """The `Backend` of one pool: its tokenizer here, its engines behind a Ray Serve handle."""
+
+    def __init__(self, name: str, handle: Any) -> None:
+        self.name, self.handle = name, handle
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return encode_text(self._tokenizer, text)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return encode_messages(self._tokenizer, messages)
+
+    # Replicas own their engines; Ray Serve replaces a dead one, and a request whose replica
+    # died fails with RuntimeError (generate). The ingress itself has no engine to lose.
+    alive = True
+    died: str | None = None
+
+    def abort_all(self, error: str) -> None:
+        del error  # each replica drains its own engine
+
+    async def describe(self) -> PoolDescription:
+        desc: PoolDescription = await self.handle.describe.remote()
+        self._tokenizer = desc.tokenizer
+        return desc
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """ValueError: the engine refused the request. RuntimeError: the replica failed (died,
+        unreachable) - before the first output the request was not served (503), after it the
+        stream ends with an error event."""
+        stream = self.handle.options(stream=True).generate.remote(prompt_ids, params, request_id)
+        finished = False
+        try:
+            async for out in stream:
+                finished = out.finished
+                yield out
+        except ValueError:
+            raise
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise RuntimeError(
+                f"pool {self.name!r}: its replica failed ({type(exc).__name__}: {first[:200]})"
+            ) from exc
+        finally:
+            if not finished:
+                stream.cancel()  # the replica's generator is closed, which aborts the request
+
+
+@dataclass
+class Reported:
+    """What the pool's replicas said at the last broadcast."""
+
+    states: list[ReplicaState] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PoolEntry:
+    client: PoolClient
+    reported: Reported
+    metrics: ServerMetrics  # request series observed here, engine series from `reported`
+    service: GenerationService  # admission (429) across the pool's replicas
+    ctx: ServerContext | None = None  # None until the pool described itself (or after refresh)
+    shows_profile: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def of(cls, client: PoolClient) -> PoolEntry:
+        reported = Reported()
+        metrics = ServerMetrics(lambda: _labelled(reported.states))
+        return cls(client, reported, metrics, GenerationService(client, metrics, 128, 1))
+
+
+class FleetContexts:
+    """`Contexts` of the ingress: the pool's context for each request."""
+
+    def __init__(self, config: FleetConfig | None, handles: dict[str, Any]) -> None:
+        """`config` None: it arrives with the first `update` (Ray Serve's reconfigure)."""
+        self.config = config
+        self.router = Router.of(config) if config is not None else None
+        self.pools = {name: PoolEntry.of(PoolClient(name, h)) for name, h in handles.items()}
+
+    def update(self, config: FleetConfig) -> None:
+        """A new config (routes, live settings): pools describe themselves again on next use."""
+        self.config, self.router = config, Router.of(config)
+        self.refresh()
+
+    def refresh(self) -> None:
+        for entry in self.pools.values():
+            entry.ctx = None
+
+    async def pick(self, request: Request) -> ServerContext:
+        if self.router is None:
+            raise ApiError(503, "the fleet is starting", ErrorKind.UNAVAILABLE)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            name = self.router.select_pool(request.url.path, headers, await _model_of(request))
+        except UnknownPool as exc:
+            raise invalid(f"header {exc.header}", str(exc)) from exc
+        request.state.chosen = name
+        return await self.context(name)
+
+    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
+        name = chosen if chosen in self.pools else self._fallback(path, headers)
+        if name is not None:
+            self.pools[name].metrics.count(route_label(path), outcome)
+
+    def _fallback(self, path: str, headers: dict[str, str]) -> str | None:
+        """Where a request that failed before routing counts: its pool by path and headers."""
+        if self.router is None:
+            return None
+        try:
+            return self.router.select_pool(path, {k.lower(): v for k, v in headers.items()}, None)
+        except UnknownPool:
+            return self.router.default_pool
+
+    async def context(self, name: str) -> ServerContext:
+        entry = self.pools[name]
+        async with entry.lock:
+            if entry.ctx is None:
+                entry.ctx = await self._describe(name, entry)
+            return entry.ctx
+
+    async def _describe(self, name: str, entry: PoolEntry) -> ServerContext:
+        try:
+            desc = await asyncio.wait_for(entry.client.describe(), STATE_TIMEOUT_S * 6)
+        except Exception as exc:
+            raise ApiError(
+                503, f"pool {name!r} is unavailable: {exc}", ErrorKind.UNAVAILABLE
+            ) from exc
+        entry.service.max_concurrent = desc.settings.max_concurrent_requests
+        profile = desc.provenance.profile
+        if profile is not None and not entry.shows_profile:
+            entry.metrics.show_profile(profile.stale)
+            entry.shows_profile = True
+        special = frozenset(int(i) for i in desc.tokenizer.all_special_ids)
+        # A model name a route sends to this pool names it too (besides the served model's).
+        routes = self.config.routes if self.config is not None else []
+        routed = [r.model for r in routes if r.model and r.pool == name]
+        limits = replace(desc.limits, model_names=(*desc.limits.model_names, *routed))
+        return ServerContext(
+            entry.client,
+            desc.settings,
+            limits,
+            entry.metrics,
+            entry.service,
+            special,
+            desc.provenance,
+        )
+
+    async def read_states(self) -> None:
+        """Every replica's state, by broadcast to each pool (for /metrics and /info)."""
+
+        async def one(entry: PoolEntry) -> None:
+            try:
+                got = await entry.client.handle.broadcast("state").results_async(
+                    timeout_s=STATE_TIMEOUT_S, return_exceptions=True
+                )
+            except Exception as exc:  # no replica at all right now
+                got = [exc]
+            states = [s for s in got if isinstance(s, ReplicaState)]
+            failed = [f"{type(e).__name__}: {e}"[:300] for e in got if _failed(e)]
+            entry.reported.states, entry.reported.unreachable = states, failed
+
+        await asyncio.gather(*(one(e) for e in self.pools.values()))
+
+    def info(self) -> FleetInfo:
+        if self.config is None:
+            raise ApiError(503, "the fleet is starting", ErrorKind.UNAVAILABLE)
+        pools = {}
+        for name, entry in self.pools.items():
+            pool = self.config.pools[name]
+            first = entry.reported.states[0].info if entry.reported.states else None
+            engine = Info.model_validate(first) if first is not None else None
+            profile = engine.speculation_profile if engine is not None else None
+            pools[name] = PoolInfo(
+                settings=live_settings(pool),
+                version=restart_key(pool),
+                replicas=[
+                    ReplicaInfo(
+                        replica=s.replica, pid=s.pid, node=s.node, started=s.started, live=s.live
+                    )
+                    for s in entry.reported.states
+                ],
+                unreachable=entry.reported.unreachable,
+                engine=engine,
+                profile_stale=profile.stale if profile is not None else None,
+            )
+        routes = [r.model_dump(exclude_none=True) for r in self.config.routes]
+        return FleetInfo(default_pool=self.config.default_pool, routes=routes, pools=pools)
+
+
+def _failed(result: Any) -> bool:
+    return isinstance(result, BaseException)
+
+
+def _labelled(states: list[ReplicaState]) -> list[tuple[dict[str, str], Any]]:
+    return [({"replica": s.replica}, s.snapshot) for s in states]
+
+
+async def _model_of(request: Request) -> str | None:
+    """The model a generation request names: OpenAI `model`, TGI `parameters.model`."""
+    if request.method != "POST":
+        return None
+    try:
+        body = json.loads(await request.body() or b"null")
+    except ValueError:
+        return None  # the route answers the malformed body
+    if not isinstance(body, dict):
+        return None
+    params = body.get("parameters")
+    model = body.get("model") or (params.get("model") if isinstance(params, dict) else None)
+    return model if isinstance(model, str) else None
+
+
+def fleet_app(contexts: FleetContexts, guard: ServerSettings) -> FastAPI:
+    """The ingress app: serve's routes over the pools, with the fleet's /health, /info and
+    /metrics. `guard`: the API key and body limit, as `serve` takes them."""
+    app = api_app(contexts, guard)
+    app.state.fleet = contexts
+
+    async def health() -> JSONResponse:
+        """200 while the ingress runs; each pool's replica count from Ray Serve's view."""
+        return JSONResponse({"status": "ok", "pools": sorted(contexts.pools)})
+
+    async def info() -> FleetInfo:
+        await contexts.read_states()
+        return contexts.info()
+
+    async def metrics() -> Response:
+        await contexts.read_states()
+        registries = {name: e.metrics.registry for name, e in contexts.pools.items()}
+        body = await asyncio.to_thread(render_pools, registries)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    app.add_api_route("/health", health, methods=["GET"], tags=["status"])
+    app.add_api_route("/info", info, methods=["GET"], response_model=FleetInfo, tags=["status"])
+    app.add_api_route("/metrics", metrics, methods=["GET"], tags=["status"])
+    return app

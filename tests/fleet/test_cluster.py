@@ -1,0 +1,248 @@
+"""One real local Ray cluster (127.0.0.1, 2 CPUs, no dashboard) for the whole module: two pools
+of tiny models behind the ingress on Ray Serve's HTTP proxy. The module's fixture starts the
+cluster and shuts Serve and Ray down at the end, and checks that no Ray process is left."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specserve.fleet.config import FleetConfig, parse_fleet, with_changes
+from tests.fleet.conftest import LOOPY, two_pools
+from tests.server.conftest import free_port
+
+CODE, CHAT = {"x-specserve-pool": "code"}, {"x-specserve-pool": "chat"}
+
+
+@dataclass
+class Fleet:
+    url: str
+    config: FleetConfig
+
+    def info(self) -> dict[str, Any]:
+        return dict(httpx.get(self.url + "/info", timeout=60).json())
+
+    def pids(self, pool: str) -> list[int]:
+        return [r["pid"] for r in self.info()["pools"][pool]["replicas"]]
+
+    def metric(self, name: str, **labels: str) -> float:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.url + "/metrics", timeout=60).text
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        return sum(
+            s.value for s in samples if s.name == name and labels.items() <= s.labels.items()
+        )
+
+    def generate(self, headers: dict[str, str] | None = None, **params: Any) -> dict[str, Any]:
+        body = {"inputs": LOOPY, "parameters": {"max_new_tokens": 24, "details": True, **params}}
+        r = httpx.post(self.url + "/generate", json=body, headers=headers, timeout=120)
+        assert r.status_code == 200, r.text
+        details: dict[str, Any] = r.json()["details"]
+        assert details["finish_reason"] == "length"
+        return details
+
+
+def ray_children() -> list[str]:
+    import psutil
+
+    return [
+        f"{p.pid} {p.name()}"
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_model: Path) -> Iterator[Fleet]:
+    import ray
+    from ray import serve
+
+    from specserve.fleet.deploy import deploy
+
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+        config = parse_fleet(two_pools(fleet_model, port=port), "test")
+        deploy(config, timeout_s=300)
+        yield Fleet(f"http://127.0.0.1:{port}", config)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    deadline = time.monotonic() + 30
+    while ray_children() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_children(), f"Ray processes left running: {ray_children()}"
+
+
+def stream(url: str, headers: dict[str, str], max_new: int, first: threading.Event) -> Any:
+    """A TGI stream; its events, read in a thread. `first` is set at the first token."""
+    events: list[dict[str, Any]] = []
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
+
+    def run() -> None:
+        with httpx.stream(
+            "POST", url + "/generate_stream", json=body, headers=headers, timeout=300
+        ) as s:
+            for line in s.iter_lines():
+                if line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+                    first.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, events
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_routes_by_header_model_and_path(fleet: Fleet) -> None:
+    assert fleet.generate()["drafted_tokens"] == 0  # default pool: chat, N=0
+    assert fleet.generate(CODE)["drafted_tokens"] > 0
+    assert fleet.generate(model="smol-code")["drafted_tokens"] > 0
+    r = httpx.post(
+        fleet.url + "/v1/completions", json={"prompt": LOOPY, "max_tokens": 16}, timeout=120
+    )
+    assert r.status_code == 200, r.text
+    assert fleet.metric("specserve_requests_total", pool="code", route="/v1/completions") == 1
+    r = httpx.post(fleet.url + "/generate", json={"inputs": "x"}, headers={"x-specserve-pool": "z"})
+    assert r.status_code == 422 and "the pools are chat, code" in r.text
+
+
+def test_streams_through_the_proxy(fleet: Fleet) -> None:
+    body = {"inputs": LOOPY, "parameters": {"max_new_tokens": 16, "details": True}}
+    with httpx.stream(
+        "POST", fleet.url + "/generate_stream", json=body, headers=CODE, timeout=120
+    ) as s:
+        events = [json.loads(x[5:]) for x in s.iter_lines() if x.startswith("data:")]
+    assert len(events) == 16 and events[-1]["details"]["drafted_tokens"] > 0
+    chat = {
+        "model": "smol-code",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    with httpx.stream("POST", fleet.url + "/v1/chat/completions", json=chat, timeout=120) as s:
+        lines = [x[5:].strip() for x in s.iter_lines() if x.startswith("data:")]
+    assert lines[-1] == "[DONE]" and json.loads(lines[-2])["choices"][0]["finish_reason"]
+
+
+def test_metrics_per_pool_and_replica(fleet: Fleet) -> None:
+    assert fleet.metric("specserve_requests_total", pool="code", outcome="success") >= 3
+    assert fleet.metric("specserve_requests_total", pool="chat", outcome="success") >= 1
+    assert fleet.metric("specserve_spec_drafted_tokens_total", pool="code") > 0
+    assert fleet.metric("specserve_spec_drafted_tokens_total", pool="chat") == 0
+    [replica] = fleet.info()["pools"]["code"]["replicas"]
+    assert fleet.metric("specserve_kv_cache_blocks", pool="code", replica=replica["replica"]) > 0
+
+
+def test_live_reconfigure_keeps_the_replica_and_its_requests(fleet: Fleet) -> None:
+    from specserve.fleet.deploy import deploy
+
+    [pid] = fleet.pids("chat")
+    first = threading.Event()
+    thread, events = stream(fleet.url, CHAT, 3500, first)
+    assert first.wait(60)
+    fleet.config = with_changes(fleet.config, "chat", {"speculate": 3})
+    deploy(fleet.config, timeout_s=300)
+    during = len(events)
+    thread.join(300)
+    assert during < 3500, "the stream ended before the reconfigure: make it longer"
+    assert "error" not in events[-1] and events[-1]["generated_text"] is not None
+    assert len(events) == 3500  # the request in flight went on to its end
+    chat = fleet.info()["pools"]["chat"]
+    assert chat["engine"]["speculation"]["speculate"] == 3 and chat["settings"]["speculate"] == 3
+    assert fleet.pids("chat") == [pid]  # reconfigured in place, not replaced
+    assert fleet.generate(CHAT, speculate=3)["drafted_tokens"] > 0
+    assert fleet.metric("specserve_spec_drafted_tokens_total", pool="chat") > 0
+
+
+def test_bench_and_diagnose_read_one_pool(fleet: Fleet, tmp_path: Path, capsys: Any) -> None:
+    from specserve.cli import main
+
+    items = tmp_path / "w.jsonl"
+    line = {"id": "r1", "workload": "mine", "prompt": LOOPY, "messages": None}
+    items.write_text(json.dumps(line) + "\n")
+    out = tmp_path / "bench"
+    argv = [
+        "bench",
+        "--url",
+        fleet.url,
+        "--pool",
+        "code",
+        "--workload",
+        str(items),
+        "--speculate",
+        "2",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    by_n = {c["key"]["speculate"]: c for c in cells}
+    assert all(r["ok"] for c in cells for r in c["records"])
+    assert by_n[2]["server"]["specserve_spec_drafted_tokens_total"] > 0  # the code pool's
+    assert by_n[0]["server"]["specserve_spec_drafted_tokens_total"] == 0
+    assert main(["bench", "--url", fleet.url, "--workload", str(items), "--out", str(out)]) == 2
+    assert "this is a fleet: pass --pool, one of chat, code" in capsys.readouterr().err
+    assert main(["diagnose", "--url", fleet.url, "--samples", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["pools"]) == {"chat", "code"}
+    assert report["pools"]["code"]["reading"]["speculate"] == 4
+    assert report["pools"]["chat"]["reading"]["speculate"] == 3  # set live above
+
+
+def test_an_engine_change_restarts_only_that_pool(fleet: Fleet) -> None:
+    from specserve.fleet.deploy import deploy
+
+    [chat], [code] = fleet.pids("chat"), fleet.pids("code")
+    fleet.config = with_changes(fleet.config, "chat", {"kv_cache_bytes": 12_000_000})
+    deploy(fleet.config, timeout_s=300)
+    assert fleet.pids("code") == [code]
+    [new] = fleet.pids("chat")
+    assert new != chat
+    blocks = fleet.info()["pools"]["chat"]["engine"]["memory"]["kv_blocks"]
+    assert blocks < fleet.info()["pools"]["code"]["engine"]["memory"]["kv_blocks"]
+    assert fleet.generate(CHAT, speculate=3)["drafted_tokens"] > 0  # live settings kept
+
+
+def test_a_killed_replica_is_replaced(fleet: Fleet) -> None:
+    [pid] = fleet.pids("code")
+    first = threading.Event()
+    thread, events = stream(fleet.url, CODE, 3000, first)
+    assert first.wait(60)
+    os.kill(pid, signal.SIGKILL)
+    thread.join(120)
+    assert not thread.is_alive()
+    assert "error" in events[-1], events[-1]  # the stream ends with an error event
+    assert "replica failed" in events[-1]["error"]
+    assert fleet.generate(CHAT)["finish_reason"] == "length"  # the other pool serves on
+    wait_until("a new code replica", lambda: fleet.pids("code") not in ([], [pid]))
+    assert fleet.generate(CODE)["drafted_tokens"] > 0
