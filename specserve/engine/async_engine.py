@@ -33,6 +33,7 @@ class _Add:
     request_id: str
     ids: list[int]
     params: SamplingParams
+    after: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,21 @@ class AsyncEngine:
         return self.died is None and self._thread.is_alive()
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        after: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Stream one request's outputs. Raises ValueError (before any output) on bad input."""
+        """Stream one request's outputs. Raises ValueError (before any output) on bad input.
+        `after`: see `Engine.add_prepared`."""
         ids, params = self.engine.prepare(prompt, params)
         rid = request_id or f"async-{next(self._ids)}"
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in use")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
-        if not self._post(_Add(rid, ids, params)):
+        if not self._post(_Add(rid, ids, params, after)):
             self._queues.pop(rid, None)
             why = f"the engine stopped: {self.died}" if self.died else "engine is shutting down"
             raise RuntimeError(why)
@@ -152,7 +158,7 @@ class AsyncEngine:
             self.engine.abort(item.request_id)
             return None
         try:
-            self.engine.add_prepared(item.ids, item.params, item.request_id)
+            self.engine.add_prepared(item.ids, item.params, item.request_id, item.after)
         except Exception as exc:  # ValueError: refused; anything else: this request fails
             if not isinstance(exc, ValueError):
                 logger.exception("adding request %s failed", item.request_id)

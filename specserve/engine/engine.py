@@ -60,6 +60,9 @@ class Engine:
         self.stats = EngineStats()
         self._live: dict[str, _Live] = {}
         self._outbox: list[RequestOutput] = []  # outputs not yet returned by step()
+        # request id -> sequences that queue once its prompt is computed (and cached): choices
+        # 2..n of one request then share the prompt's blocks instead of computing them again.
+        self._parked: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self.last_step: StepRecord | None = None
 
@@ -104,15 +107,31 @@ class Engine:
         return ids, params
 
     def add_prepared(
-        self, ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        after: str | None = None,
     ) -> str:
+        """`after`: a live request with the same prompt (an earlier choice of the same call);
+        this one queues once that one's prompt is computed, to reuse its cached blocks."""
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(seq_id=next(self._ids), request_id=request_id, prompt_ids=ids, params=params)
         self._live[request_id] = _Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
-        self.scheduler.add(seq)
+        first = self._live.get(after) if after is not None else None
+        if first is not None and not first.seq.output_ids and self.res.allocator.caching:
+            self._parked.setdefault(first.seq.request_id, []).append(seq)
+        else:
+            self.scheduler.add(seq)
         return request_id
+
+    def _unpark(self, request_id: str) -> None:
+        """`request_id`'s prompt is computed, or it ended: its siblings queue now, first."""
+        for seq in reversed(self._parked.pop(request_id, [])):
+            if not seq.is_finished:
+                self.scheduler.add(seq, first=True)
 
     def encode(self, text: str) -> list[int]:
         """Prompt text -> token ids, without adding special tokens (templates add their own)."""
@@ -146,7 +165,7 @@ class Engine:
         self.config = replace(self.config, spec=spec)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._outbox)
+        return self.scheduler.has_work() or bool(self._outbox) or bool(self._parked)
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -307,6 +326,7 @@ class Engine:
                 self.res.policy.record(seq.seq_id, k, result.num_accepted)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
+            self._unpark(seq.request_id)
         new_ids: list[int] = []
         reason = None
         for token in result.tokens:
@@ -370,6 +390,7 @@ class Engine:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.scheduler.remove(seq)
+        self._unpark(seq.request_id)
         self._release_proposer(seq)
         self._live.pop(seq.request_id, None)
         self._outbox.append(self._output(live, new_ids or [], True, error, logprobs))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Why a sequence finished.
 FinishReason = str  # "length" | "eos" | "stop" | "abort" | "error"
@@ -50,6 +50,21 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def for_choice(self, i: int) -> SamplingParams:
+        """Choice i of an n-choice request: choice 0 keeps the request's seed, the others get
+        seeds derived from it (so each is reproducible alone); greedy choices are all alike."""
+        if i == 0 or self.seed is None:
+            return self
+        return replace(self, seed=choice_seed(self.seed, i))
+
+
+def choice_seed(seed: int, i: int) -> int:
+    """A splitmix64 step of (seed, i): well-spread seeds for choices 1.. of one request."""
+    x = (seed + 0x9E3779B97F4A7C15 * (i + 1)) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) >> 1  # 63 bits, as generated seeds are
 
 
 class SeqStatus(enum.Enum):

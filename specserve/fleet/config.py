@@ -197,6 +197,7 @@ def pool_settings(values: dict[str, Any]) -> ServerSettings:
         model_id=values["model"] or DEFAULT_MODEL_ID,
         max_input_tokens=values["max_input_tokens"],
         max_concurrent_requests=values["max_concurrent_requests"],
+        max_choices=values["max_choices"],
     )
 
 

@@ -23,6 +23,7 @@ from specserve.server.cli import SERVE_FLAGS, STRICT_PROFILE
 POOL_SERVE_FLAGS = (
     "--max-input-tokens",
     "--max-concurrent-requests",
+    "--max-choices",
     "--speculation-profile",
     "--profile-workload",
 )

@@ -68,12 +68,18 @@ class PoolClient:
         return desc
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        after: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """ValueError: the engine refused the request. RuntimeError: the replica failed (died,
         unreachable) - before the first output the request was not served (503), after it the
         stream ends with an error event."""
-        stream = self.handle.options(stream=True).generate.remote(prompt_ids, params, request_id)
+        # `after` travels along; on another replica than its sibling's it is simply unknown.
+        call = self.handle.options(stream=True).generate
+        stream = call.remote(prompt_ids, params, request_id, after)
         finished = False
         try:
             async for out in stream:

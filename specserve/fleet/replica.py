@@ -116,11 +116,15 @@ class PoolReplica:
         )
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        after: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs, streamed; cancelling the caller's stream aborts it."""
         await self._up.wait()
-        stream = self.engine.generate(prompt_ids, params, request_id)
+        stream = self.engine.generate(prompt_ids, params, request_id, after)
         async with contextlib.aclosing(stream) as outs:
             async for out in outs:
                 yield out

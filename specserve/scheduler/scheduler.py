@@ -79,9 +79,13 @@ class Scheduler:
         self.num_preemptions = 0
         self._reserved = 0  # blocks protected running sequences may still grow into
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, first: bool = False) -> None:
+        """Queue `seq` (at the head with `first`: a choice of a request already admitted)."""
         seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
+        if first:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -32,8 +32,15 @@ class Backend(Protocol):
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]: ...
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        after: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """`after`: an earlier choice of the same request (same prompt), whose cached prompt
+        this one may wait for and reuse; a backend may ignore it."""
+        ...
 
     @property
     def alive(self) -> bool:
@@ -67,9 +74,13 @@ class LocalBackend:
         return self.async_engine.engine.encode_chat(messages)
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        after: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        return self.async_engine.generate(prompt_ids, params, request_id)
+        return self.async_engine.generate(prompt_ids, params, request_id, after)
 
     @property
     def alive(self) -> bool:

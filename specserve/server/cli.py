@@ -70,6 +70,13 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
         int,
     ),
     (
+        "--max-choices",
+        "MAX_CHOICES",
+        8,
+        "most choices (OpenAI `n`) one request may ask for; they share the prompt's KV blocks",
+        int,
+    ),
+    (
         "--api-key",
         "API_KEY",
         None,
@@ -140,6 +147,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             model_id=args.model or DEFAULT_MODEL_ID,
             max_input_tokens=args.max_input_tokens,
             max_concurrent_requests=args.max_concurrent_requests,
+            max_choices=args.max_choices,
             api_key=args.api_key,
             max_body_bytes=args.max_body_bytes,
         )

@@ -16,9 +16,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from specserve.engine.request import RequestOutput
+from specserve.engine.request import RequestOutput, TokenLogprob
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.errors import ApiError, ErrorKind, error_body
+from specserve.server.openai_logprobs import chat_logprobs, completion_logprobs
 from specserve.server.openai_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -26,7 +27,9 @@ from specserve.server.openai_schemas import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatLogprobs,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     CompletionTokensDetails,
@@ -53,23 +56,27 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     500: _ERROR,
     503: _ERROR,
 }
-# Turns one engine output into zero or more stream chunks.
-ChunkFn = Callable[[RequestOutput], list[Any]]
+# Turns one choice's engine output into zero or more stream chunks.
+ChunkFn = Callable[[int, RequestOutput], list[Any]]
 
 
 def openai_finish(out: RequestOutput) -> FinishReasonOpenAI:
     return "length" if out.finish_reason == "length" else "stop"
 
 
-def usage(out: RequestOutput) -> Usage:
+def usage(finals: list[RequestOutput]) -> Usage:
+    """One prompt, every choice's completion tokens."""
+    prompt = finals[0].num_prompt_tokens
+    completion = sum(f.num_output_tokens for f in finals)
+    accepted = sum(f.accepted_tokens for f in finals)
     return Usage(
-        prompt_tokens=out.num_prompt_tokens,
-        completion_tokens=out.num_output_tokens,
-        total_tokens=out.num_prompt_tokens + out.num_output_tokens,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
         completion_tokens_details=CompletionTokensDetails(
-            accepted_prediction_tokens=out.accepted_tokens,
-            rejected_prediction_tokens=out.drafted_tokens - out.accepted_tokens,
-            speculation_steps=out.spec_steps,
+            accepted_prediction_tokens=accepted,
+            rejected_prediction_tokens=sum(f.drafted_tokens for f in finals) - accepted,
+            speculation_steps=sum(f.spec_steps for f in finals),
         ),
     )
 
@@ -96,26 +103,43 @@ async def completions(
 ) -> CompletionResponse | EventStream:
     prep = prepare_completion(body, ctx.encode, ctx.limits)
     rid, created, model = new_id("cmpl"), int(time.time()), ctx.settings.model_id
+    top = prep.params.logprobs
     tracked = ctx.service.admit("/v1/completions")
-    if body.stream:
 
-        def chunks(out: RequestOutput) -> list[Any]:
+    def logprobs(entries: list[TokenLogprob], offset: int = 0) -> CompletionLogprobs | None:
+        return None if top is None else completion_logprobs(ctx.tokenizer, entries, top, offset)
+
+    if body.stream:
+        offsets = [0] * body.n  # characters streamed so far, per choice
+
+        def chunks(i: int, out: RequestOutput) -> list[Any]:
             finish = openai_finish(out) if out.finished else None
-            if not out.new_text and finish is None:
+            if not out.new_text and finish is None and not (top is not None and out.logprobs):
                 return []
-            choice = CompletionChoice(text=out.new_text, finish_reason=finish)
+            lp = logprobs(out.logprobs or [], offsets[i])
+            offsets[i] += len(out.new_text)
+            choice = CompletionChoice(index=i, text=out.new_text, logprobs=lp, finish_reason=finish)
             return [CompletionResponse(id=rid, created=created, model=model, choices=[choice])]
 
-        def last(out: RequestOutput) -> Any:
+        def last(finals: list[RequestOutput]) -> Any:
             return CompletionResponse(
-                id=rid, created=created, model=model, choices=[], usage=usage(out)
+                id=rid, created=created, model=model, choices=[], usage=usage(finals)
             )
 
         return _stream(ctx, body, prep, tracked, rid, chunks, last)
-    result = await ctx.service.collect(request, tracked, prep, rid)
-    choice = CompletionChoice(text=result.text, finish_reason=openai_finish(result.final))
+    results = await ctx.service.collect_choices(request, tracked, prep, rid, body.n)
+    choices = [
+        CompletionChoice(
+            index=i,
+            text=r.text,
+            logprobs=logprobs(r.logprobs),
+            finish_reason=openai_finish(r.final),
+        )
+        for i, r in enumerate(results)
+    ]
+    finals = [r.final for r in results]
     return CompletionResponse(
-        id=rid, created=created, model=model, choices=[choice], usage=usage(result.final)
+        id=rid, created=created, model=model, choices=choices, usage=usage(finals)
     )
 
 
@@ -125,34 +149,47 @@ async def chat_completions(
 ) -> ChatCompletionResponse | EventStream:
     prep = prepare_chat(body, _chat_encoder(ctx), ctx.limits)
     rid, created, model = new_id("chatcmpl"), int(time.time()), ctx.settings.model_id
+    wants_logprobs = prep.params.logprobs is not None
     tracked = ctx.service.admit("/v1/chat/completions")
+
+    def logprobs(entries: list[TokenLogprob]) -> ChatLogprobs | None:
+        return chat_logprobs(ctx.tokenizer, entries) if wants_logprobs else None
+
     if body.stream:
 
-        def chunk(delta: Delta, finish: FinishReasonOpenAI | None = None) -> ChatCompletionChunk:
-            choice = ChatChunkChoice(delta=delta, finish_reason=finish)
+        def chunk(i: int, delta: Delta, **fields: Any) -> ChatCompletionChunk:
+            choice = ChatChunkChoice(index=i, delta=delta, **fields)
             return ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
 
-        def chunks(out: RequestOutput) -> list[Any]:
+        def chunks(i: int, out: RequestOutput) -> list[Any]:
             out_chunks: list[Any] = []
-            if out.new_text:
-                out_chunks.append(chunk(Delta(content=out.new_text)))
+            if out.new_text or (wants_logprobs and out.logprobs):
+                lp = logprobs(out.logprobs or [])
+                out_chunks.append(chunk(i, Delta(content=out.new_text), logprobs=lp))
             if out.finished:
-                out_chunks.append(chunk(Delta(), openai_finish(out)))
+                out_chunks.append(chunk(i, Delta(), finish_reason=openai_finish(out)))
             return out_chunks
 
-        def last(out: RequestOutput) -> Any:
+        def last(finals: list[RequestOutput]) -> Any:
             return ChatCompletionChunk(
-                id=rid, created=created, model=model, choices=[], usage=usage(out)
+                id=rid, created=created, model=model, choices=[], usage=usage(finals)
             )
 
-        first = chunk(Delta(role="assistant", content=""))
+        first = [chunk(i, Delta(role="assistant", content="")) for i in range(body.n)]
         return _stream(ctx, body, prep, tracked, rid, chunks, last, first)
-    result = await ctx.service.collect(request, tracked, prep, rid)
-    choice = ChatChoice(
-        message=AssistantMessage(content=result.text), finish_reason=openai_finish(result.final)
-    )
+    results = await ctx.service.collect_choices(request, tracked, prep, rid, body.n)
+    choices = [
+        ChatChoice(
+            index=i,
+            message=AssistantMessage(content=r.text),
+            logprobs=logprobs(r.logprobs),
+            finish_reason=openai_finish(r.final),
+        )
+        for i, r in enumerate(results)
+    ]
+    finals = [r.final for r in results]
     return ChatCompletionResponse(
-        id=rid, created=created, model=model, choices=[choice], usage=usage(result.final)
+        id=rid, created=created, model=model, choices=choices, usage=usage(finals)
     )
 
 
@@ -180,11 +217,13 @@ def _stream(
     tracked: Tracked,
     rid: str,
     chunks: ChunkFn,
-    last: Callable[[RequestOutput], Any],
-    first: Any | None = None,
+    last: Callable[[list[RequestOutput]], Any],
+    first: list[Any] | None = None,
 ) -> EventStream:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(ctx, prep, tracked, rid, chunks, last if include_usage else None, first)
+    events = _events(
+        ctx, prep, tracked, rid, body.n, chunks, last if include_usage else None, first or []
+    )
     return EventStream(events, lambda: ctx.service.close(tracked))
 
 
@@ -193,15 +232,17 @@ async def _events(
     prep: Prepared,
     tracked: Tracked,
     rid: str,
+    n: int,
     chunks: ChunkFn,
-    last: Callable[[RequestOutput], Any] | None,
-    first: Any | None,
+    last: Callable[[list[RequestOutput]], Any] | None,
+    first: list[Any],
 ) -> AsyncIterator[str]:
+    finals: dict[int, RequestOutput] = {}
     try:
-        if first is not None:
-            yield sse(first)
-        async with contextlib.aclosing(ctx.service.run(tracked, prep, rid)) as outs:
-            async for out in outs:
+        for c in first:
+            yield sse(c)
+        async with contextlib.aclosing(ctx.service.run_choices(tracked, prep, rid, n)) as outs:
+            async for i, out in outs:
                 if out.finished and out.finish_reason in ("error", "abort"):
                     failed = ApiError(
                         500,
@@ -211,10 +252,12 @@ async def _events(
                     yield sse(error_body("/v1/", failed))
                     return
                 await asyncio.sleep(0)  # let the loop notice a disconnect between outputs
-                for c in chunks(out):
+                for c in chunks(i, out):
                     yield sse(c)
-                if out.finished and last is not None:
-                    yield sse(last(out))
+                if out.finished:
+                    finals[i] = out
+                    if len(finals) == n and last is not None:
+                        yield sse(last([finals[j] for j in range(n)]))
         yield sse("[DONE]")
     except ApiError as err:
         yield sse(error_body("/v1/", err))

@@ -32,7 +32,9 @@ class SamplingFields(Strict):
     )
     temperature: float | None = Field(default=None, ge=0, le=2, description="0 = greedy; default 1")
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=1, description="only 1 is supported")
+    n: int = Field(
+        default=1, ge=1, description="choices to generate, up to the server's --max-choices"
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(default=None, description="up to 4 stop sequences")
@@ -60,7 +62,12 @@ class CompletionRequest(SamplingFields):
     )
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = Field(default=False, description="not supported; must be false")
-    logprobs: int | None = Field(default=None, ge=0, description="not supported; must be null")
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        description="log-probabilities of the chosen tokens and of this many most likely ones "
+        "(at most 20)",
+    )
     best_of: int | None = Field(default=None, ge=1, description="only 1 is supported")
     suffix: str | None = Field(default=None, description="not supported; must be null")
 
@@ -85,8 +92,14 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, description="default: the context left")
     max_completion_tokens: int | None = Field(default=None, ge=1, description="alias of max_tokens")
-    logprobs: bool | None = Field(default=None, description="not supported; must be false")
-    top_logprobs: int | None = Field(default=None, ge=0, description="not supported; must be null")
+    logprobs: bool | None = Field(
+        default=None, description="return the log-probability of each output token"
+    )
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        description="and of this many most likely tokens at each position (0-20; needs logprobs)",
+    )
     response_format: dict[str, Any] | None = Field(
         default=None, description='only {"type": "text"}'
     )
@@ -110,10 +123,19 @@ class Usage(BaseModel):
     completion_tokens_details: CompletionTokensDetails
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions form: parallel lists, one entry per output token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReasonOpenAI | None = None
 
 
@@ -132,10 +154,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReasonOpenAI
 
 
@@ -157,7 +193,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReasonOpenAI | None = None
 
 

@@ -16,7 +16,7 @@ from specserve.engine.request import SamplingParams
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specserve.server.schemas import GenerateParameters, GenerateRequest
-from specserve.server.settings import Limits
+from specserve.server.settings import MAX_TOP_LOGPROBS, Limits
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 Encode = Callable[[str], list[int]]
@@ -108,6 +108,18 @@ def check_model(model: str | None, limits: Limits) -> None:
     )
 
 
+def check_choices(n: int, limits: Limits) -> int:
+    if n > limits.max_choices:
+        raise invalid("n", f"must be <= {limits.max_choices} (--max-choices); got {n}")
+    return n
+
+
+def check_top_logprobs(value: int, field: str) -> int:
+    if value > MAX_TOP_LOGPROBS:
+        raise invalid(field, f"must be between 0 and {MAX_TOP_LOGPROBS}; got {value}")
+    return value
+
+
 def require_default(field: str, value: Any, allowed: tuple[Any, ...], what: str) -> None:
     """Reject a value this server cannot honour; `what` says what is accepted."""
     if value not in allowed:
@@ -150,6 +162,9 @@ def prepare_tgi(req: GenerateRequest, encode: Encode, limits: Limits) -> Prepare
         stop=check_stop(p.stop, limits, "parameters.stop"),
         ignore_eos=p.ignore_eos,
         speculate=check_speculate(p.speculate, limits, "parameters.speculate"),
+        # TGI reports every token's logprob (and the top_n_tokens alternatives)
+        logprobs=check_top_logprobs(p.top_n_tokens or 0, "parameters.top_n_tokens"),
+        prompt_logprobs=p.decoder_input_details,
     )
     return Prepared(ids, params)
 
@@ -158,7 +173,6 @@ def _tgi_unsupported(p: GenerateParameters) -> None:
     require_default("parameters.best_of", p.best_of, (None, 1), "max_best_of is 1")
     require_default("parameters.frequency_penalty", p.frequency_penalty, (None, 0.0), "only 0")
     require_default("parameters.grammar", p.grammar, (None,), "must be null")
-    require_default("parameters.top_n_tokens", p.top_n_tokens, (None, 0), "only 0")
     require_default("parameters.typical_p", p.typical_p, (None, 1.0), "only 1.0")
     require_default("parameters.watermark", p.watermark, (False,), "must be false")
     require_default("parameters.adapter_id", p.adapter_id, (None,), "must be null")
@@ -167,9 +181,9 @@ def _tgi_unsupported(p: GenerateParameters) -> None:
 # ---------------------------------------------------------------------------------- OpenAI
 def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -> Prepared:
     check_model(req.model, limits)
+    check_choices(req.n, limits)
     require_default("echo", req.echo, (False,), "must be false")
-    require_default("logprobs", req.logprobs, (None, 0), "must be null")
-    require_default("best_of", req.best_of, (None, 1), "only 1")
+    require_default("best_of", req.best_of, (None, 1, req.n), "only n")
     require_default("suffix", req.suffix, (None, ""), "must be null")
     prompt: Any = req.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
@@ -179,7 +193,8 @@ def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -
     ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     check_prompt(ids, limits, "prompt")
     max_new = resolve_max_new(req.max_tokens, None, len(ids), limits, "max_tokens")
-    return Prepared(ids, openai_sampling(req, max_new, limits))
+    logprobs = None if req.logprobs is None else check_top_logprobs(req.logprobs, "logprobs")
+    return Prepared(ids, openai_sampling(req, max_new, limits, logprobs))
 
 
 def prepare_chat(
@@ -188,8 +203,10 @@ def prepare_chat(
     limits: Limits,
 ) -> Prepared:
     check_model(req.model, limits)
-    require_default("logprobs", req.logprobs, (None, False), "must be false")
-    require_default("top_logprobs", req.top_logprobs, (None, 0), "must be null")
+    check_choices(req.n, limits)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid("top_logprobs", "needs logprobs: true")
+    logprobs = check_top_logprobs(req.top_logprobs or 0, "top_logprobs") if req.logprobs else None
     require_default("tools", req.tools or None, (None,), "tools are not supported")
     require_default("tool_choice", req.tool_choice, (None, "none"), 'only "none"')
     fmt = (req.response_format or {}).get("type", "text")
@@ -215,10 +232,12 @@ def prepare_chat(
     asked = req.max_completion_tokens or req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     max_new = resolve_max_new(asked, None, len(ids), limits, field)
-    return Prepared(ids, openai_sampling(req, max_new, limits))
+    return Prepared(ids, openai_sampling(req, max_new, limits, logprobs))
 
 
-def openai_sampling(req: SamplingFields, max_new: int, limits: Limits) -> SamplingParams:
+def openai_sampling(
+    req: SamplingFields, max_new: int, limits: Limits, logprobs: int | None = None
+) -> SamplingParams:
     require_default("presence_penalty", req.presence_penalty, (None, 0.0), "only 0")
     require_default("frequency_penalty", req.frequency_penalty, (None, 0.0), "only 0")
     require_default("logit_bias", req.logit_bias or None, (None,), "must be empty")
@@ -234,4 +253,5 @@ def openai_sampling(req: SamplingFields, max_new: int, limits: Limits) -> Sampli
         stop=check_stop(stops, limits, "stop"),
         ignore_eos=req.ignore_eos,
         speculate=check_speculate(req.speculate, limits, "speculate"),
+        logprobs=logprobs,
     )

@@ -57,7 +57,9 @@ class Strict(UnicodeChecked):
 class GenerateParameters(Strict):
     best_of: int | None = Field(default=None, ge=1, description="only 1 is supported")
     decoder_input_details: bool = Field(
-        default=False, description="return the prompt tokens in details"
+        default=False,
+        description="return the prompt tokens in details, with their log-probabilities (the "
+        "prompt is then computed in full: no prefix-cache reuse)",
     )
     details: bool = Field(default=False, description="return generation details")
     do_sample: bool = Field(
@@ -77,7 +79,9 @@ class GenerateParameters(Strict):
     stop: list[str] = Field(default_factory=list, description="stop sequences (at most 4)")
     temperature: float | None = Field(default=None, gt=0)
     top_k: int | None = Field(default=None, gt=0)
-    top_n_tokens: int | None = Field(default=None, ge=0, description="only 0 is supported")
+    top_n_tokens: int | None = Field(
+        default=None, ge=0, description="the most likely tokens at each position (at most 20)"
+    )
     top_p: float | None = Field(default=None, gt=0, le=1)
     truncate: int | None = Field(
         default=None, ge=1, description="keep only the last N prompt tokens"
@@ -108,7 +112,9 @@ class Token(BaseModel):
     id: int
     text: str
     logprob: float | None = Field(
-        default=None, description="null: this server does not report logprobs"
+        default=None,
+        description="the target model's log-probability of the token under the distribution "
+        "it was drawn from, from the pass that verified it",
     )
     special: bool
 

@@ -5,6 +5,9 @@ Life of one request here: `admit()` takes a slot (or raises 429/503) and returns
 `run()` streams the engine's outputs while recording latencies; whatever way the request ends
 (finished, failed, client gone), `Tracked.close()` runs exactly once and frees the slot.
 Leaving `run()` early closes the engine iterator, which aborts the request and frees its KV.
+A request for n choices (`run_choices`) is n engine requests under one slot: choice i has its
+own seed (`SamplingParams.for_choice`), and choices 1.. wait for choice 0's prompt to be
+computed so that they share its cached blocks.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import cast
 
 from starlette.requests import Request
 
-from specserve.engine.request import RequestOutput
+from specserve.engine.request import RequestOutput, TokenLogprob
 from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.metrics import ServerMetrics, queue_seconds
@@ -33,16 +36,31 @@ class ClientGone(Exception):
 
 
 @dataclass
+class Choice:
+    """What one choice has produced so far."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    last_token: float | None = None
+    final: RequestOutput | None = None
+
+
+@dataclass
 class Tracked:
     route: str
     arrival: float
     outcome: str = "cancelled"  # until the engine says otherwise
     first_token: float | None = None
-    last_token: float | None = None
-    final: RequestOutput | None = None
     closed: bool = False
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    choices: list[Choice] = field(default_factory=lambda: [Choice()])
+
+    @property
+    def final(self) -> RequestOutput | None:
+        """Choice 0's last output, once every choice has finished."""
+        done = all(c.final is not None for c in self.choices)
+        return self.choices[0].final if done else None
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,13 @@ class Collected:
     token_ids: list[int]
     text: str
     final: RequestOutput
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    @classmethod
+    def of(cls, c: Choice) -> Collected:
+        assert c.final is not None
+        return cls(c.token_ids, c.text, c.final, c.logprobs, c.prompt_logprobs)
 
 
 class GenerationService:
@@ -104,21 +129,28 @@ class GenerationService:
         self, t: Tracked, prep: Prepared, request_id: str
     ) -> AsyncGenerator[RequestOutput, None]:
         """The request's outputs. ApiError (422/503) if the engine refuses it at the start."""
+        async with contextlib.aclosing(self.run_choices(t, prep, request_id, 1)) as outs:
+            async for _, out in outs:
+                yield out
+
+    async def run_choices(
+        self, t: Tracked, prep: Prepared, request_id: str, n: int
+    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """(choice, output) pairs of the request's n choices, as they come."""
+        t.choices = [Choice() for _ in range(n)]
+        streams = [self._choice_stream(prep, request_id, i, n) for i in range(n)]
         try:
-            stream = self.engine.generate(prep.prompt_ids, prep.params, request_id)
-            async with contextlib.aclosing(
-                cast(AsyncGenerator[RequestOutput, None], stream)
-            ) as outs:
-                async for out in outs:
-                    self._observe(t, out)
-                    yield out
+            async with contextlib.aclosing(merged(streams)) as outs:
+                async for i, out in outs:
+                    self._observe(t, i, out)
+                    yield i, out
         except ValueError as exc:  # the engine refused the request before starting it
             t.outcome = "invalid"
             err = invalid("request", str(exc))
             err.counted = True
             raise err from exc
         except RuntimeError as exc:
-            if t.final is not None or t.first_token is not None:
+            if t.first_token is not None or any(c.final for c in t.choices):
                 t.outcome = "error"
                 raise
             t.outcome = "unavailable"
@@ -129,8 +161,17 @@ class GenerationService:
         finally:
             self.close(t)
 
-    def _observe(self, t: Tracked, out: RequestOutput) -> None:
+    def _choice_stream(
+        self, prep: Prepared, request_id: str, i: int, n: int
+    ) -> AsyncGenerator[RequestOutput, None]:
+        rid = request_id if n == 1 else f"{request_id}-{i}"
+        after = f"{request_id}-0" if i else None
+        stream = self.engine.generate(prep.prompt_ids, prep.params.for_choice(i), rid, after)
+        return cast(AsyncGenerator[RequestOutput, None], stream)
+
+    def _observe(self, t: Tracked, i: int, out: RequestOutput) -> None:
         now = time.monotonic()
+        c = t.choices[i]
         n = len(out.new_token_ids)
         if n and t.first_token is None:
             t.first_token = now
@@ -138,30 +179,41 @@ class GenerationService:
             queued = queue_seconds(out)
             if queued is not None:
                 self.metrics.queue.observe(queued)
-        elif n and t.last_token is not None:
+        elif n and c.last_token is not None:
             for _ in range(n):
-                self.metrics.itl.observe((now - t.last_token) / n)
+                self.metrics.itl.observe((now - c.last_token) / n)
         if n:
-            t.last_token = now
-        t.token_ids += out.new_token_ids
-        t.text += out.new_text
+            c.last_token = now
+        c.token_ids += out.new_token_ids
+        c.text += out.new_text
+        c.logprobs += out.logprobs or []
+        if out.prompt_logprobs is not None:
+            c.prompt_logprobs = out.prompt_logprobs
         if out.finished:
-            t.final = out
-            t.outcome = {"error": "error", "abort": "cancelled"}.get(
-                out.finish_reason or "", "success"
-            )
+            c.final = out
+            reasons = {x.final.finish_reason for x in t.choices if x.final is not None}
+            if t.final is not None:  # every choice has finished
+                t.outcome = next(
+                    (o for r, o in (("error", "error"), ("abort", "cancelled")) if r in reasons),
+                    "success",
+                )
 
     async def collect(
         self, request: Request, t: Tracked, prep: Prepared, request_id: str
     ) -> Collected:
         """Run to the end; if the client disconnects first, abort and raise ClientGone."""
+        return (await self.collect_choices(request, t, prep, request_id, 1))[0]
 
-        async def consume() -> Collected:
-            async with contextlib.aclosing(self.run(t, prep, request_id)) as outs:
+    async def collect_choices(
+        self, request: Request, t: Tracked, prep: Prepared, request_id: str, n: int
+    ) -> list[Collected]:
+        """Every choice to its end; ClientGone (all aborted) if the client disconnects first."""
+
+        async def consume() -> list[Collected]:
+            async with contextlib.aclosing(self.run_choices(t, prep, request_id, n)) as outs:
                 async for _ in outs:
                     pass
-            assert t.final is not None
-            return Collected(t.token_ids, t.text, t.final)
+            return [Collected.of(c) for c in t.choices]
 
         work = asyncio.ensure_future(consume())
         gone = asyncio.ensure_future(wait_disconnect(request))
@@ -185,18 +237,56 @@ class GenerationService:
                 task.cancel()
             await asyncio.gather(work, gone, return_exceptions=True)
             self.close(t)
-        final = result.final
-        if final.finish_reason == "abort" and self.draining:  # cut off by the drain timeout
-            why = final.error or "the server is shutting down"
-            raise ApiError(503, why, ErrorKind.UNAVAILABLE, counted=True)
-        if final.finish_reason in ("error", "abort"):
-            raise ApiError(
-                500,
-                f"generation failed: {final.error or final.finish_reason}",
-                ErrorKind.GENERATION,
-                counted=True,
-            )
+        for final in (r.final for r in result):
+            if final.finish_reason == "abort" and self.draining:  # cut off by the drain timeout
+                why = final.error or "the server is shutting down"
+                raise ApiError(503, why, ErrorKind.UNAVAILABLE, counted=True)
+            if final.finish_reason in ("error", "abort"):
+                raise ApiError(
+                    500,
+                    f"generation failed: {final.error or final.finish_reason}",
+                    ErrorKind.GENERATION,
+                    counted=True,
+                )
         return result
+
+
+async def merged(
+    streams: list[AsyncGenerator[RequestOutput, None]],
+) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    """(index, item) from several streams as each yields; the first failure ends it all.
+    Closing it closes every stream (which aborts their requests)."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as only:
+            async for out in only:
+                yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncGenerator[RequestOutput, None]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as outs:
+                async for out in outs:
+                    await queue.put((i, out))
+            await queue.put(None)
+        except Exception as exc:
+            await queue.put(exc)
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def wait_disconnect(request: Request) -> None:

@@ -20,6 +20,8 @@ class ServerSettings:
     # Largest request body accepted; larger ones get 413.
     max_body_bytes: int = 2_000_000
     max_stop_sequences: int = 4
+    # Most choices (OpenAI `n`) one request may ask for.
+    max_choices: int = 8
     # Seconds a client is told to wait (Retry-After) when the server is saturated.
     retry_after_s: int = 1
 
@@ -30,6 +32,8 @@ class ServerSettings:
             raise ValueError(
                 f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
             )
+        if self.max_choices < 1:
+            raise ValueError(f"max_choices must be >= 1, got {self.max_choices}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.api_key == "":
@@ -45,6 +49,9 @@ def model_names(model_id: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a request may ask for, resolved once from the engine and the settings."""
@@ -56,6 +63,7 @@ class Limits:
     max_stop_sequences: int
     vocab_size: int
     model_names: tuple[str, ...] = ()  # names `model` may take (any case); () = any
+    max_choices: int = 1  # OpenAI `n`
     max_input_reason: str = "--max-input-tokens"  # which bound sets max_input_tokens
 
     @property
@@ -82,4 +90,5 @@ class Limits:
             max_stop_sequences=settings.max_stop_sequences,
             vocab_size=engine.res.model.arch.vocab_size,
             model_names=model_names(settings.model_id),
+            max_choices=settings.max_choices,
         )

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from specserve.engine.request import RequestOutput
+from specserve.engine.request import RequestOutput, TokenLogprob
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.errors import ApiError, error_body
 from specserve.server.params import Prepared, prepare_tgi
@@ -53,9 +53,21 @@ def finish_reason(out: RequestOutput) -> FinishReasonTGI:
 
 def _tokens(ctx: ServerContext, out: RequestOutput) -> list[Token]:
     texts = ctx.token_texts(out.new_token_ids, out.new_text)
+    lps = _logprobs(out.logprobs, len(out.new_token_ids))
     return [
-        Token(id=t, text=s, logprob=None, special=t in ctx.special_ids)
-        for t, s in zip(out.new_token_ids, texts, strict=True)
+        Token(id=t, text=s, logprob=lp, special=t in ctx.special_ids)
+        for t, s, lp in zip(out.new_token_ids, texts, lps, strict=True)
+    ]
+
+
+def _logprobs(entries: list[TokenLogprob] | None, n: int) -> list[float | None]:
+    return [e.logprob for e in entries] if entries is not None else [None] * n
+
+
+def _top_tokens(ctx: ServerContext, entry: TokenLogprob) -> list[Token]:
+    return [
+        Token(id=t, text=ctx.tokenizer.decode([t]), logprob=lp, special=t in ctx.special_ids)
+        for t, lp in entry.top
     ]
 
 
@@ -92,15 +104,17 @@ def _response(
         return GenerateResponse(generated_text=prefix + result.text)
     final = result.final
     texts = [ctx.tokenizer.decode([t], skip_special_tokens=True) for t in result.token_ids]
+    lps = _logprobs(result.logprobs or None, len(result.token_ids))
     details = Details(
         finish_reason=finish_reason(final),
         generated_tokens=final.num_output_tokens,
         seed=prep.seed,
-        prefill=_prefill(ctx, prep) if p.decoder_input_details else [],
+        prefill=_prefill(ctx, prep, result.prompt_logprobs) if p.decoder_input_details else [],
         tokens=[
-            Token(id=t, text=s, logprob=None, special=t in ctx.special_ids)
-            for t, s in zip(result.token_ids, texts, strict=True)
+            Token(id=t, text=s, logprob=lp, special=t in ctx.special_ids)
+            for t, s, lp in zip(result.token_ids, texts, lps, strict=True)
         ],
+        top_tokens=[_top_tokens(ctx, e) for e in result.logprobs] if p.top_n_tokens else None,
         drafted_tokens=final.drafted_tokens,
         accepted_tokens=final.accepted_tokens,
         speculation_steps=final.spec_steps,
@@ -108,9 +122,14 @@ def _response(
     return GenerateResponse(generated_text=prefix + result.text, details=details)
 
 
-def _prefill(ctx: ServerContext, prep: Prepared) -> list[PrefillToken]:
+def _prefill(
+    ctx: ServerContext, prep: Prepared, lps: list[TokenLogprob | None] | None
+) -> list[PrefillToken]:
+    """The prompt's tokens; each one's log-probability given those before (none for the first)."""
+    values = [e.logprob if e is not None else None for e in lps or [None] * len(prep.prompt_ids)]
     return [
-        PrefillToken(id=t, text=ctx.tokenizer.decode([t]), logprob=None) for t in prep.prompt_ids
+        PrefillToken(id=t, text=ctx.tokenizer.decode([t]), logprob=lp)
+        for t, lp in zip(prep.prompt_ids, values, strict=True)
     ]
 
 
@@ -146,10 +165,14 @@ async def _events(
                 for i, token in enumerate(tokens):
                     index += 1
                     last = out.finished and i == len(tokens) - 1
+                    top = None
+                    if p.top_n_tokens and out.logprobs is not None:
+                        top = _top_tokens(ctx, out.logprobs[i])
                     yield sse(
                         StreamResponse(
                             index=index,
                             token=token,
+                            top_tokens=top,
                             generated_text=text if last else None,
                             details=_stream_details(out, prep) if last and p.details else None,
                         )

@@ -34,7 +34,7 @@ def tgi(server: Server, parameters: dict[str, object], inputs: str = "Hello") ->
         ({"stop": [""]}, ["parameters.stop", "non-empty"]),
         ({"best_of": 2}, ["parameters.best_of", "max_best_of is 1"]),
         ({"truncate": 100}, ["parameters.truncate", "64", "--max-input-tokens"]),
-        ({"top_n_tokens": 3}, ["parameters.top_n_tokens", "not supported"]),
+        ({"top_n_tokens": 21}, ["parameters.top_n_tokens", "between 0 and 20"]),
         ({"watermark": True}, ["parameters.watermark", "not supported"]),
         ({"no_such_field": 1}, ["parameters.no_such_field", "unknown field"]),
         ({"max_new_tokens": "many"}, ["parameters.max_new_tokens", "integer"]),
@@ -91,7 +91,8 @@ def test_invalid_json(tiny_server: Server, route: str) -> None:
         ({"prompt": "hi", "temperature": 3}, "temperature", "less than or equal to 2"),
         ({"prompt": "hi", "top_p": 0}, "top_p", "greater than 0"),
         ({"prompt": "hi", "speculate": 9}, "speculate", "between 0 and 4"),
-        ({"prompt": "hi", "n": 2}, "n", "less than or equal to 1"),
+        ({"prompt": "hi", "n": 9}, "n", "<= 8 (--max-choices)"),
+        ({"prompt": "hi", "logprobs": 21}, "logprobs", "between 0 and 20"),
         ({"prompt": "hi", "echo": True}, "echo", "not supported"),
         ({"prompt": "hi", "max_tokens": 5000}, "max_tokens", "4096"),
         ({"prompt": ["a", "b"]}, "prompt", "one prompt"),
@@ -109,6 +110,18 @@ def test_openai_bad_parameters(
     assert err["type"] == "invalid_request_error"
     assert err["param"] == param
     assert param in err["message"] and needle in err["message"], err["message"]
+
+
+def test_chat_top_logprobs_needs_logprobs_and_a_cap(tiny_server: Server) -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra, needle in (
+        ({"top_logprobs": 2}, "needs logprobs: true"),
+        ({"logprobs": True, "top_logprobs": 21}, "between 0 and 20"),
+    ):
+        r = httpx.post(tiny_server.url + "/v1/chat/completions", json={**chat, **extra})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "top_logprobs" and needle in err["message"], err
 
 
 def test_openai_temperature_zero_is_greedy(tiny_server: Server) -> None:

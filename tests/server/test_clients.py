@@ -125,3 +125,33 @@ def test_speculation_is_lossless_on_the_real_model(smol_server: Server) -> None:
         outs.append(httpx.post(smol_server.url + "/generate", json=body, timeout=60).json())
     assert outs[0]["generated_text"] == outs[1]["generated_text"]
     assert outs[0]["details"]["drafted_tokens"] > 0 and outs[1]["details"]["drafted_tokens"] == 0
+
+
+def test_logprobs_are_bit_identical_with_speculation_on_and_off(client: openai.OpenAI) -> None:
+    """On the GGUF blocks every kernel computes a row the same whatever rows share its step,
+    so the verifying pass's log-probabilities equal plain decoding's, bit for bit."""
+    text = "Repeat exactly: the cat sat on the mat, the cat sat on the mat."
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
+    # A first request caches the prompt's full blocks, so both runs below start from the same KV
+    # (a run that computed the whole prompt itself would differ in the last bits: prefill
+    # chunks take the GEMM path).
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    runs = {}
+    for n in (0, 4):
+        out = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=40, temperature=0, logprobs=True,
+            top_logprobs=3, extra_body={"speculate": n, "ignore_eos": True},
+        )  # fmt: skip
+        runs[n] = out
+    plain, spec = runs[0].choices[0], runs[4].choices[0]
+    assert plain.message.content == spec.message.content
+    details = runs[4].usage.completion_tokens_details if runs[4].usage else None
+    assert details is not None and details.accepted_prediction_tokens > 0
+    assert details.rejected_prediction_tokens > 0  # drafted, some accepted, some rejected
+    assert plain.logprobs is not None and spec.logprobs is not None
+    a, b = plain.logprobs.content or [], spec.logprobs.content or []
+    assert [e.token for e in a] == [e.token for e in b] and len(a) == 40
+    assert [e.logprob for e in a] == [e.logprob for e in b]
+    assert [[t.logprob for t in e.top_logprobs] for e in a] == [
+        [t.logprob for t in e.top_logprobs] for e in b
+    ]
