@@ -28,6 +28,10 @@ class LockedTokenizer:
         copy gets a lock of its own."""
         return LockedTokenizer, (self.inner,)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.inner(*args, **kwargs)
+
     def encode(self, text: str, **kwargs: Any) -> list[int]:
         with self.lock:
             return list(self.inner.encode(text, **kwargs))

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
-from specserve.server import openai_api, tgi
+from specserve.server import openai_api, tgi, tokenize
 from specserve.server.backend import LocalBackend
 from specserve.server.context import Contexts, Ctx, OneContext, ServerContext
 from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
@@ -72,6 +72,7 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
     app.state.contexts = contexts
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
+    app.include_router(tokenize.router)
     _install_error_handlers(app, contexts)
 
     def on_reject(path: str, outcome: str) -> None:  # 401, 413: before any body is parsed

@@ -147,7 +147,7 @@ async def completions(
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, ctx: Ctx
 ) -> ChatCompletionResponse | EventStream:
-    prep = prepare_chat(body, _chat_encoder(ctx), ctx.limits)
+    prep = prepare_chat(body, chat_encoder(ctx), ctx.limits)
     rid, created, model = new_id("chatcmpl"), int(time.time()), ctx.settings.model_id
     wants_logprobs = prep.params.logprobs is not None
     tracked = ctx.service.admit("/v1/chat/completions")
@@ -193,7 +193,7 @@ async def chat_completions(
     )
 
 
-def _chat_encoder(ctx: ServerContext) -> Callable[[list[dict[str, str]]], list[int]]:
+def chat_encoder(ctx: ServerContext) -> Callable[[list[dict[str, str]]], list[int]]:
     from jinja2 import TemplateError
 
     def encode(messages: list[dict[str, str]]) -> list[int]:

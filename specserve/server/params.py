@@ -14,7 +14,12 @@ from typing import Any
 
 from specserve.engine.request import SamplingParams
 from specserve.server.errors import ApiError, ErrorKind, invalid
-from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from specserve.server.openai_schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+)
 from specserve.server.schemas import GenerateParameters, GenerateRequest
 from specserve.server.settings import MAX_TOP_LOGPROBS, Limits
 
@@ -211,16 +216,7 @@ def prepare_chat(
     require_default("tool_choice", req.tool_choice, (None, "none"), 'only "none"')
     fmt = (req.response_format or {}).get("type", "text")
     require_default("response_format", fmt, ("text",), 'only {"type": "text"}')
-    messages = []
-    for i, m in enumerate(req.messages):
-        require_default(f"messages[{i}].tool_calls", m.tool_calls or None, (None,), "no tools")
-        content = (
-            m.content
-            if isinstance(m.content, str)
-            else "\n".join(part.text for part in m.content or [])
-        )
-        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
-    ids = encode_chat(messages)
+    ids = encode_chat(message_dicts(req.messages))
     check_prompt(ids, limits, "messages")
     both = req.max_tokens is not None and req.max_completion_tokens is not None
     if both and req.max_tokens != req.max_completion_tokens:
@@ -233,6 +229,20 @@ def prepare_chat(
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     max_new = resolve_max_new(asked, None, len(ids), limits, field)
     return Prepared(ids, openai_sampling(req, max_new, limits, logprobs))
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Chat messages as the chat template takes them (text parts joined, developer = system)."""
+    out = []
+    for i, m in enumerate(messages):
+        require_default(f"messages[{i}].tool_calls", m.tool_calls or None, (None,), "no tools")
+        content = (
+            m.content
+            if isinstance(m.content, str)
+            else "\n".join(part.text for part in m.content or [])
+        )
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    return out
 
 
 def openai_sampling(

@@ -34,6 +34,8 @@ ROUTES = {
     ("GET", "/health"),
     ("HEAD", "/health"),
     ("GET", "/metrics"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
 }
 
 
