@@ -23,10 +23,11 @@ from specserve.engine.request import (
     check_request,
 )
 from specserve.engine.resources import EngineResources, load_resources
-from specserve.engine.stats import EngineStats, StepRecord
+from specserve.engine.stats import EngineStats, StepRecord, is_decode, step_shape
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, processed_logits, sample
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.spec.policy import DecodeSeq
 from specserve.spec.proposer import Draft
 from specserve.spec.verify import VerifyResult, verify_deterministic, verify_sampled
 
@@ -92,6 +93,12 @@ class Engine:
             max_model_len=self.max_model_len,
             kv_capacity=alloc.num_blocks * alloc.block_size,
         )
+        policy = self.res.policy
+        if params.speculation_policy == "adaptive" and not (policy and policy.adaptive):
+            raise ValueError(
+                "speculation_policy 'adaptive' needs a server started with "
+                "--speculation-policy adaptive"
+            )
         if not params.greedy and params.seed is None:
             params = replace(params, seed=random.getrandbits(63))
         return ids, params
@@ -130,16 +137,22 @@ class Engine:
             self._release_proposer(seq)
         if batch.is_empty:
             return outputs
-        drafts = self._propose(batch)
+        proposed = self._propose(batch)
+        reserved = {w.seq.seq_id: w.max_drafts for w in batch.work if w.max_drafts}
+        batch, drafts = self._decide(batch, proposed)
         try:
+            started = time.perf_counter()
             run = self.res.runner.run(self._run_items(batch, drafts))
+            elapsed = time.perf_counter() - started
         except Exception as exc:  # a failed pass fails its batch, not the engine
             logger.exception("forward pass failed")
             for w in batch.work:
                 self._finish(self._live[w.seq.request_id], "error", error=str(exc))
             return outputs + self._drain_finished()
+        if self.res.policy is not None:
+            self.res.policy.observe(step_shape(batch, drafts), elapsed)
         outputs += self._verify_and_commit(batch, drafts, run)
-        self.last_step = self.stats.count_step(batch, drafts)
+        self.last_step = self.stats.count_step(batch, reserved, proposed, drafts)
         return outputs + self._drain_finished()
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
@@ -147,7 +160,15 @@ class Engine:
         policy = self.res.policy
         if policy is None:
             return caps
-        return policy.decide([s.seq_id for s in seqs], caps, num_running, scheduled)
+        views = [
+            DecodeSeq(s.num_tokens, self._static(s), c) for s, c in zip(seqs, caps, strict=True)
+        ]
+        return policy.open(views, num_running, scheduled)
+
+    def _static(self, seq: Sequence) -> bool:
+        """Whether `seq` verifies its whole draft (the static policy, or its own request)."""
+        policy = self.res.policy
+        return policy is None or not policy.adaptive or seq.params.speculation_policy == "static"
 
     def _static_caps(self, seqs: list[Sequence]) -> list[int]:
         n = self.config.spec.speculate
@@ -166,6 +187,29 @@ class Engine:
             return {}
         drafts = proposer.propose([w.seq for w in spec], [w.max_drafts for w in spec])
         return {w.seq.seq_id: d for w, d in zip(spec, drafts, strict=True) if d.tokens}
+
+    def _decide(
+        self, batch: ScheduledBatch, proposed: dict[int, Draft]
+    ) -> tuple[ScheduledBatch, dict[int, Draft]]:
+        """The policy keeps a prefix of each draft; the KV slots reserved for the rest (and for
+        drafts that found nothing) go back to the pool before the pass."""
+        drafts = proposed
+        policy = self.res.policy
+        if policy is not None and proposed:
+            decode = [w.seq for w in batch.work if is_decode(w)]
+            views = [
+                DecodeSeq(s.num_tokens, self._static(s), draft=proposed.get(s.seq_id))
+                for s in decode
+            ]
+            prefill = sum(w.num_tokens for w in batch.work if not is_decode(w))
+            ks = policy.choose(views, prefill)
+            drafts = {
+                s.seq_id: proposed[s.seq_id].prefix(k)
+                for s, k in zip(decode, ks, strict=True)
+                if k and s.seq_id in proposed
+            }
+        kept = {sid: len(d.tokens) for sid, d in drafts.items()}
+        return replace(batch, work=self.scheduler.trim_drafts(batch.work, kept)), drafts
 
     def _run_items(self, batch: ScheduledBatch, drafts: dict[int, Draft]) -> list[RunItem]:
         items = []
@@ -205,7 +249,7 @@ class Engine:
                 result = verify_deterministic(d.tokens if d else [], picks[span])
             hidden = run.hidden[cursor + result.num_accepted]
             cursor += k + 1
-            out = self._commit(w, result, k, hidden)
+            out = self._commit(w, result, d, hidden)
             if out is not None:
                 outputs.append(out)
         return outputs
@@ -218,19 +262,20 @@ class Engine:
         return verify_sampled(d.tokens, d.probs, target, seed, rows[0].out_pos)
 
     def _commit(
-        self, w: SeqWork, result: VerifyResult, k: int, hidden: torch.Tensor
+        self, w: SeqWork, result: VerifyResult, draft: Draft | None, hidden: torch.Tensor
     ) -> RequestOutput | None:
         seq = w.seq
         live = self._live.get(seq.request_id)
         if live is None or seq.is_finished:
             return None
-        if k:
+        if draft is not None:
+            k = len(draft.tokens)
             seq.spec.drafted += k
             seq.spec.accepted += result.num_accepted
             seq.spec.steps += 1
             self.stats.proposer.record(k, result.num_accepted)
             if self.res.policy is not None:
-                self.res.policy.record(seq.seq_id, k, result.num_accepted)
+                self.res.policy.record(draft, result.num_accepted)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
         new_ids: list[int] = []
@@ -281,8 +326,6 @@ class Engine:
     def _release_proposer(self, seq: Sequence) -> None:
         if self.res.proposer is not None:
             self.res.proposer.release(seq)
-        if self.res.policy is not None and seq.is_finished:
-            self.res.policy.forget(seq.seq_id)
 
     def _output(
         self, live: _Live, new_ids: list[int], finished: bool, error: str | None = None

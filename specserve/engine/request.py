@@ -23,6 +23,9 @@ class SamplingParams:
     ignore_eos: bool = False
     # Per-request cap on proposed tokens per step; None = the server's N. Never raises above N.
     speculate: int | None = None
+    # "static": verify every draft whole (up to the cap) even on an adaptive engine;
+    # "adaptive": needs an adaptive engine; None: the engine's policy.
+    speculation_policy: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -37,6 +40,11 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.speculate is not None and self.speculate < 0:
             raise ValueError(f"speculate must be >= 0, got {self.speculate}")
+        if self.speculation_policy not in (None, "static", "adaptive"):
+            raise ValueError(
+                "speculation_policy must be 'static' or 'adaptive', "
+                f"got {self.speculation_policy!r}"
+            )
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

@@ -16,7 +16,8 @@ from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memo
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
-from specserve.runner.cost import CostCurve, profile_cost
+from specserve.runner.cost import LiveCost
+from specserve.runner.cost_profile import profile_step_cost
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
@@ -242,26 +243,19 @@ def make_policy(
     spec = config.spec
     if spec.speculate == 0:
         return None
-    cost: CostCurve | None = None
+    cost: LiveCost | None = None
     if spec.policy == "adaptive":
-        # Cover the largest speculative step: every running sequence verifying N+1 positions.
-        largest = config.scheduler.max_running_requests * (spec.speculate + 1)
-        largest = min(
-            largest, config.scheduler.max_batch_tokens, allocator.num_blocks * allocator.block_size
+        sched = config.scheduler
+        model = profile_step_cost(
+            runner,
+            allocator,
+            max_seqs=sched.max_running_requests,
+            max_drafts=spec.speculate,
+            max_tokens=sched.max_batch_tokens,
         )
-        started = time.perf_counter()
-        cost = profile_cost(runner, allocator, largest)
-        logger.info(
-            "profiled step cost c(T) for T <= %d in %.1f s: %s",
-            largest,
-            time.perf_counter() - started,
-            ", ".join(
-                f"c({t})={c * 1e3:.1f}ms" for t, c in zip(cost.tokens, cost.seconds, strict=True)
-            ),
-        )
+        cost = LiveCost(model)
     return SpeculationPolicy(
         adaptive=spec.policy == "adaptive",
         gate=Gate(spec.max_batch, spec.max_tokens),
-        max_k=spec.speculate,
         cost=cost,
     )

@@ -44,6 +44,9 @@ class PolicySnapshot:
     k_chosen: tuple[int, ...]  # [k] for k in 0..N: sequence-steps given k drafts
     gated: dict[str, int]  # reason -> steps whose drafts a gate switched off
     predicted_speedup: float  # adaptive: J(chosen k) / J(0) at the last decision
+    skipped_steps: int  # adaptive: steps not proposed since no draft could pay
+    trimmed_tokens: int  # proposed tokens the adaptive policy did not verify
+    calibration: tuple[tuple[str, int, int, float], ...]  # (bucket, tested, accepted, calibrated)
 
 
 def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
@@ -53,6 +56,12 @@ def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
         k_chosen=tuple(stats.k_chosen.get(k, 0) for k in range(max_k + 1)),
         gated=dict(stats.gated),
         predicted_speedup=stats.predicted_speedup,
+        skipped_steps=stats.skipped_steps,
+        trimmed_tokens=stats.trimmed_tokens,
+        calibration=tuple(
+            (f"{r.low:.1f}-{r.high:.1f}", r.tested, r.accepted, r.calibrated)
+            for r in policy.calibration.table()
+        ),
     )
 
 
@@ -177,12 +186,39 @@ def _policy_families(p: PolicySnapshot) -> Iterator[Metric]:
     for reason in GATE_REASONS:
         gated.add_metric([reason], p.gated.get(reason, 0))
     yield gated
+    yield from _calibration_families(p)
     if p.adaptive:
         yield _gauge(
             "specserve_spec_predicted_speedup",
             "Adaptive policy: expected tokens/s of the chosen k over k=0, at its last decision",
             p.predicted_speedup,
         )
+
+
+def _calibration_families(p: PolicySnapshot) -> Iterator[Metric]:
+    doc = "Draft tokens verification reached, by the proposer's confidence bucket"
+    tested = CounterMetricFamily("specserve_spec_calibration_tested", doc, labels=["bucket"])
+    accepted = CounterMetricFamily(
+        "specserve_spec_calibration_accepted", "Of those, accepted", labels=["bucket"]
+    )
+    calibrated = GaugeMetricFamily(
+        "specserve_spec_calibration_probability",
+        "Acceptance probability the policy uses for a confidence in this bucket",
+        labels=["bucket"],
+    )
+    for bucket, n, acc, prob in p.calibration:
+        tested.add_metric([bucket], n)
+        accepted.add_metric([bucket], acc)
+        calibrated.add_metric([bucket], prob)
+    yield from (tested, accepted, calibrated)
+    yield _counter(
+        "specserve_spec_trimmed_tokens",
+        "Proposed tokens the policy did not verify",
+        p.trimmed_tokens,
+    )
+    yield _counter(
+        "specserve_spec_skipped_steps", "Steps not proposed: no draft could pay", p.skipped_steps
+    )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
