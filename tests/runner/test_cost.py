@@ -18,7 +18,9 @@ def shape(b: int, t: int, ctx: int = 100, prefill: int = 0) -> StepShape:
 
 def linear_model() -> StepCostModel:
     curve = CostCurve((1, 33), (0.010, 0.010 + 32 * 0.001))
-    return StepCostModel(curve, per_seq_key=1e-6, per_row_key=2e-6, per_prefill_token=1e-4, context=100)
+    return StepCostModel(
+        curve, per_seq_key=1e-6, per_row_key=2e-6, per_prefill_token=1e-4, context=100
+    )
 
 
 def test_model_adds_attention_and_prefill_terms() -> None:

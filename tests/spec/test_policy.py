@@ -27,7 +27,9 @@ def vectorised(cost: Cost) -> Callable[[np.ndarray], np.ndarray]:
     return lambda m: np.array([cost(int(x)) for x in m])
 
 
-def objective(accept: list[list[float]], ks: tuple[int, ...] | list[int], base: float, cost: Cost) -> float:
+def objective(
+    accept: list[list[float]], ks: tuple[int, ...] | list[int], base: float, cost: Cost
+) -> float:
     emitted = base + sum(expected_emitted(a, k) - 1.0 for a, k in zip(accept, ks, strict=True))
     return emitted / cost(sum(ks))
 
