@@ -96,7 +96,8 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
         "PROPOSER",
         "auto",
         "who proposes drafts: auto (the draft model if --draft-model is given, else Medusa "
-        "heads if the checkpoint has them or --medusa is given, else n-gram), ngram, draft, "
+        "heads if the checkpoint has them or --medusa is given, else n-gram), ngram, suffix "
+        "(lookup in the request's own context and in recent requests' outputs), draft, "
         "medusa (heads from --medusa, the checkpoint, or the shipped heads for the default "
         "model; n-gram when there are none)",
         choices=PROPOSERS,
@@ -154,6 +155,15 @@ def add_proposer_args(p: argparse.ArgumentParser) -> None:
     )
     add_flag(
         p, "--ngram-max", "NGRAM_MAX", 4, "longest context suffix the n-gram lookup matches", int
+    )
+    add_flag(
+        p,
+        "--suffix-cache-tokens",
+        "SUFFIX_CACHE_TOKENS",
+        1 << 16,
+        "suffix proposer: output tokens of recent requests kept for lookup (oldest request "
+        "evicted first; about 32 bytes each)",
+        int,
     )
 
 
@@ -241,6 +251,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                 medusa=args.medusa,
                 force_medusa=args.force_medusa,
                 ngram_max=args.ngram_max,
+                suffix_cache_tokens=args.suffix_cache_tokens,
                 policy=args.speculation_policy,
                 max_batch=args.speculate_max_batch,
                 max_tokens=args.speculate_max_tokens,

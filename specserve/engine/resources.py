@@ -25,6 +25,7 @@ from specserve.spec.draft import DraftModelProposer, load_draft_model
 from specserve.spec.medusa_resolve import medusa_proposer
 from specserve.spec.policy import Gate, SpeculationPolicy
 from specserve.spec.proposer import NgramProposer, Proposer
+from specserve.spec.suffix import SuffixProposer
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +233,8 @@ def make_proposer(
         )
         if medusa is not None:
             return medusa
+    if spec.proposer == "suffix":
+        return SuffixProposer(spec.suffix_cache_tokens)
     if spec.proposer in ("auto", "ngram", "medusa"):
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     raise ValueError(f"proposer {spec.proposer!r} is not available in this build")

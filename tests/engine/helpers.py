@@ -44,17 +44,21 @@ def run_all(
     prompts: list[list[int]] | list[str],
     params: SamplingParams | list[SamplingParams],
 ) -> list[list[int]]:
-    """Submit everything at once, step to completion, return output tokens in prompt order."""
+    """Submit everything at once, step to completion, return output tokens in prompt order.
+    Fails if any request finished with an error (a failed pass would otherwise look like a
+    short, "equal" output)."""
     plist = params if isinstance(params, list) else [params] * len(prompts)
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
     tokens: dict[str, list[int]] = {i: [] for i in ids}
-    finished: set[str] = set()
+    finished: dict[str, str | None] = {}
     while engine.has_work():
         for out in engine.step():
             tokens[out.request_id] += out.new_token_ids
             if out.finished:
-                finished.add(out.request_id)
-    assert finished == set(ids)
+                finished[out.request_id] = out.finish_reason
+    assert set(finished) == set(ids)
+    errors = {i: r for i, r in finished.items() if r == "error"}
+    assert not errors, f"requests finished with an error: {errors}"
     return [tokens[i] for i in ids]
 
 

@@ -43,4 +43,12 @@ def test_table_reports_predicted_and_observed() -> None:
 
 def test_bucket_edges() -> None:
     cal = Calibration(num_buckets=10)
-    assert [cal.bucket(c) for c in (0.0, 0.099, 0.1, 0.999, 1.0, 1.5, -1.0)] == [0, 0, 1, 9, 9, 9, 0]
+    assert [cal.bucket(c) for c in (0.0, 0.099, 0.1, 0.999, 1.0, 1.5, -1.0)] == [
+        0,
+        0,
+        1,
+        9,
+        9,
+        9,
+        0,
+    ]
