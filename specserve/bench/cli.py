@@ -28,6 +28,7 @@ from typing import Any
 
 from specserve.bench import loadgen, render, report
 from specserve.bench.bench_args import add_judge_args, add_sweep_args, add_target_args
+from specserve.bench.diagnose import counter_delta, scrape_counters
 from specserve.bench.loadgen import Budget, Cell, CellKey, GenSettings
 from specserve.bench.workload_items import WorkloadItem
 from specserve.bench.workloads import BUILDERS, resolve_workload
@@ -215,12 +216,12 @@ async def _cell(
         if plan.budget.num_requests:
             bar.advance(task)
 
-    before = await loadgen.scrape_counters(client)
+    before = await scrape_counters(client)
     records, duration = await loadgen.run_cell(client, items, key, plan.budget, plan.settings, done)
-    after = await loadgen.scrape_counters(client)
+    after = await scrape_counters(client)
     if not plan.budget.num_requests:
         bar.advance(task)
-    return Cell(key, duration, records, loadgen.counter_delta(before, after))
+    return Cell(key, duration, records, counter_delta(before, after))
 
 
 # ------------------------------------------------------------------------------ --launch

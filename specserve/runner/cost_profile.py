@@ -3,8 +3,9 @@
 Shapes: B decode sequences, each with `context` cached tokens, scoring k+1 rows each (logits on
 every row, as in verification), for B in powers of two up to the running limit (at most 32:
 beyond, f(T) extrapolates) and k in {0, 1, 2, 4, N}; one shape per distinct T = B(k+1), the one
-with the most sequences. Then the same two shapes at a longer context (the attention terms) and
-one decode row beside a prefill chunk (the prefill term). Each shape runs `repeats` times and
+with the most sequences. First, though, up to four sequences at k = 0 and k = N at `context`
+and at a longer one (the attention terms), and one decode row beside a prefill chunk (the
+prefill term). Each shape runs `repeats` times and
 keeps its fastest (noise from other processes only ever adds time); shapes are measured in
 increasing T until `budget_s` is spent, and f extrapolates past the last one measured.
 """
@@ -54,21 +55,27 @@ def profile_step_cost(
     context = max(1, min(context, timer.room(widest) - max_drafts - 1))
     shapes = [(b, k) for b, k in shapes if timer.room(b) >= context + k + 1]
     timer.decode(shapes[0][0], shapes[0][1], context)  # warm-up
-    points: dict[int, float] = {}
-    at_ref: dict[tuple[int, int], float] = {}
-    for b, k in shapes:
-        if len(points) >= 2 and time.perf_counter() - started > budget_s:
+    at_ref: dict[tuple[int, int], float] = {}  # (B, k) -> seconds at `context`
+
+    def measure(b: int, k: int) -> float:
+        if (b, k) not in at_ref:
+            at_ref[b, k] = timer.decode(b, k, context)
+        return at_ref[b, k]
+
+    g_seq, g_row = _attention_terms(timer, measure, min(4, widest), context, max_drafts)
+    pre = _prefill_term(timer, measure(1, 0), context, max_tokens)
+    for i, (b, k) in enumerate(shapes):
+        if i >= 2 and time.perf_counter() - started > budget_s:
             break
-        at_ref[b, k] = timer.decode(b, k, context)
-        points[b * (k + 1)] = at_ref[b, k]
-    g_seq, g_row = _attention_terms(timer, shapes, at_ref, context, max_drafts)
-    pre = _prefill_term(timer, at_ref.get((1, 0)), context, max_tokens)
-    # f(T): the attention-free part of each measured point.
-    free = {
-        t: at_ref[b, k] - g_seq * b * context - g_row * t * context for t, (b, k) in _by_t(at_ref)
-    }
+        measure(b, k)
+    # f(T): the attention-free part of each measured shape, averaged per T.
+    free: dict[int, list[float]] = {}
+    for (b, k), seconds in at_ref.items():
+        t = b * (k + 1)
+        free.setdefault(t, []).append(seconds - g_seq * b * context - g_row * t * context)
+    points = {t: max(sum(v) / len(v), 1e-6) for t, v in free.items()}
     model = StepCostModel(
-        curve=CostCurve.from_points({t: max(s, 1e-6) for t, s in free.items()}),
+        curve=CostCurve.from_points(points),
         per_seq_key=g_seq,
         per_row_key=g_row,
         per_prefill_token=pre,
@@ -80,7 +87,7 @@ def profile_step_cost(
         "sequence key, %.2f us per row key, %.2f ms per prefill token",
         model.profile_seconds,
         context,
-        ", ".join(f"c({t})={s * 1e3:.1f}ms" for t, s in sorted(points.items())),
+        ", ".join(f"f({t})={s * 1e3:.1f}ms" for t, s in sorted(points.items())),
         g_seq * 1e6,
         g_row * 1e6,
         pre * 1e3,
@@ -88,36 +95,24 @@ def profile_step_cost(
     return model
 
 
-def _by_t(at_ref: dict[tuple[int, int], float]) -> list[tuple[int, tuple[int, int]]]:
-    return [(b * (k + 1), (b, k)) for b, k in at_ref]
-
-
 def _attention_terms(
-    timer: _Timer,
-    shapes: list[tuple[int, int]],
-    at_ref: dict[tuple[int, int], float],
-    context: int,
-    max_drafts: int,
+    timer: _Timer, measure: Callable[[int, int], float], b: int, context: int, max_drafts: int
 ) -> tuple[float, float]:
-    """(g_seq, g_row) from B sequences at k = 0 and k = N, at `context` and 4x longer:
-    delta_0 = B dC (g_seq + g_row), delta_N = B dC (g_seq + (N+1) g_row)."""
-    b = max(
-        (b for b, k in shapes if (b, 0) in at_ref and (b, max_drafts) in at_ref and b <= 4),
-        default=0,
-    )
-    longer = min(4 * context, timer.room(max(b, 1)) - max_drafts - 1)
-    if b == 0 or max_drafts == 0 or longer <= context:
+    """(g_seq, g_row) from b sequences at k = 0 and k = N, at `context` and up to 4x longer:
+    delta_0 = b dC (g_seq + g_row), delta_N = b dC (g_seq + (N+1) g_row)."""
+    longer = min(4 * context, timer.room(b) - max_drafts - 1)
+    if max_drafts == 0 or longer <= context:
         return 0.0, 0.0
     d_ctx = b * (longer - context)
-    d0 = (timer.decode(b, 0, longer) - at_ref[b, 0]) / d_ctx
-    dn = (timer.decode(b, max_drafts, longer) - at_ref[b, max_drafts]) / d_ctx
+    d0 = (timer.decode(b, 0, longer) - measure(b, 0)) / d_ctx
+    dn = (timer.decode(b, max_drafts, longer) - measure(b, max_drafts)) / d_ctx
     g_row = max(0.0, (dn - d0) / max_drafts)
     return max(0.0, d0 - g_row), g_row
 
 
-def _prefill_term(timer: _Timer, one_row: float | None, context: int, max_tokens: int) -> float:
-    chunk = min(128, max_tokens - 1, timer.room(2) - 1)
-    if one_row is None or chunk < 1:
+def _prefill_term(timer: _Timer, one_row: float, context: int, max_tokens: int) -> float:
+    chunk = min(64, max_tokens - 1, timer.room(2) - 1)
+    if chunk < 1:
         return 0.0
     return max(0.0, (timer.decode(1, 0, context, prefill=chunk) - one_row) / chunk)
 
