@@ -216,6 +216,7 @@ async def _cell(
         if plan.budget.num_requests:
             bar.advance(task)
 
+    await client.post("/reset_suffix_cache")  # no cell drafts from an earlier cell's replay
     before = await scrape_counters(client)
     records, duration = await loadgen.run_cell(client, items, key, plan.budget, plan.settings, done)
     after = await scrape_counters(client)

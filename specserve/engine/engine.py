@@ -195,8 +195,8 @@ class Engine:
         drafts that found nothing) go back to the pool before the pass."""
         drafts = proposed
         policy = self.res.policy
-        if policy is not None and proposed:
-            decode = [w.seq for w in batch.work if is_decode(w)]
+        decode = [w.seq for w in batch.work if is_decode(w)]
+        if policy is not None and decode:
             views = [
                 DecodeSeq(s.num_tokens, self._static(s), draft=proposed.get(s.seq_id))
                 for s in decode

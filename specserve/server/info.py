@@ -25,7 +25,23 @@ from specserve.server.schemas import (
     MemoryInfo,
     ProfileInfo,
     SpeculationInfo,
+    SuffixCacheInfo,
 )
+from specserve.spec.suffix import SuffixProposer
+
+
+async def reset_suffix_cache(ctx: Ctx) -> dict[str, bool]:
+    """Forget recent requests' outputs in the proposer's cross-request index (benchmarks reset
+    it between cells so no cell drafts from a replay of another's prompts)."""
+
+    def reset(engine: Engine) -> bool:
+        fn = getattr(engine.res.proposer, "reset", None)
+        if callable(fn):
+            fn()
+            return True
+        return False
+
+    return {"reset": await asyncio.to_thread(ctx.async_engine.run_locked, reset)}
 
 
 async def info(ctx: Ctx) -> Info:
@@ -82,9 +98,24 @@ def speculation_info(engine: Engine) -> SpeculationInfo:
         calibration=[CalibrationBucket(**vars(row)) for row in policy.calibration.table()]
         if policy is not None
         else [],
+        suffix_cache=suffix_cache_info(res.proposer),
         proposed_tokens=engine.stats.proposer.proposed_tokens,
         trimmed_tokens=policy.stats.trimmed_tokens if policy is not None else 0,
         skipped_steps=policy.stats.skipped_steps if policy is not None else 0,
+    )
+
+
+def suffix_cache_info(proposer: object) -> SuffixCacheInfo | None:
+    if not isinstance(proposer, SuffixProposer):
+        return None
+    index = proposer.global_index
+    return SuffixCacheInfo(
+        tokens=index.num_tokens,
+        capacity=index.capacity,
+        bytes=index.nbytes,
+        requests=len(index.owners()),
+        drafts_own=proposer.drafts_from["own"],
+        drafts_shared=proposer.drafts_from["shared"],
     )
 
 

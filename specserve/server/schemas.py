@@ -164,6 +164,15 @@ class LiveCostInfo(BaseModel):
     cells: list[LiveCostCell] = Field(..., description="the live curve, per (B, T) observed")
 
 
+class SuffixCacheInfo(BaseModel):
+    tokens: int = Field(..., description="recent requests' output tokens held for lookup")
+    capacity: int = Field(..., description="--suffix-cache-tokens: the bound")
+    bytes: int = Field(..., description="memory of the index at the bound")
+    requests: int = Field(..., description="requests whose output it holds")
+    drafts_own: int = Field(..., description="drafts proposed from the request's own context")
+    drafts_shared: int = Field(..., description="drafts proposed from other requests' outputs")
+
+
 class CalibrationBucket(BaseModel):
     low: float = Field(..., description="confidence bucket [low, high)")
     high: float
@@ -195,6 +204,9 @@ class SpeculationInfo(BaseModel):
     calibration: list[CalibrationBucket] = Field(
         default_factory=list,
         description="the proposer's confidence -> observed acceptance, per bucket",
+    )
+    suffix_cache: SuffixCacheInfo | None = Field(
+        default=None, description="the suffix proposer's cross-request index"
     )
     proposed_tokens: int = Field(0, description="drafted tokens, verified or not")
     trimmed_tokens: int = Field(0, description="proposed tokens the adaptive policy did not verify")
