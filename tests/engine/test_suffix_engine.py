@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
+from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
 from specserve.spec.suffix import SuffixProposer
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
 from tests.engine.test_speculation import LOOPY, assert_all_free, greedy
@@ -79,8 +80,20 @@ def test_adaptive_policy_with_suffix_is_lossless(tiny_llama: Path) -> None:
     prompts = LOOPY + mixed_prompts(4, seed=14)
     want = run_all(make_engine(tiny_llama), prompts, greedy())
     engine = suffix_engine(tiny_llama, policy="adaptive")
+    policy = engine.res.policy
+    assert policy is not None
+    # A row costs a third of a step here, so only confident tokens are worth verifying: the
+    # policy keeps some drafts, trims others, and the outputs must not notice.
+    policy.cost = LiveCost(StepCostModel(CostCurve((1, 65), (0.03, 0.03 + 64 * 0.01)), 0, 0, 0, 1))
     assert run_all(engine, prompts, greedy()) == want
+    assert policy.stats.trimmed_tokens > 0 and engine.stats.proposer.drafted_tokens > 0
+    # Requests that ask for the static policy verify every draft whole, even here.
+    trimmed, proposed = policy.stats.trimmed_tokens, engine.stats.proposer.proposed_tokens
+    drafted = engine.stats.proposer.drafted_tokens
     assert run_all(engine, prompts, [greedy(speculation_policy="static")] * len(prompts)) == want
+    assert policy.stats.trimmed_tokens == trimmed
+    new_proposed = engine.stats.proposer.proposed_tokens - proposed
+    assert new_proposed > 0 and engine.stats.proposer.drafted_tokens - drafted == new_proposed
     assert_drafted_and_rejected(engine)
     assert_all_free(engine)
 

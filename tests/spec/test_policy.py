@@ -63,6 +63,13 @@ def test_confident_tokens_kept_and_unsure_ones_trimmed() -> None:
     assert choose_k([[0.95, 0.95, 0.1, 0.9], [0.05, 0.9]], cost, 2.0) == [2, 0]
 
 
+def test_optimum_past_a_jump_in_cost_is_found() -> None:
+    # Like the block kernels' switch to MKL: the first extra rows cost a jump, then little.
+    cost = vectorised(lambda m: 0.02 + (0.01 if m else 0.0) + 0.0001 * m)
+    assert choose_k([[0.99] * 4] * 4, cost, 4.0) == [4, 4, 4, 4]
+    assert choose_k([[0.3] * 4] * 4, cost, 4.0) == [0, 0, 0, 0]
+
+
 def test_choice_matches_brute_force_on_random_scored_drafts() -> None:
     rng = random.Random(0)
     for case in range(400):
