@@ -1,13 +1,13 @@
-"""The suffix proposer in the engine: greedy and seeded outputs identical with it on and off,
-alone, in mixed batches, under preemption and across requests (drafts from other requests'
-outputs); drafts really verified and really rejected; a lookup that finds nothing adds no rows."""
+"""The suffix proposer in the engine: greedy outputs identical with it on and off, alone, in
+mixed batches, under preemption and across requests (drafts from other requests' outputs), under
+the adaptive policy made to trim; drafts really verified and really rejected; a lookup that finds
+nothing adds no rows. Seeded sampling: tests/engine/test_speculation.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
 from specserve.spec.suffix import SuffixProposer
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
@@ -62,18 +62,6 @@ def test_lossless_across_requests_with_drafts_from_other_outputs(tiny_llama: Pat
     assert proposer.drafts_from["shared"] > shared_before
     assert_drafted_and_rejected(engine)
     assert_all_free(engine)
-
-
-def test_seeded_sampling_lossless(tiny_llama: Path) -> None:
-    params = [
-        SamplingParams(max_new_tokens=30, temperature=1.2, seed=s, ignore_eos=True)
-        for s in range(3)
-    ]
-    want = run_all(make_engine(tiny_llama), LOOPY, params)
-    engine = suffix_engine(tiny_llama)
-    assert run_all(engine, LOOPY, params) == want
-    assert run_all(engine, LOOPY, params) == want  # again, with the first pass in the index
-    assert_drafted_and_rejected(engine)
 
 
 def test_adaptive_policy_with_suffix_is_lossless(tiny_llama: Path) -> None:
