@@ -12,9 +12,10 @@ policy keeps the prefix k_s of each draft that maximises expected emitted tokens
     J(k) = sum_s E[emitted_s(k_s)] / c(step with sum_s k_s extra rows),
 
 with a_{s,i} the calibrated probability that draft token i+1 is accepted given tokens 1..i
-were (spec/calibration.py), so E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step
-emits the accepted prefix plus one token; and c the live step cost (runner/cost.py) of this
-step's batch, its prefill chunks and the extra rows. Sequences that asked for the static policy
+were (spec/calibration.py), so
+E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted prefix
+plus one token; and c the live step cost (runner/cost.py) of this step's batch, its prefill
+chunks and the extra rows. Sequences that asked for the static policy
 verify their whole draft and count as fixed rows. Under saturation c grows as fast as the
 tokens do and k goes to 0 by itself; at low load the tokens likely to land are kept.
 """
