@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Reproduce docs/benchmarks.md: engine vs HF, batch-1 speculation, goodput sweep, policies,
-# attention, throughput under KV pressure, the soak, serve against a fleet under mixed traffic.
+# attention, suffix/scored drafts, KV pressure, the soak, serve against a fleet (mixed traffic).
 # Needs a quiet machine: every part compares configurations side by side in one run.
 # Usage: bash scripts/run_benchmarks.sh
-#        [engine|spec|goodput|policy|attention|kv|soak|fleet|all] [OUT=docs/bench]
+#        [engine|spec|goodput|policy|attention|suffix|kv|soak|fleet|all] [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -75,6 +75,31 @@ if [[ $what == attention || $what == all ]]; then
       --ignore-eos --slo-ttft 3 --slo-itl 0.15 --out "$out/long-mix/$impl"
     stop_bg 8314
   done
+fi
+
+if [[ $what == suffix || $what == all ]]; then
+  # Scored drafts, the suffix cache and draft-then-decide (issue 11), all in-process and side by
+  # side in one run per command: N=0, static N and adaptive (cap 5) for n-gram and suffix on
+  # one engine per proposer, every configuration back to back per (workload, concurrency),
+  # each cell from an empty cross-request cache. About 1.2 h (c = 1, 4) + 1 h (c = 16) on 2 threads.
+  reuse="code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa"
+  reuse="$reuse,workloads/third-party.jsonl"
+  python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
+    --policy static,adaptive --speculate 0,2,3,5 --concurrency 1,4 --workloads "$reuse" \
+    --prompts-per-workload 12 --new-tokens 128 --json "$out/suffix-c1-4.json" \
+    | tee "$out/suffix-c1-4.md"
+  # Concurrency 16 needs more requests than slots to reach a steady batch.
+  python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
+    --policy static,adaptive --speculate 0,2,3,5 --concurrency 16 --workloads "$reuse" \
+    --prompts-per-workload 32 --new-tokens 128 --json "$out/suffix-c16.json" \
+    | tee "$out/suffix-c16.md"
+  # Medusa with scored drafts at batch 1: static N against adaptive (cap 4), same engine.
+  python -m specserve.bench.spec_bench --threads "$threads" --proposer medusa \
+    --policy static,adaptive --speculate 0,1,2,3,4 --concurrency 1 \
+    --workloads chat-creative,code-edit --prompts-per-workload 6 --new-tokens 128 \
+    --json "$out/medusa-scored.json" | tee "$out/medusa-scored.md"
+  # Lookup and ingestion cost of the suffix index at 2k/8k/32k cached tokens; memory at the bound.
+  PYTHONPATH=. python scripts/bench_suffix.py --calls 2000 | tee "$out/suffix-index.md"
 fi
 
 if [[ $what == kv || $what == all ]]; then

@@ -114,7 +114,8 @@ def add_speculation_args(
         "PROPOSER",
         "auto",
         "who proposes drafts: auto (the draft model if --draft-model is given, else Medusa "
-        "heads if the checkpoint has them or --medusa is given, else n-gram), ngram, draft, "
+        "heads if the checkpoint has them or --medusa is given, else n-gram), ngram, suffix "
+        "(lookup in the request's own context and in recent requests' outputs), draft, "
         "medusa (heads from --medusa, the checkpoint, or the shipped heads for the default "
         "model; n-gram when there are none)",
         choices=PROPOSERS,
@@ -183,6 +184,16 @@ def add_proposer_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | N
         "NGRAM_MAX",
         4,
         "longest context suffix the n-gram lookup matches",
+        int,
+        environ=environ,
+    )
+    add_flag(
+        p,
+        "--suffix-cache-tokens",
+        "SUFFIX_CACHE_TOKENS",
+        1 << 16,
+        "suffix proposer: output tokens of recent requests kept for lookup (oldest request "
+        "evicted first; about 32 bytes each)",
         int,
         environ=environ,
     )
@@ -315,6 +326,7 @@ def engine_config(args: argparse.Namespace, resolve_speculate: bool = True) -> E
             medusa=args.medusa,
             force_medusa=args.force_medusa,
             ngram_max=args.ngram_max,
+            suffix_cache_tokens=args.suffix_cache_tokens,
             policy=args.speculation_policy,
             max_batch=args.speculate_max_batch,
             max_tokens=args.speculate_max_tokens,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-ProposerName = Literal["auto", "ngram", "draft", "medusa"]
-PROPOSERS: tuple[str, ...] = ("auto", "ngram", "draft", "medusa")
+ProposerName = Literal["auto", "ngram", "suffix", "draft", "medusa"]
+PROPOSERS: tuple[str, ...] = ("auto", "ngram", "suffix", "draft", "medusa")
 PolicyName = Literal["static", "adaptive"]
 POLICIES: tuple[str, ...] = ("static", "adaptive")
 # "auto": ragged attention with the paged CPU kernel where it runs (CPU, float32), else the
@@ -59,6 +59,8 @@ class SpecConfig:
     force_medusa: bool = False
     ngram_min: int = 1
     ngram_max: int = 4
+    # Suffix proposer: tokens of recent requests' outputs kept in its global index.
+    suffix_cache_tokens: int = 1 << 16
     # static: every sequence proposes its cap; adaptive: k per sequence from live acceptance
     # and the profiled step cost.
     policy: PolicyName = "static"
@@ -81,6 +83,8 @@ class SpecConfig:
             raise ValueError(
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}"
             )
+        if self.suffix_cache_tokens < 1:
+            raise ValueError(f"suffix_cache_tokens must be >= 1, got {self.suffix_cache_tokens}")
         if self.proposer == "draft" and self.draft_model is None:
             raise ValueError("proposer 'draft' needs draft_model (--draft-model PATH)")
 

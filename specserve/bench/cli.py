@@ -28,6 +28,7 @@ from typing import Any
 
 from specserve.bench import loadgen, render, report
 from specserve.bench.bench_args import add_judge_args, add_sweep_args, add_target_args
+from specserve.bench.diagnose import counter_delta, scrape_counters
 from specserve.bench.loadgen import Budget, Cell, CellKey, GenSettings
 from specserve.bench.workload_items import WorkloadItem
 from specserve.bench.workloads import BUILDERS, resolve_workload
@@ -231,12 +232,13 @@ async def _cell(
             bar.advance(task)
 
     labels = {"pool": plan.pool} if plan.pool else {}
-    before = await loadgen.scrape_counters(client, labels)
+    await client.post("/reset_suffix_cache")  # no cell drafts from an earlier cell's replay
+    before = await scrape_counters(client, labels)
     records, duration = await loadgen.run_cell(client, items, key, plan.budget, plan.settings, done)
-    after = await loadgen.scrape_counters(client, labels)
+    after = await scrape_counters(client, labels)
     if not plan.budget.num_requests:
         bar.advance(task)
-    return Cell(key, duration, records, loadgen.counter_delta(before, after))
+    return Cell(key, duration, records, counter_delta(before, after))
 
 
 def pool_info(info: dict[str, Any], pool: str | None) -> dict[str, Any]:

@@ -28,9 +28,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specserve.bench.bench_args import DEFAULT_URL
+
+if TYPE_CHECKING:
+    import httpx
 
 Flat = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -256,3 +259,34 @@ def per_pool(
             engine["max_running_requests"] *= max(len(pool.get("replicas") or []), 1)
         out.append((name, mine, engine))
     return out
+
+
+# ----------------------------------------------------------- counters around a bench cell
+SPEC_COUNTERS = (
+    "specserve_spec_drafts_total",
+    "specserve_spec_drafted_tokens_total",
+    "specserve_spec_accepted_tokens_total",
+    "specserve_preemptions_total",
+    "specserve_generated_tokens_total",
+)
+
+
+async def scrape_counters(
+    client: httpx.AsyncClient, labels: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Sums of the speculation counters in /metrics over the series carrying `labels` (a fleet
+    pool's: {"pool": name}); {} if unavailable."""
+    import httpx
+
+    try:
+        resp = await client.get("/metrics", timeout=30)
+        resp.raise_for_status()
+        flat = parse_metrics(resp.text)
+    except (httpx.HTTPError, ValueError):
+        return {}
+    present = {name for name, _ in flat}
+    return {name: total(flat, name, **(labels or {})) for name in SPEC_COUNTERS if name in present}
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after}

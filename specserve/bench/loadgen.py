@@ -12,7 +12,9 @@ Two ways to offer load, per cell:
   are in flight.
 
 Either stops after `num_requests` sends or once `duration_s` has passed, then waits for the
-requests in flight. Times are `time.perf_counter()` seconds relative to the cell's start.
+requests in flight. A conversation (items chained by `follows`) is one send: its turns go one
+after another, each carrying the reply the previous one actually got. Times are
+`time.perf_counter()` seconds relative to the cell's start.
 """
 
 from __future__ import annotations
@@ -28,8 +30,13 @@ from typing import Any, Literal
 
 import httpx
 
-from specserve.bench.diagnose import parse_metrics, total
-from specserve.bench.workload_items import WorkloadItem
+from specserve.bench.workload_items import (
+    ChatMessage,
+    WorkloadItem,
+    conversations,
+    next_history,
+    with_history,
+)
 
 Mode = Literal["closed", "open"]
 
@@ -88,6 +95,7 @@ class RequestRecord:
     accepted: int | None = None
     spec_steps: int | None = None  # steps of this request that verified drafts
     finish_reason: str | None = None
+    reply: str | None = None  # the reply text, kept for a conversation turn that has a next
 
 
 @dataclass
@@ -133,12 +141,14 @@ async def send(
     s: GenSettings,
     index: int,
     t0: float,
+    keep_reply: bool = False,
 ) -> RequestRecord:
     path, body = request_for(item, speculate, s, index)
     if not s.per_request_cap:
         body.get("parameters", body).pop("speculate", None)
     sent = time.perf_counter()
     rec = RequestRecord(item.id, "chat" if item.messages else "generate_stream", sent - t0)
+    rec.reply = "" if keep_reply else None
     token_times: list[float] = []
     try:
         async with client.stream("POST", path, json=body, timeout=s.timeout_s) as resp:
@@ -206,7 +216,10 @@ def _chat_event(event: dict[str, Any], rec: RequestRecord) -> bool:
         rec.spec_steps = extra.get("speculation_steps")
     has_text = False
     for choice in event.get("choices") or ():
-        has_text |= bool((choice.get("delta") or {}).get("content"))
+        content = (choice.get("delta") or {}).get("content")
+        has_text |= bool(content)
+        if content and rec.reply is not None:
+            rec.reply += content
         if choice.get("finish_reason"):
             rec.finish_reason = choice["finish_reason"]
     return has_text
@@ -225,19 +238,28 @@ async def run_cell(
 ) -> tuple[list[RequestRecord], float]:
     """Offer one cell's load; (records in send order, seconds from start to last finish)."""
     t0 = time.perf_counter()
-    records: dict[int, RequestRecord] = {}
+    records: dict[tuple[int, int], RequestRecord] = {}
+    units = conversations(items)
 
     async def one(i: int) -> None:
-        rec = await send(client, items[i % len(items)], key.speculate, s, i, t0)
-        records[i] = rec
-        if on_done is not None:
-            on_done(rec)
+        unit = units[i % len(units)]
+        history: tuple[ChatMessage, ...] = ()
+        for turn, item in enumerate(unit):
+            sent = with_history(item, history)
+            last = turn == len(unit) - 1
+            rec = await send(client, sent, key.speculate, s, i, t0, keep_reply=not last)
+            records[i, turn] = rec
+            if on_done is not None:
+                on_done(rec)
+            if not rec.ok or rec.reply is None:
+                return
+            history = next_history(sent, rec.reply)
 
     if key.mode == "closed":
         await _closed(one, int(key.load), budget, t0)
     else:
         await _open(one, key.load, budget, t0, random.Random(s.seed))
-    return [records[i] for i in sorted(records)], time.perf_counter() - t0
+    return [records[key] for key in sorted(records)], time.perf_counter() - t0
 
 
 async def _closed(one: Callable[[int], Any], concurrency: int, budget: Budget, t0: float) -> None:
@@ -261,35 +283,7 @@ async def _open(
     await asyncio.gather(*tasks)
 
 
-# ------------------------------------------------------------------------------ server reads
-SPEC_COUNTERS = (
-    "specserve_spec_drafts_total",
-    "specserve_spec_drafted_tokens_total",
-    "specserve_spec_accepted_tokens_total",
-    "specserve_preemptions_total",
-    "specserve_generated_tokens_total",
-)
-
-
-async def scrape_counters(
-    client: httpx.AsyncClient, labels: dict[str, str] | None = None
-) -> dict[str, float]:
-    """Sums of the speculation counters in /metrics over the series carrying `labels` (a fleet
-    pool's: {"pool": name}); {} if unavailable."""
-    try:
-        resp = await client.get("/metrics", timeout=30)
-        resp.raise_for_status()
-        flat = parse_metrics(resp.text)
-    except (httpx.HTTPError, ValueError):
-        return {}
-    present = {name for name, _ in flat}
-    return {name: total(flat, name, **(labels or {})) for name in SPEC_COUNTERS if name in present}
-
-
-def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before.get(k, 0.0) for k in after}
-
-
+# ------------------------------------------------------------------------------ records
 def cells_to_json(cells: list[Cell]) -> list[dict[str, Any]]:
     return [asdict(c) for c in cells]
 

@@ -51,13 +51,14 @@ def proposer_fingerprint(
 ) -> Fingerprint | None:
     """The proposer's artifact: a draft model directory, or the target's Medusa heads.
 
-    `kind` is the active proposer's name (None: speculation off). n-gram has no artifact.
+    `kind` is the active proposer's name (None: speculation off). n-gram and suffix have no
+    artifact.
     `model_dir` is the draft model's directory for "draft", the heads directory for "medusa"
     (the target's own, when the heads ship inside the checkpoint).
     """
     if kind is None:
         return None
-    if kind == "ngram":
+    if kind in ("ngram", "suffix"):
         return {"kind": kind, "artifact": None}
     if model_dir is None:
         raise ValueError(f"proposer {kind!r} needs its model directory to be fingerprinted")

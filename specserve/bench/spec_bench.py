@@ -1,21 +1,29 @@
-"""Issue 3's benchmark: speculation at batch 1 against N = 0, on real-text workloads.
+"""Speculation side by side in one process: proposers x policies x N x concurrency x workload.
 
-One engine per proposer (``--proposer ngram,medusa`` compares several in one run) is built with
-the largest N of ``--speculate``; each request caps its own k with ``SamplingParams(speculate=N)``,
-so every N runs on the same loaded model, and N = 0, which never calls a proposer, runs once per
-prompt as the common baseline. For each prompt every (proposer, N) runs back to back (the order
-rotates from prompt to prompt), so machine noise falls on all of them alike.
+One engine per proposer (``--proposer ngram,suffix,medusa``), built with the largest N of
+``--speculate`` and, when ``--policy`` includes adaptive, the adaptive policy (its start-up
+cost profile included). Every request carries its configuration: its cap N
+(``SamplingParams.speculate``) and its policy (``speculation_policy``: a static request
+verifies whole drafts even on an adaptive engine), so every configuration of a proposer runs on
+the same loaded model, and N = 0, which never calls a proposer, once per cell as the common
+baseline. Configurations: N = 0; for each proposer, static at every N > 0 of ``--speculate``,
+and, with ``--policy`` adaptive, adaptive with the largest N as its cap.
 
-Per (workload, proposer, N), summed over its prompts:
+A cell is (workload, concurrency, configuration): the workload's requests closed-loop at that
+concurrency (conversations turn by turn, each turn carrying the reply it got), starting from an
+empty cross-request cache (bench/spec_cells.py). For each (workload, concurrency) every
+configuration runs back to back, the order rotating from one to the next, so machine noise falls
+on all of them alike.
 
-- tok/s: generated tokens / wall time from submit to last token (prefill included);
-  decode tok/s: (generated - 1) / (first token -> last token);
-- acc/step: accepted drafts per decode step (a step emits acc + 1 tokens);
-  acc/draft step: accepted per step that verified drafts; acceptance: accepted / drafted;
-- speedup: tok/s over N = 0's in the same run;
-- identical: prompts whose tokens equal N = 0's (greedy speculation must be lossless).
+Per cell: tok/s (generated tokens / wall time, prefill included) and its ratio to N = 0;
+acceptance (accepted / verified drafted tokens); accepted per draft step; tokens per scored
+row; proposed and trimmed (proposed but not verified) tokens; identical: requests whose tokens
+equal N = 0's (greedy speculation must be lossless); errors. Then adaptive against the best
+static N, and each proposer's calibration: predicted (the proposer's mean confidence) vs
+observed acceptance per bucket.
 
-    python -m specserve.bench.spec_bench [--speculate 0,1,2,3,5,8] [--json PATH]
+    python -m specserve.bench.spec_bench [--proposer ngram,suffix] [--policy static,adaptive]
+        [--speculate 0,1,2,3,5,8] [--concurrency 1,4,16] [--workloads NAMES|FILE.jsonl] [--json P]
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -32,10 +39,11 @@ from typing import Any
 import torch
 
 from specserve.bench.machine import machine_info
-from specserve.bench.spec_report import Run, render, summarise
-from specserve.bench.workload_items import WorkloadItem, encode_item
-from specserve.bench.workloads import build_workload
-from specserve.config import PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.bench.spec_cells import Config, run_cell
+from specserve.bench.spec_report import render, summarise
+from specserve.bench.workload_items import WorkloadItem, conversations, encode_item
+from specserve.bench.workloads import resolve_workload
+from specserve.config import POLICIES, PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 
@@ -43,68 +51,50 @@ MODULE = "specserve.bench.spec_bench"
 WORKLOADS = ("code-edit", "summarize", "chat-creative")
 
 
-def run_one(engine: Engine, ids: list[int], params: SamplingParams) -> dict[str, Any]:
-    """Generate one request alone; engine-wide counter deltas are then this request's."""
-    stats, prop = engine.stats, engine.stats.proposer
-    steps0, drafts0, per_pos0 = stats.steps, prop.drafts, list(prop.accepted_per_position)
-    tokens: list[int] = []
-    start = time.perf_counter()
-    first, prefill_steps, last = None, 0, None
-    engine.add_request(ids, params)
-    while engine.has_work():
-        for out in engine.step():
-            tokens += out.new_token_ids
-            last = out
-        if first is None and tokens:
-            first, prefill_steps = time.perf_counter(), stats.steps - steps0
-    end = time.perf_counter()
-    assert first is not None and last is not None and last.finished
-    per_pos = prop.accepted_per_position
-    return {
-        "prompt_tokens": len(ids),
-        "tokens": tokens,
-        "total_s": end - start,
-        "decode_s": end - first,
-        "steps": stats.steps - steps0,
-        "prefill_steps": prefill_steps,
-        "draft_steps": prop.drafts - drafts0,
-        "drafted": last.drafted_tokens,
-        "accepted": last.accepted_tokens,
-        "accepted_per_position": [
-            c - (per_pos0[i] if i < len(per_pos0) else 0) for i, c in enumerate(per_pos)
-        ],
-    }
-
-
-def configurations(proposers: list[str], ns: list[int]) -> list[tuple[str, int]]:
-    """(proposer, N) pairs: the shared N = 0 baseline first, then every proposer's N > 0."""
-    return [("none", 0)] + [(p, n) for p in proposers for n in ns if n > 0]
+def configurations(args: argparse.Namespace) -> list[Config]:
+    """N = 0 first, then per proposer its static N > 0 and its adaptive cap."""
+    configs = [Config("none", "static", 0)]
+    for p in args.proposers:
+        if "static" in args.policies:
+            configs += [Config(p, "static", n) for n in args.ns if n > 0]
+        if "adaptive" in args.policies:
+            configs.append(Config(p, "adaptive", args.ns[-1]))
+    return configs
 
 
 def sweep(
-    engines: dict[str, Engine], items: list[WorkloadItem], ns: list[int], args: argparse.Namespace
-) -> list[Run]:
-    """Every configuration for each prompt in turn, the order rotated by one per prompt."""
-    runs = []
-    configs = configurations(list(engines), ns)
+    engines: dict[str, Engine], workloads: dict[str, list[WorkloadItem]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Every configuration for each (workload, concurrency), the order rotated by one each."""
+    configs = configurations(args)
     baseline = next(iter(engines.values()))  # N = 0 never calls the proposer
-    for j, item in enumerate(items):
-        ids = encode_item(baseline, item)
-        for proposer, n in configs[j % len(configs) :] + configs[: j % len(configs)]:
-            engine = engines.get(proposer, baseline)
-            params = SamplingParams(
-                max_new_tokens=args.new_tokens, ignore_eos=args.ignore_eos, speculate=n
-            )
-            run = Run(item.workload, item.id, proposer, n, **run_one(engine, ids, params))
-            runs.append(run)
-            rate = len(run.tokens) / run.total_s
-            print(
-                f"[spec_bench {j + 1}/{len(items)}] {item.id} {proposer} N={n}: "
-                f"{len(run.tokens)} tokens, {rate:.1f} tok/s, "
-                f"accepted {run.accepted}/{run.drafted}",
-                file=sys.stderr,
-            )
-    return runs
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=args.ignore_eos)
+    cells, j = [], 0
+    for workload, items in workloads.items():
+        units = conversations(items)
+        for conc in args.concurrency:
+            for config in configs[j % len(configs) :] + configs[: j % len(configs)]:
+                engine = engines.get(config.proposer, baseline)
+                runs, wall, counters = run_cell(engine, units, config, conc, params)
+                key = (workload, conc, config.proposer, config.policy, config.n)
+                cells.append({"key": key, "runs": runs, "wall_s": wall, "counters": counters})
+                rate = sum(len(r.tokens) for r in runs) / wall
+                print(
+                    f"[spec_bench] {workload} c={conc} {config.label}: {len(runs)} requests, "
+                    f"{rate:.1f} tok/s, accepted {counters['accepted']}/{counters['drafted']}",
+                    file=sys.stderr,
+                )
+            j += 1
+    order = {(c.proposer, c.policy, c.n): i for i, c in enumerate(configs)}
+    names = list(workloads)
+    return sorted(cells, key=lambda c: (names.index(c["key"][0]), c["key"][1], order[c["key"][2:]]))
+
+
+def _csv_ints(p: argparse.ArgumentParser, flag: str, value: str) -> list[int]:
+    try:
+        return sorted({int(n) for n in value.split(",")})
+    except ValueError:
+        p.error(f"{flag} must be a comma list of integers, got {value!r}")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -116,12 +106,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"comma list of {', '.join(PROPOSERS)}, compared in one run; "
         "default: draft with --draft-model, else ngram",
     )
+    p.add_argument("--policy", default="static", help=f"comma list of {', '.join(POLICIES)}")
+    p.add_argument("--concurrency", default="1", help="comma list of requests in flight")
     p.add_argument(
         "--draft-model", default=None, help="HF directory or .gguf sharing the tokenizer"
     )
     p.add_argument("--ngram-max", type=int, default=4)
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list")
-    p.add_argument("--prompts-per-workload", type=int, default=3)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list: names, .jsonl")
+    p.add_argument("--prompts-per-workload", type=int, default=3, help="requests (built-ins)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -133,27 +125,30 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = [p for p in args.proposers if p not in PROPOSERS]
     if unknown or len(set(args.proposers)) != len(args.proposers):
         p.error(f"--proposer must list distinct names from {PROPOSERS}, got {args.proposer!r}")
-    try:
-        args.ns = sorted({int(n) for n in args.speculate.split(",")})
-    except ValueError:
-        p.error(f"--speculate must be a comma list of integers, got {args.speculate!r}")
-    if args.ns[0] != 0:
+    args.policies = args.policy.split(",")
+    if not set(args.policies) <= set(POLICIES):
+        p.error(f"--policy must list names from {POLICIES}, got {args.policy!r}")
+    args.ns = _csv_ints(p, "--speculate", args.speculate)
+    args.concurrency = _csv_ints(p, "--concurrency", args.concurrency)
+    if args.ns[0] != 0 or len(args.ns) < 2:
         p.error("--speculate must include 0, the baseline every speedup is measured against")
-    if args.new_tokens < 2 or args.prompts_per_workload < 1:
-        p.error("need --new-tokens >= 2 and --prompts-per-workload >= 1")
+    if args.concurrency[0] < 1 or args.new_tokens < 2 or args.prompts_per_workload < 1:
+        p.error("need --concurrency >= 1, --new-tokens >= 2 and --prompts-per-workload >= 1")
     return args
 
 
 def build_engine(args: argparse.Namespace, proposer: str) -> Engine:
-    """One engine for every N: speculate = the largest N; requests cap their own k."""
+    """One engine for every configuration of `proposer`: N = the largest N, adaptive if any
+    configuration is (a static request then verifies whole drafts on it)."""
     try:
         spec = SpecConfig(
             speculate=args.ns[-1],
             proposer=proposer,  # type: ignore[arg-type]
             draft_model=args.draft_model,
             ngram_max=args.ngram_max,
+            policy="adaptive" if "adaptive" in args.policies else "static",
         )
-        scheduler = SchedulerConfig(max_running_requests=1)  # batch 1; sizes the KV pool to one
+        scheduler = SchedulerConfig(max_running_requests=max(args.concurrency))
         config = EngineConfig(
             device=args.device, num_threads=args.threads, scheduler=scheduler, spec=spec
         )
@@ -162,28 +157,47 @@ def build_engine(args: argparse.Namespace, proposer: str) -> Engine:
         raise SystemExit(f"error: {exc}") from exc
 
 
+def load_workloads(args: argparse.Namespace) -> dict[str, list[WorkloadItem]]:
+    out: dict[str, list[WorkloadItem]] = {}
+    for ref in args.workloads.split(","):
+        for item in resolve_workload(ref, args.prompts_per_workload, args.seed):
+            out.setdefault(item.workload, []).append(item)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     info = machine_info(MODULE, argv)
     torch.set_num_threads(args.threads)
     engines = {p: build_engine(args, p) for p in args.proposers}
-    items = [
-        item
-        for name in args.workloads.split(",")
-        for item in build_workload(name, args.prompts_per_workload, args.seed)
-    ]
+    workloads = load_workloads(args)
+    first = next(iter(workloads.values()))[0]
     for engine in engines.values():
-        warm = encode_item(engine, items[0])
+        warm = encode_item(engine, first)
         for n in (0, args.ns[-1]):
-            run_one(engine, warm, SamplingParams(max_new_tokens=4, ignore_eos=True, speculate=n))
-    runs = sweep(engines, items, args.ns, args)
-    rows = summarise(runs, configurations(args.proposers, args.ns))
-    print(render(args, info, rows))
+            engine.add_request(warm, SamplingParams(max_new_tokens=4, ignore_eos=True, speculate=n))
+            while engine.has_work():
+                engine.step()
+    cells = sweep(engines, workloads, args)
+    rows = summarise(cells)
+    calibrations = {
+        name: [vars(b) for b in e.res.policy.calibration.table()]
+        for name, e in engines.items()
+        if e.res.policy is not None
+    }
+    print(render(args, info, rows, calibrations))
     if args.json is not None:
-        config_out = {k: v for k, v in vars(args).items() if k not in ("json", "ns", "proposer")}
-        runs_out = [asdict(r) for r in runs]
-        report = {"machine": info, "config": config_out, "summary": rows, "runs": runs_out}
+        skip = ("json", "ns", "proposer", "policies")
+        config_out = {k: v for k, v in vars(args).items() if k not in skip}
+        runs = [asdict(r) for c in cells for r in c["runs"]]
+        report = {
+            "machine": info,
+            "config": config_out,
+            "summary": rows,
+            "runs": runs,
+            "calibration": calibrations,
+        }
         args.json.write_text(json.dumps(report, indent=1))
     return 0
 

@@ -1,4 +1,5 @@
-"""spec_bench's report: one row per (workload, proposer, N) over its prompts, and the tables."""
+"""spec_bench's report: one row per (workload, concurrency, configuration), the side-by-side
+ratios the targets name, and each proposer's calibration (predicted vs observed acceptance)."""
 
 from __future__ import annotations
 
@@ -11,102 +12,168 @@ from specserve.bench.machine import machine_lines, markdown_table
 
 @dataclass(frozen=True)
 class Run:
-    """One request at one N."""
+    """One request of one cell."""
 
     workload: str
     item_id: str
     proposer: str  # "none" for the N = 0 baseline
     n: int
+    policy: str  # "static" | "adaptive"
+    concurrency: int
     prompt_tokens: int
     tokens: list[int]  # generated ids
     total_s: float  # submit -> last token
     decode_s: float  # first token -> last token
-    steps: int  # engine steps (forward passes) of this request
-    prefill_steps: int  # steps up to and including the one that emitted the first token
-    draft_steps: int  # steps that verified at least one draft
-    drafted: int
+    steps: int  # engine steps while it was in flight
+    draft_steps: int  # its steps that verified at least one draft
+    drafted: int  # its drafted tokens that were verified
     accepted: int
-    accepted_per_position: list[int]  # [i]: draft steps that accepted more than i drafts
+    finish_reason: str
 
 
-def summarise(runs: list[Run], configs: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    """One row per (workload, proposer, N), over that workload's prompts."""
-    ref = {r.item_id: r.tokens for r in runs if r.n == 0}
+CellKey = tuple[str, int, str, str, int]  # (workload, concurrency, proposer, policy, N)
+
+
+def summarise(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell (`cells`: key, runs, wall_s, counters), with speedups and identical
+    outputs against the N = 0 cell of the same workload and concurrency."""
+    base = {c["key"][:2]: c for c in cells if c["key"][4] == 0}
     rows = []
-    for workload in dict.fromkeys(r.workload for r in runs):
-        base: dict[str, float] = {}
-        for proposer, n in configs:
-            group = [
-                r for r in runs if r.workload == workload and (r.proposer, r.n) == (proposer, n)
-            ]
-            row = _row(group, ref)
-            base = base or row
-            row["speedup"] = row["tok_s"] / base["tok_s"]
-            row["decode_speedup"] = row["decode_tok_s"] / base["decode_tok_s"]
-            rows.append({"workload": workload, "proposer": proposer, "n": n, **row})
+    for cell in cells:
+        workload, conc, proposer, policy, n = cell["key"]
+        ref = base.get((workload, conc))
+        row = _row(cell, ref)
+        rows.append(
+            {
+                "workload": workload,
+                "concurrency": conc,
+                "proposer": proposer,
+                "policy": policy,
+                "n": n,
+                **row,
+            }
+        )
     return rows
 
 
-def _row(group: list[Run], ref: dict[str, list[int]]) -> dict[str, Any]:
-    generated = sum(len(r.tokens) for r in group)
-    decode_steps = sum(r.steps - r.prefill_steps for r in group)
-    drafted, accepted = sum(r.drafted for r in group), sum(r.accepted for r in group)
-    draft_steps = sum(r.draft_steps for r in group)
-    width = max((len(r.accepted_per_position) for r in group), default=0)
+def _row(cell: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
+    runs: list[Run] = cell["runs"]
+    counters = cell["counters"]
+    generated = sum(len(r.tokens) for r in runs)
+    tok_s = generated / cell["wall_s"]
+    decode_s = sum(r.decode_s for r in runs)
+    drafted, accepted = counters["drafted"], counters["accepted"]
+    decode_rows = max(counters["steps"] - counters["spec_steps"], 0) + counters["spec_steps"]
+    ref_tokens = {r.item_id: r.tokens for r in ref["runs"]} if ref else {}
+    ref_tok_s = (sum(len(r.tokens) for r in ref["runs"]) / ref["wall_s"]) if ref else tok_s
     return {
-        "prompts": len(group),
-        "prompt_tokens_mean": sum(r.prompt_tokens for r in group) / len(group),
+        "requests": len(runs),
+        "prompt_tokens_mean": sum(r.prompt_tokens for r in runs) / max(len(runs), 1),
         "generated": generated,
-        "tok_s": generated / sum(r.total_s for r in group),
-        "decode_tok_s": (generated - len(group)) / sum(r.decode_s for r in group),
-        "decode_steps": decode_steps,
-        "tokens_per_step": (generated - len(group)) / max(decode_steps, 1),
-        "accepted_per_step": accepted / max(decode_steps, 1),
-        "accepted_per_draft_step": accepted / draft_steps if draft_steps else 0.0,
+        "wall_s": cell["wall_s"],
+        "tok_s": tok_s,
+        "speedup": tok_s / ref_tok_s if ref_tok_s else 0.0,
+        "decode_tok_s": (generated - len(runs)) / decode_s if decode_s else 0.0,
         "drafted": drafted,
         "accepted": accepted,
+        "proposed": counters["proposed"],
+        "trimmed": counters["trimmed"],
         "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "accepted_per_position": [
-            sum(r.accepted_per_position[i] for r in group if i < len(r.accepted_per_position))
-            for i in range(width)
-        ],
-        "identical": sum(r.tokens == ref.get(r.item_id) for r in group),
+        "accepted_per_draft_step": accepted / max(sum(r.draft_steps for r in runs), 1),
+        "tokens_per_row": (accepted + decode_rows) / max(drafted + decode_rows, 1),
+        "identical": sum(r.tokens == ref_tokens.get(r.item_id) for r in runs),
+        "errors": sum(r.finish_reason == "error" for r in runs),
     }
 
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (  # (header, row key, format)
-    ("proposer", "proposer", "s"),
-    ("N", "n", "d"),
+    ("c", "concurrency", "d"),
     ("tok/s", "tok_s", ".1f"),
-    ("speedup", "speedup", ".2f"),
-    ("decode tok/s", "decode_tok_s", ".1f"),
-    ("decode speedup", "decode_speedup", ".2f"),
-    ("tokens/step", "tokens_per_step", ".2f"),
-    ("acc/step", "accepted_per_step", ".2f"),
+    ("vs N=0", "speedup", ".2f"),
+    ("decode tok/s/req", "decode_tok_s", ".1f"),
+    ("acc/verified draft", "acceptance_rate", ".2f"),
     ("acc/draft step", "accepted_per_draft_step", ".2f"),
-    ("acceptance", "acceptance_rate", ".2f"),
+    ("tokens/scored row", "tokens_per_row", ".2f"),
+    ("proposed", "proposed", "d"),
+    ("trimmed", "trimmed", "d"),
 )
 
 
+def label(row: dict[str, Any]) -> str:
+    if row["n"] == 0:
+        return "N=0"
+    cap = f"adaptive<={row['n']}" if row["policy"] == "adaptive" else f"N={row['n']}"
+    return f"{row['proposer']} {cap}"
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
-    cells = [format(row[key], fmt) for _, key, fmt in _COLUMNS]
-    return [*cells, f"{row['identical']}/{row['prompts']}"]
+    cells = [label(row)] + [format(row[key], fmt) for _, key, fmt in _COLUMNS]
+    return [*cells, f"{row['identical']}/{row['requests']}", str(row["errors"])]
 
 
-def render(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    header = [h for h, _, _ in _COLUMNS] + ["identical"]
+def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Per (workload, concurrency, proposer with an adaptive row): adaptive against the best
+    static N of the same proposer and against N = 0, all from the same run."""
+    out = []
+    for r in rows:
+        if r["policy"] != "adaptive" or not r["n"]:
+            continue
+        same = [s for s in rows if s["workload"] == r["workload"]]
+        same = [s for s in same if s["concurrency"] == r["concurrency"]]
+        static = [s for s in same if s["proposer"] == r["proposer"] and s["policy"] == "static"]
+        static = [s for s in static if s["n"]]
+        best = max(static, key=lambda s: s["tok_s"], default=None)
+        out.append(
+            [
+                r["workload"],
+                str(r["concurrency"]),
+                r["proposer"],
+                f"{r['speedup']:.2f}x",
+                f"N={best['n']}: {best['speedup']:.2f}x" if best else "-",
+                f"{r['tok_s'] / best['tok_s']:.2f}x" if best else "-",
+            ]
+        )
+    return out
+
+
+def calibration_table(name: str, table: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            f"{b['low']:.1f}-{b['high']:.1f}",
+            str(b["tested"]),
+            f"{b['mean_confidence']:.2f}",
+            "-" if b["observed"] is None else f"{b['observed']:.2f}",
+            f"{b['calibrated']:.2f}",
+        ]
+        for b in table
+        if b["tested"]
+    ]
+    header = ["confidence", "tested", "predicted (mean)", "observed", "calibrated"]
+    return f"### calibration: {name}\n\n{markdown_table(header, rows)}"
+
+
+def render(
+    args: argparse.Namespace,
+    info: dict[str, Any],
+    rows: list[dict[str, Any]],
+    calibrations: dict[str, list[dict[str, Any]]],
+) -> str:
+    header = ["config"] + [h for h, _, _ in _COLUMNS] + ["identical", "errors"]
     parts = [
-        f"## spec_bench: SmolLM2-135M fp32, batch 1, proposers {', '.join(args.proposers)}, "
-        f"{args.new_tokens} new tokens, {args.prompts_per_workload} prompts per workload, "
-        f"{args.threads} threads\n\n{machine_lines(info)}"
+        f"## spec_bench: proposers {', '.join(args.proposers)}, policies {args.policy}, "
+        f"concurrency {args.concurrency}, {args.new_tokens} new tokens, "
+        f"{args.prompts_per_workload} requests per workload, {args.threads} threads\n\n"
+        f"{machine_lines(info)}"
     ]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         mine = [r for r in rows if r["workload"] == workload]
-        best = max(mine, key=lambda r: r["speedup"])
-        table = [_cells(r) for r in mine]
         parts.append(
-            f"### {workload} (mean prompt {mine[0]['prompt_tokens_mean']:.0f} tokens; "
-            f"best: {best['proposer']} N = {best['n']}, {best['speedup']:.2f}x)\n\n"
-            f"{markdown_table(header, table)}"
+            f"### {workload} (mean prompt {mine[0]['prompt_tokens_mean']:.0f} tokens)\n\n"
+            f"{markdown_table(header, [_cells(r) for r in mine])}"
         )
+    pairs = side_by_side(rows)
+    if pairs:
+        head = ["workload", "c", "proposer", "adaptive vs N=0", "best static", "adaptive / best"]
+        parts.append(f"### adaptive side by side\n\n{markdown_table(head, pairs)}")
+    parts += [calibration_table(name, table) for name, table in calibrations.items()]
     return "\n\n".join(parts)

@@ -3,10 +3,16 @@
 A workload file is JSONL, one request per line::
 
     {"id": str, "workload": str, "prompt": str | null,
-     "messages": [{"role": "system" | "user" | "assistant", "content": str}] | null}
+     "messages": [{"role": "system" | "user" | "assistant", "content": str}] | null,
+     "follows": str}                                                        # optional
 
 Exactly one of ``prompt`` (raw completion; no template) and ``messages`` (chat; the server
 applies the model's chat template) is set. ``id`` is unique within a file.
+
+``follows`` makes a chat item the next turn of a conversation: it names an earlier item, and
+the request sent is that item's messages, the reply it actually got (as an assistant message),
+then this item's own messages. A conversation's turns are sent one after another, each after
+the previous reply is complete (`conversations`, `with_history`).
 """
 
 from __future__ import annotations
@@ -38,10 +44,13 @@ class WorkloadItem:
     workload: str
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
+    follows: str | None = None  # id of the previous turn of its conversation (chat only)
 
     def __post_init__(self) -> None:
         if not self.id or not self.workload:
             raise ValueError("'id' and 'workload' must be non-empty strings")
+        if self.follows is not None and (self.messages is None or self.follows == self.id):
+            raise ValueError("'follows' needs 'messages' and another item's id")
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("exactly one of 'prompt' and 'messages' must be set")
         if self.prompt is not None and not self.prompt.strip():
@@ -63,7 +72,10 @@ class WorkloadItem:
     def to_json(self) -> str:
         messages = None if self.messages is None else [vars(m) for m in self.messages]
         record = {"id": self.id, "workload": self.workload, "prompt": self.prompt}
-        return json.dumps({**record, "messages": messages}, ensure_ascii=False)
+        record["messages"] = messages  # type: ignore[assignment]
+        if self.follows is not None:
+            record["follows"] = self.follows
+        return json.dumps(record, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, line: str) -> WorkloadItem:
@@ -73,7 +85,7 @@ class WorkloadItem:
             raise ValueError(f"invalid JSON: {e}") from None
         if not isinstance(record, dict):
             raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-        extra = set(record) - {"id", "workload", "prompt", "messages"}
+        extra = set(record) - {"id", "workload", "prompt", "messages", "follows"}
         if extra:
             raise ValueError(f"unknown keys {sorted(extra)}")
         for key in ("id", "workload"):
@@ -83,7 +95,9 @@ class WorkloadItem:
         raw = record.get("messages")
         _expect(raw is None or isinstance(raw, list), "'messages' must be a list or null")
         messages = None if raw is None else tuple(_message(m) for m in raw)
-        return cls(record["id"], record["workload"], prompt, messages)
+        follows = record.get("follows")
+        _expect(follows is None or isinstance(follows, str), "'follows' must be a string")
+        return cls(record["id"], record["workload"], prompt, messages, follows)
 
 
 def _expect(ok: bool, problem: str) -> None:
@@ -112,7 +126,50 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
     ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate ids")
+    check_conversations(items, str(path))
     return items
+
+
+def check_conversations(items: Sequence[WorkloadItem], where: str = "workload") -> None:
+    """Each `follows` names an earlier item, and no turn is followed twice."""
+    seen: set[str] = set()
+    followed: set[str] = set()
+    for item in items:
+        if item.follows is not None:
+            if item.follows not in seen:
+                raise ValueError(f"{where}: {item.id!r} follows {item.follows!r}, no earlier item")
+            if item.follows in followed:
+                raise ValueError(f"{where}: {item.follows!r} is followed by two items")
+            followed.add(item.follows)
+        seen.add(item.id)
+
+
+def conversations(items: Sequence[WorkloadItem]) -> list[list[WorkloadItem]]:
+    """Items as units that are sent in order: a conversation's turns together (a lone item is
+    a conversation of one), ordered by their first turn."""
+    check_conversations(items)
+    units: list[list[WorkloadItem]] = []
+    unit_of: dict[str, list[WorkloadItem]] = {}
+    for item in items:
+        unit = unit_of[item.follows] if item.follows is not None else []
+        if item.follows is None:
+            units.append(unit)
+        unit.append(item)
+        unit_of[item.id] = unit
+    return units
+
+
+def with_history(item: WorkloadItem, history: tuple[ChatMessage, ...]) -> WorkloadItem:
+    """`item` as sent: the conversation so far, then its own messages."""
+    if not history:
+        return item
+    assert item.messages is not None
+    return WorkloadItem(item.id, item.workload, messages=history + item.messages)
+
+
+def next_history(sent: WorkloadItem, reply: str) -> tuple[ChatMessage, ...]:
+    """The conversation after `sent` (as sent, history included) got `reply`."""
+    return (*(sent.messages or ()), ChatMessage("assistant", reply))
 
 
 def write_workload(path: str | Path, items: Sequence[WorkloadItem]) -> None:

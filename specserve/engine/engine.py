@@ -27,11 +27,12 @@ from specserve.engine.request import (
     check_request,
 )
 from specserve.engine.resources import EngineResources, load_resources, respeculate
-from specserve.engine.stats import EngineStats, StepRecord
+from specserve.engine.stats import EngineStats, StepRecord, is_decode, step_shape
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.spec.policy import DecodeSeq
 from specserve.spec.proposer import Draft
 from specserve.spec.verify import VerifyResult
 
@@ -159,8 +160,6 @@ class Engine:
         for live in self._live.values():
             if proposer is not self.res.proposer:
                 self._release_proposer(live.seq)
-            if self.res.policy is not None:
-                self.res.policy.forget(live.seq.seq_id)
         self.res.proposer, self.res.policy = proposer, policy
         self.config = replace(self.config, spec=spec)
 
@@ -194,28 +193,66 @@ class Engine:
 
     def _run_batch(self, batch: ScheduledBatch) -> None:
         proposer = self.res.proposer
-        drafts: dict[int, Draft] = {}
+        proposed: dict[int, Draft] = {}
         if proposer is not None:
             vocab = self.res.model.arch.vocab_size
-            drafts = propose(proposer, batch.work, vocab, lambda s, e: self._fail([s], e))
+            proposed = propose(proposer, batch.work, vocab, lambda s, e: self._fail([s], e))
+        reserved = {w.seq.seq_id: w.max_drafts for w in batch.work if w.max_drafts}
+        batch, drafts = self._decide(batch, proposed)
         work = [w for w in batch.work if not w.seq.is_finished]  # the proposer may fail some
         if not work:
             return
         try:
+            started = time.perf_counter()
             run = self.res.runner.run(self._run_items(work, drafts))
+            elapsed = time.perf_counter() - started
         except Exception as exc:  # one pass for all: it fails them all, not the engine
             logger.exception("forward pass failed")
             self._fail([w.seq for w in work], f"forward pass failed: {describe(exc)}")
             return
+        batch = replace(batch, work=work)
+        if self.res.policy is not None:
+            self.res.policy.observe(step_shape(batch, drafts), elapsed)
         self._verify_and_commit(work, drafts, run)
-        self.last_step = self.stats.count_step(replace(batch, work=work), drafts)
+        self.last_step = self.stats.count_step(batch, reserved, proposed, drafts)
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
         caps = static_caps(seqs, self.config.spec.speculate, self.max_model_len)
         policy = self.res.policy
         if policy is None:
             return caps
-        return policy.decide([s.seq_id for s in seqs], caps, num_running, scheduled)
+        views = [
+            DecodeSeq(s.num_tokens, self._static(s), c) for s, c in zip(seqs, caps, strict=True)
+        ]
+        return policy.open(views, num_running, scheduled)
+
+    def _static(self, seq: Sequence) -> bool:
+        """Whether `seq` verifies its whole draft (the static policy, or its own request)."""
+        policy = self.res.policy
+        return policy is None or not policy.adaptive or seq.params.speculation_policy == "static"
+
+    def _decide(
+        self, batch: ScheduledBatch, proposed: dict[int, Draft]
+    ) -> tuple[ScheduledBatch, dict[int, Draft]]:
+        """The policy keeps a prefix of each draft; the KV slots reserved for the rest (and for
+        drafts that found nothing) go back to the pool before the pass."""
+        drafts = proposed
+        policy = self.res.policy
+        decode = [w.seq for w in batch.work if is_decode(w) and not w.seq.is_finished]
+        if policy is not None and decode:
+            views = [
+                DecodeSeq(s.num_tokens, self._static(s), draft=proposed.get(s.seq_id))
+                for s in decode
+            ]
+            prefill = sum(w.num_tokens for w in batch.work if not is_decode(w))
+            ks = policy.choose(views, prefill)
+            drafts = {
+                s.seq_id: proposed[s.seq_id].prefix(k)
+                for s, k in zip(decode, ks, strict=True)
+                if k and s.seq_id in proposed
+            }
+        kept = {sid: len(d.tokens) for sid, d in drafts.items()}
+        return replace(batch, work=self.scheduler.trim_drafts(batch.work, kept)), drafts
 
     def _run_items(self, work: list[SeqWork], drafts: dict[int, Draft]) -> list[RunItem]:
         items = []
@@ -290,7 +327,6 @@ class Engine:
                 self._fail([seq], f"verify failed: {describe(exc)}")
                 continue
             try:
-                k = len(span.draft.tokens) if span.draft else 0
                 top = seq.params.logprobs
                 lps = None
                 if top is not None:
@@ -300,7 +336,7 @@ class Engine:
                         result.tokens, top,
                     )  # fmt: skip
                 hidden = run.hidden[span.start + result.num_accepted]
-                self._commit(span.work, result, k, hidden, lps)
+                self._commit(span.work, result, span.draft, hidden, lps)
             except Exception as exc:  # detokenization, stop checks, the proposer's sync
                 logger.exception("commit failed for %s", seq.request_id)
                 self._fail([seq], f"commit failed: {describe(exc)}")
@@ -309,7 +345,7 @@ class Engine:
         self,
         w: SeqWork,
         result: VerifyResult,
-        k: int,
+        draft: Draft | None,
         hidden: torch.Tensor,
         logprobs: list[TokenLogprob] | None = None,
     ) -> None:
@@ -317,13 +353,14 @@ class Engine:
         live = self._live.get(seq.request_id)
         if live is None or seq.is_finished:
             return
-        if k:
+        if draft is not None:
+            k = len(draft.tokens)
             seq.spec.drafted += k
             seq.spec.accepted += result.num_accepted
             seq.spec.steps += 1
             self.stats.proposer.record(k, result.num_accepted)
             if self.res.policy is not None:
-                self.res.policy.record(seq.seq_id, k, result.num_accepted)
+                self.res.policy.record(draft, result.num_accepted)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
             self._unpark(seq.request_id)
@@ -401,8 +438,6 @@ class Engine:
                 self.res.proposer.release(seq)
         except Exception:
             logger.exception("proposer release failed for %s", seq.request_id)
-        if self.res.policy is not None and seq.is_finished:
-            self.res.policy.forget(seq.seq_id)
 
     def _output(
         self,

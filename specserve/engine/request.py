@@ -23,6 +23,9 @@ class SamplingParams:
     ignore_eos: bool = False
     # Per-request cap on proposed tokens per step; None = the server's N. Never raises above N.
     speculate: int | None = None
+    # "static": verify every draft whole (up to the cap) even on an adaptive engine;
+    # "adaptive": needs an adaptive engine; None: the engine's policy.
+    speculation_policy: str | None = None
     # Log-probabilities of emitted tokens (under the processed distribution the sampler uses):
     # None = none, 0 = the chosen token's, k = it and the k most likely alternatives.
     logprobs: int | None = None
@@ -44,6 +47,11 @@ class SamplingParams:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.speculate is not None and self.speculate < 0:
             raise ValueError(f"speculate must be >= 0, got {self.speculate}")
+        if self.speculation_policy not in (None, "static", "adaptive"):
+            raise ValueError(
+                "speculation_policy must be 'static' or 'adaptive', "
+                f"got {self.speculation_policy!r}"
+            )
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

@@ -16,7 +16,8 @@ from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memo
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
-from specserve.runner.cost import CostCurve, profile_cost
+from specserve.runner.cost import LiveCost
+from specserve.runner.cost_profile import profile_step_cost
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
@@ -24,6 +25,7 @@ from specserve.spec.draft import DraftModelProposer, load_draft_model
 from specserve.spec.medusa_resolve import medusa_proposer
 from specserve.spec.policy import Gate, SpeculationPolicy
 from specserve.spec.proposer import NgramProposer, Proposer
+from specserve.spec.suffix import SuffixProposer
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +233,8 @@ def make_proposer(
         )
         if medusa is not None:
             return medusa
+    if spec.proposer == "suffix":
+        return SuffixProposer(spec.suffix_cache_tokens)
     if spec.proposer in ("auto", "ngram", "medusa"):
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     raise ValueError(f"proposer {spec.proposer!r} is not available in this build")
@@ -240,32 +244,25 @@ def make_policy(
     config: EngineConfig,
     runner: ModelRunner,
     allocator: BlockAllocator,
-    cost: CostCurve | None = None,
+    cost: LiveCost | None = None,
 ) -> SpeculationPolicy | None:
-    """`cost`: a step-cost curve profiled before; the adaptive policy profiles one without."""
+    """`cost`: a step-cost model profiled before; the adaptive policy profiles one without."""
     spec = config.spec
     if spec.speculate == 0:
         return None
     if spec.policy == "adaptive" and cost is None:
-        # Cover the largest speculative step: every running sequence verifying N+1 positions.
-        largest = config.scheduler.max_running_requests * (spec.speculate + 1)
-        largest = min(
-            largest, config.scheduler.max_batch_tokens, allocator.num_blocks * allocator.block_size
+        sched = config.scheduler
+        model = profile_step_cost(
+            runner,
+            allocator,
+            max_seqs=sched.max_running_requests,
+            max_drafts=spec.speculate,
+            max_tokens=sched.max_batch_tokens,
         )
-        started = time.perf_counter()
-        cost = profile_cost(runner, allocator, largest)
-        logger.info(
-            "profiled step cost c(T) for T <= %d in %.1f s: %s",
-            largest,
-            time.perf_counter() - started,
-            ", ".join(
-                f"c({t})={c * 1e3:.1f}ms" for t, c in zip(cost.tokens, cost.seconds, strict=True)
-            ),
-        )
+        cost = LiveCost(model)
     return SpeculationPolicy(
         adaptive=spec.policy == "adaptive",
         gate=Gate(spec.max_batch, spec.max_tokens),
-        max_k=spec.speculate,
         cost=cost,
     )
 
@@ -281,7 +278,7 @@ def respeculate(
         return None, None
     proposer = _reusable_proposer(res.proposer, config.spec, spec)
     old = res.policy
-    cost = old.cost if old is not None and isinstance(old.cost, CostCurve) else None
+    cost = old.cost if old is not None and isinstance(old.cost, LiveCost) else None
     adaptive_cost = cost if spec.policy == "adaptive" else None
     policy = make_policy(replace(config, spec=spec), res.runner, res.allocator, adaptive_cost)
     if old is not None and policy is not None:
@@ -290,6 +287,11 @@ def respeculate(
 
 
 def _reusable_proposer(current: Proposer | None, old: SpecConfig, new: SpecConfig) -> Proposer:
+    if new.proposer == "suffix":  # no artifacts: kept while its token bound stays the same
+        same_bound = old.suffix_cache_tokens == new.suffix_cache_tokens
+        if isinstance(current, SuffixProposer) and same_bound:
+            return current
+        return SuffixProposer(new.suffix_cache_tokens)
     if new.proposer == "ngram" or (
         isinstance(current, NgramProposer) and _same_artifacts(old, new)
     ):

@@ -1,11 +1,30 @@
-"""Engine counters and the record of what one step ran."""
+"""Engine counters, the record of what each step ran, and its shape for the cost model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specserve.scheduler.scheduler import ScheduledBatch
+from specserve.runner.cost import StepShape
+from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
 from specserve.spec.proposer import Draft, ProposerStats
+
+
+def is_decode(w: SeqWork) -> bool:
+    """A decode (or verify) sequence: one fed token that samples, drafts possibly after it."""
+    return w.samples and w.num_tokens == 1
+
+
+def step_shape(batch: ScheduledBatch, drafts: dict[int, Draft]) -> StepShape:
+    """The step as the cost model sees it (runner/cost.py)."""
+    decode = [w.seq for w in batch.work if is_decode(w)]
+    rows = [1 + (len(drafts[s.seq_id].tokens) if s.seq_id in drafts else 0) for s in decode]
+    return StepShape(
+        num_decode=len(decode),
+        rows=sum(rows),
+        context=sum(s.num_tokens for s in decode),
+        attention=sum(r * s.num_tokens for r, s in zip(rows, decode, strict=True)),
+        prefill=sum(w.num_tokens for w in batch.work if not is_decode(w)),
+    )
 
 
 @dataclass
@@ -16,18 +35,26 @@ class EngineStats:
     tokens_emitted: int = 0
     proposer: ProposerStats = field(default_factory=ProposerStats)
 
-    def count_step(self, batch: ScheduledBatch, drafts: dict[int, Draft]) -> StepRecord:
+    def count_step(
+        self,
+        batch: ScheduledBatch,
+        reserved: dict[int, int],
+        proposed: dict[int, Draft],
+        drafts: dict[int, Draft],
+    ) -> StepRecord:
         self.steps += 1
         if drafts:
             self.spec_steps += 1
         else:
             self.nonspec_steps += 1
+        self.proposer.proposed_tokens += sum(len(d.tokens) for d in proposed.values())
         return StepRecord(
             num_running=batch.num_running,
             num_tokens=sum(w.num_tokens for w in batch.work)
             + sum(len(d.tokens) for d in drafts.values()),
-            drafts_reserved={w.seq.seq_id: w.max_drafts for w in batch.work if w.max_drafts},
-            drafts_proposed={sid: len(d.tokens) for sid, d in drafts.items()},
+            drafts_reserved=reserved,
+            drafts_proposed={sid: len(d.tokens) for sid, d in proposed.items()},
+            drafts_verified={sid: len(d.tokens) for sid, d in drafts.items()},
         )
 
 
@@ -36,6 +63,7 @@ class StepRecord:
     """What one step ran: the load the policy saw and the drafts it allowed."""
 
     num_running: int
-    num_tokens: int  # tokens scored, drafts included
-    drafts_reserved: dict[int, int]  # seq_id -> draft slots the policy granted
-    drafts_proposed: dict[int, int]  # seq_id -> drafts actually proposed
+    num_tokens: int  # tokens scored, verified drafts included
+    drafts_reserved: dict[int, int]  # seq_id -> draft slots reserved before proposing
+    drafts_proposed: dict[int, int]  # seq_id -> drafts the proposer returned (non-empty only)
+    drafts_verified: dict[int, int]  # seq_id -> drafts the policy kept and the pass verified

@@ -39,6 +39,7 @@ LIVE_FIELDS = (
     "speculate_max_batch",
     "speculate_max_tokens",
     "ngram_max",
+    "suffix_cache_tokens",
 )
 
 

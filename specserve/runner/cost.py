@@ -1,13 +1,38 @@
-"""Profiled step cost c(T): seconds for one target forward pass scoring T tokens."""
+"""Step cost: seconds for one target forward pass of a given shape, profiled and kept honest.
+
+A step's cost is modelled as
+
+    c(step) = f(T) + g_seq * K + g_row * A + g_pre * P
+
+with T the decode/verify rows (one per decode sequence plus its drafts), K = sum_s ctx_s the
+cached keys of the decode sequences, A = sum_s rows_s * ctx_s the key reads of their rows, P the
+prefill-chunk tokens beside them. f(T) (projections, logits on every scored row, per-step
+overheads) is measured at start-up on real shapes (runner/cost_profile.py) and kept
+non-decreasing; the attention coefficients come from the same shapes at two context lengths.
+
+`LiveCost` keeps the model honest from the engine's own step timings: per (B, T) cell, and
+overall, a running mean of observed / predicted seconds; a prediction is the model times the
+cell's ratio once the cell has a few observations, else the overall ratio. Shapes the engine
+never runs keep the profile's relative shape at the level the engine observes.
+"""
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from specserve.runner.model_runner import ModelRunner, RunItem
-from specserve.scheduler.kv_blocks import BlockAllocator
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step scores, as the cost model sees it."""
+
+    num_decode: int  # B: sequences with decode/verify rows
+    rows: int  # T: their rows, drafts included
+    context: int  # K: sum of their cached context lengths
+    attention: int  # A: sum over them of rows * context
+    prefill: int = 0  # P: prefill-chunk tokens in the same step
 
 
 @dataclass(frozen=True)
@@ -19,13 +44,23 @@ class CostCurve:
 
     def __call__(self, num_tokens: int) -> float:
         t, c = self.tokens, self.seconds
-        if num_tokens <= t[0]:
+        if len(t) == 1 or num_tokens <= t[0]:
             return c[0]
         i = bisect_left(t, num_tokens)
         if i == len(t):  # extrapolate with the last segment's slope
             i = len(t) - 1
         slope = (c[i] - c[i - 1]) / (t[i] - t[i - 1])
         return c[i - 1] + slope * (num_tokens - t[i - 1])
+
+    def many(self, num_tokens: np.ndarray) -> np.ndarray:  # [n] int -> [n] seconds
+        t = np.asarray(self.tokens, dtype=np.float64)
+        c = np.asarray(self.seconds, dtype=np.float64)
+        x = np.asarray(num_tokens, dtype=np.float64)
+        out = np.interp(x, t, c)
+        if len(t) > 1:
+            slope = (c[-1] - c[-2]) / (t[-1] - t[-2])
+            out = np.where(x > t[-1], c[-1] + slope * (x - t[-1]), out)
+        return out
 
     def linear_fit(self) -> tuple[float, float]:
         """Least-squares (intercept seconds, seconds per token) for display."""
@@ -38,39 +73,94 @@ class CostCurve:
 
     @classmethod
     def from_points(cls, points: dict[int, float]) -> CostCurve:
+        """Isotonic (pool-adjacent-violators) fit: a step never gets cheaper with more tokens,
+        so a noisy point above its successors is averaged with them rather than copied over
+        them (a running max would let one slow sample raise the whole tail)."""
         grid = sorted(points)
-        seconds, running = [], 0.0
-        for t in grid:  # a step never gets cheaper with more tokens: take the running max
-            running = max(running, points[t])
-            seconds.append(running)
+        blocks: list[list[float]] = []  # [sum, count] per pooled run
+        for t in grid:
+            blocks.append([points[t], 1.0])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                s, n = blocks.pop()
+                blocks[-1][0] += s
+                blocks[-1][1] += n
+        seconds = [s / n for s, n in blocks for _ in range(int(n))]
         return cls(tuple(grid), tuple(seconds))
 
 
-def cost_grid(max_tokens: int) -> list[int]:
-    grid, t = [], 1
-    while t < max_tokens:
-        grid.append(t)
-        t *= 2
-    return [*grid, max_tokens]
+@dataclass(frozen=True)
+class StepCostModel:
+    """The profiled model of c(step); see the module docstring."""
+
+    curve: CostCurve  # f(T): attention-free part
+    per_seq_key: float  # g_seq: seconds per cached key of a decode sequence
+    per_row_key: float  # g_row: seconds per (row, cached key) pair
+    per_prefill_token: float  # g_pre
+    context: int  # the cached context per sequence the profile ran at
+    profile_seconds: float = 0.0  # how long profiling took
+
+    def seconds(self, shape: StepShape) -> float:
+        return float(self.many(shape, np.array([shape.rows]), np.array([shape.attention]))[0])
+
+    def many(self, base: StepShape, rows: np.ndarray, attention: np.ndarray) -> np.ndarray:
+        """c for `base` with its rows and key reads replaced by each of `rows` / `attention`."""
+        fixed = self.per_seq_key * base.context + self.per_prefill_token * base.prefill
+        out = self.curve.many(rows) + fixed + self.per_row_key * attention
+        return np.maximum(out, 1e-6)
 
 
-def profile_cost(
-    runner: ModelRunner, allocator: BlockAllocator, max_tokens: int, repeats: int = 3
-) -> CostCurve:
-    """Time forward passes scoring 1..max_tokens tokens on free KV blocks. Every scored row
-    gets logits, as in a speculative step where each of the k+1 positions is verified."""
-    points: dict[int, float] = {}
-    table: list[int] = []
-    allocator.grow(table, max_tokens)
-    try:
-        runner.run([RunItem([0] * 8, 0, table, 1)])  # warm-up
-        for t in cost_grid(max_tokens):
-            times = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                runner.run([RunItem([0] * t, 0, table, t)])
-                times.append(time.perf_counter() - started)
-            points[t] = sorted(times)[len(times) // 2]
-    finally:
-        allocator.free(table)
-    return CostCurve.from_points(points)
+class LiveCost:
+    """The profiled model corrected by observed step times; see the module docstring."""
+
+    def __init__(self, model: StepCostModel, alpha: float = 0.1, min_steps: int = 3) -> None:
+        self.model, self.alpha, self.min_steps = model, alpha, min_steps
+        self.decode = _Ratio()  # decode-only steps
+        self.prefill = _Ratio()  # steps with a prefill chunk
+        self.cells: dict[tuple[int, int], _Ratio] = {}  # (B, T) -> decode-only steps
+
+    def predict(self, shape: StepShape) -> float:
+        rows, attn = np.array([shape.rows]), np.array([shape.attention])
+        return float(self.predict_rows(shape, rows, attn)[0])
+
+    def predict_rows(self, base: StepShape, rows: np.ndarray, attention: np.ndarray) -> np.ndarray:
+        """Live seconds of `base` with each alternative row count (and key reads)."""
+        raw = self.model.many(base, rows, attention)
+        if base.prefill:
+            return raw * self.prefill.value(1.0)
+        default = self.decode.value(1.0)
+        factors = [self._cell_factor(base.num_decode, int(t), default) for t in rows]
+        return raw * np.asarray(factors)
+
+    def _cell_factor(self, batch: int, rows: int, default: float) -> float:
+        cell = self.cells.get((batch, rows))
+        return cell.value(default) if cell is not None and cell.n >= self.min_steps else default
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        predicted = self.model.seconds(shape)
+        ratio = seconds / predicted
+        if shape.prefill:
+            self.prefill.add(ratio, seconds, predicted, self.alpha)
+            return
+        self.decode.add(ratio, seconds, predicted, self.alpha)
+        cell = self.cells.setdefault((shape.num_decode, shape.rows), _Ratio())
+        cell.add(ratio, seconds, predicted, self.alpha)
+
+
+@dataclass
+class _Ratio:
+    """Running mean (exponential after 1/alpha samples) of observed / predicted seconds."""
+
+    n: int = 0
+    ratio: float = 1.0
+    observed: float = 0.0  # running mean of observed seconds
+    predicted: float = 0.0  # running mean of the profile's predictions for the same steps
+
+    def add(self, ratio: float, observed: float, predicted: float, alpha: float) -> None:
+        self.n += 1
+        a = max(alpha, 1.0 / self.n)
+        self.ratio += a * (ratio - self.ratio)
+        self.observed += a * (observed - self.observed)
+        self.predicted += a * (predicted - self.predicted)
+
+    def value(self, default: float) -> float:
+        return self.ratio if self.n else default

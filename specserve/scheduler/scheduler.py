@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specserve.config import SchedulerConfig
 from specserve.engine.request import SeqStatus, Sequence
@@ -253,4 +253,16 @@ class Scheduler:
                 self._grow(seq, seq.num_tokens + k)
                 out[i] = SeqWork(seq, 1, samples=True, max_drafts=k)
                 budget -= k
+        return out
+
+    def trim_drafts(self, work: list[SeqWork], kept: dict[int, int]) -> list[SeqWork]:
+        """Give back reserved draft slots nobody will verify: each sequence keeps
+        `kept[seq_id]` (none if absent); blocks that became empty return to the pool."""
+        out = []
+        for w in work:
+            k = kept.get(w.seq.seq_id, 0)
+            if w.max_drafts > k:
+                self.allocator.truncate(w.seq.block_table, w.seq.num_tokens + k)
+                w = replace(w, max_drafts=k)
+            out.append(w)
         return out

@@ -11,19 +11,38 @@ import torch
 from specserve import __version__
 from specserve.engine.engine import Engine
 from specserve.models.block_linear import block_kinds
-from specserve.runner.cost import CostCurve
+from specserve.runner.cost import LiveCost
 from specserve.server.context import Ctx
 from specserve.server.provenance import Provenance
 from specserve.server.schemas import (
+    CalibrationBucket,
     CostCurveInfo,
     CostFit,
     FingerprintsInfo,
     Info,
+    LiveCostCell,
+    LiveCostInfo,
     MemoryInfo,
     ProfileInfo,
     SpeculationInfo,
+    SuffixCacheInfo,
 )
 from specserve.server.settings import Limits, ServerSettings
+from specserve.spec.suffix import SuffixProposer
+
+
+async def reset_suffix_cache(ctx: Ctx) -> dict[str, bool]:
+    """Forget recent requests' outputs in the proposer's cross-request index (benchmarks reset
+    it between cells so no cell drafts from a replay of another's prompts)."""
+
+    def reset(engine: Engine) -> bool:
+        fn = getattr(engine.res.proposer, "reset", None)
+        if callable(fn):
+            fn()
+            return True
+        return False
+
+    return {"reset": await asyncio.to_thread(ctx.async_engine.run_locked, reset)}
 
 
 async def info(ctx: Ctx) -> Info:
@@ -75,15 +94,8 @@ def engine_info(
 
 def speculation_info(engine: Engine) -> SpeculationInfo:
     spec, res = engine.config.spec, engine.res
-    cost = res.policy.cost if res.policy is not None else None
-    curve = None
-    if isinstance(cost, CostCurve):  # the profiled curve (adaptive policy)
-        intercept, slope = cost.linear_fit()
-        curve = CostCurveInfo(
-            tokens=list(cost.tokens),
-            seconds=list(cost.seconds),
-            fit=CostFit(intercept_s=intercept, per_token_s=slope),
-        )
+    policy = res.policy
+    live = policy.cost if policy is not None else None
     return SpeculationInfo(
         speculate=spec.speculate,
         proposer=res.proposer.name if res.proposer is not None else None,
@@ -92,7 +104,66 @@ def speculation_info(engine: Engine) -> SpeculationInfo:
         policy=spec.policy,
         max_batch=spec.max_batch,
         max_tokens=spec.max_tokens,
-        cost_curve=curve,
+        cost_curve=cost_curve_info(live) if live is not None else None,
+        live_cost=live_cost_info(live) if live is not None else None,
+        calibration=[CalibrationBucket(**vars(row)) for row in policy.calibration.table()]
+        if policy is not None
+        else [],
+        suffix_cache=suffix_cache_info(res.proposer),
+        proposed_tokens=engine.stats.proposer.proposed_tokens,
+        trimmed_tokens=policy.stats.trimmed_tokens if policy is not None else 0,
+        skipped_steps=policy.stats.skipped_steps if policy is not None else 0,
+    )
+
+
+def suffix_cache_info(proposer: object) -> SuffixCacheInfo | None:
+    if not isinstance(proposer, SuffixProposer):
+        return None
+    index = proposer.global_index
+    return SuffixCacheInfo(
+        tokens=index.num_tokens,
+        capacity=index.capacity,
+        bytes=index.nbytes,
+        requests=len(index.owners()),
+        drafts_own=proposer.drafts_from["own"],
+        drafts_shared=proposer.drafts_from["shared"],
+    )
+
+
+def cost_curve_info(live: LiveCost) -> CostCurveInfo:
+    model = live.model
+    intercept, slope = model.curve.linear_fit()
+    return CostCurveInfo(
+        tokens=list(model.curve.tokens),
+        seconds=list(model.curve.seconds),
+        fit=CostFit(intercept_s=intercept, per_token_s=slope),
+        context=model.context,
+        per_seq_key_s=model.per_seq_key,
+        per_row_key_s=model.per_row_key,
+        per_prefill_token_s=model.per_prefill_token,
+        profile_s=model.profile_seconds,
+    )
+
+
+def live_cost_info(live: LiveCost, max_cells: int = 64) -> LiveCostInfo:
+    busiest = sorted(live.cells.items(), key=lambda kv: -kv[1].n)[:max_cells]
+    cells = [
+        LiveCostCell(
+            batch=b,
+            rows=t,
+            steps=r.n,
+            observed_s=r.observed,
+            profiled_s=r.predicted,
+            ratio=r.ratio,
+        )
+        for (b, t), r in sorted(busiest)
+    ]
+    return LiveCostInfo(
+        decode_ratio=live.decode.ratio,
+        decode_steps=live.decode.n,
+        prefill_ratio=live.prefill.ratio,
+        prefill_steps=live.prefill.n,
+        cells=cells,
     )
 
 

@@ -48,6 +48,9 @@ class PolicySnapshot:
     k_chosen: tuple[int, ...]  # [k] for k in 0..N: sequence-steps given k drafts
     gated: dict[str, int]  # reason -> steps whose drafts a gate switched off
     predicted_speedup: float  # adaptive: J(chosen k) / J(0) at the last decision
+    skipped_steps: int  # adaptive: steps not proposed since no draft could pay
+    trimmed_tokens: int  # proposed tokens the adaptive policy did not verify
+    calibration: tuple[tuple[str, int, int, float], ...]  # (bucket, tested, accepted, calibrated)
 
 
 def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
@@ -57,6 +60,12 @@ def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
         k_chosen=tuple(stats.k_chosen.get(k, 0) for k in range(max_k + 1)),
         gated=dict(stats.gated),
         predicted_speedup=stats.predicted_speedup,
+        skipped_steps=stats.skipped_steps,
+        trimmed_tokens=stats.trimmed_tokens,
+        calibration=tuple(
+            (f"{r.low:.1f}-{r.high:.1f}", r.tested, r.accepted, r.calibrated)
+            for r in policy.calibration.table()
+        ),
     )
 
 
@@ -263,6 +272,7 @@ def _policy_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> None:
     gated = "Steps whose speculation a gate switched off (--speculate-max-batch/-max-tokens)"
     for reason in GATE_REASONS:
         fam.counter("specserve_spec_gated_steps", gated, at, p.gated.get(reason, 0), reason=reason)
+    _calibration_samples(fam, at, p)
     if p.adaptive:
         fam.gauge(
             "specserve_spec_predicted_speedup",
@@ -270,6 +280,31 @@ def _policy_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> None:
             at,
             p.predicted_speedup,
         )
+
+
+def _calibration_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> None:
+    for bucket, n, acc, prob in p.calibration:
+        fam.counter(
+            "specserve_spec_calibration_tested",
+            "Draft tokens verification reached, by the proposer's confidence bucket",
+            at, n, bucket=bucket,
+        )  # fmt: skip
+        fam.counter(
+            "specserve_spec_calibration_accepted", "Of those, accepted", at, acc, bucket=bucket
+        )
+        fam.gauge(
+            "specserve_spec_calibration_probability",
+            "Acceptance probability the policy uses for a confidence in this bucket",
+            at, prob, bucket=bucket,
+        )  # fmt: skip
+    fam.counter(
+        "specserve_spec_trimmed_tokens", "Proposed tokens the policy did not verify", at,
+        p.trimmed_tokens,
+    )  # fmt: skip
+    fam.counter(
+        "specserve_spec_skipped_steps", "Steps not proposed: no draft could pay", at,
+        p.skipped_steps,
+    )  # fmt: skip
 
 
 class ServerMetrics:

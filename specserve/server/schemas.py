@@ -175,9 +175,52 @@ class CostFit(BaseModel):
 
 
 class CostCurveInfo(BaseModel):
-    tokens: list[int] = Field(..., description="T: tokens scored in one step (profiled grid)")
-    seconds: list[float] = Field(..., description="c(T): measured step time, non-decreasing")
+    tokens: list[int] = Field(..., description="T: decode/verify rows of a profiled step")
+    seconds: list[float] = Field(
+        ..., description="f(T): its attention-free cost, isotonic fit of the profiled steps"
+    )
     fit: CostFit
+    context: int = Field(0, description="cached tokens per sequence in the profiled steps")
+    per_seq_key_s: float = Field(0.0, description="seconds per cached key of a decode sequence")
+    per_row_key_s: float = Field(0.0, description="seconds per (scored row, cached key)")
+    per_prefill_token_s: float = Field(0.0, description="seconds per prefill-chunk token")
+    profile_s: float = Field(0.0, description="start-up profiling time")
+
+
+class LiveCostCell(BaseModel):
+    batch: int = Field(..., description="B: decode sequences in the step")
+    rows: int = Field(..., description="T: their rows, drafts included")
+    steps: int = Field(..., description="decode-only steps observed with this (B, T)")
+    observed_s: float = Field(..., description="running mean of the measured forward pass")
+    profiled_s: float = Field(..., description="running mean of the profile's prediction")
+    ratio: float = Field(..., description="running mean of observed / profiled")
+
+
+class LiveCostInfo(BaseModel):
+    decode_ratio: float = Field(..., description="observed / profiled over decode-only steps")
+    decode_steps: int
+    prefill_ratio: float = Field(..., description="observed / profiled over steps with prefill")
+    prefill_steps: int
+    cells: list[LiveCostCell] = Field(..., description="the live curve, per (B, T) observed")
+
+
+class SuffixCacheInfo(BaseModel):
+    tokens: int = Field(..., description="recent requests' output tokens held for lookup")
+    capacity: int = Field(..., description="--suffix-cache-tokens: the bound")
+    bytes: int = Field(..., description="memory of the index at the bound")
+    requests: int = Field(..., description="requests whose output it holds")
+    drafts_own: int = Field(..., description="drafts proposed from the request's own context")
+    drafts_shared: int = Field(..., description="drafts proposed from other requests' outputs")
+
+
+class CalibrationBucket(BaseModel):
+    low: float = Field(..., description="confidence bucket [low, high)")
+    high: float
+    tested: int = Field(..., description="draft tokens in the bucket that verification reached")
+    accepted: int
+    mean_confidence: float = Field(..., description="the proposer's own prediction")
+    observed: float | None = Field(..., description="accepted / tested")
+    calibrated: float = Field(..., description="the probability the policy uses")
 
 
 class SpeculationInfo(BaseModel):
@@ -193,8 +236,21 @@ class SpeculationInfo(BaseModel):
         default=None, description="gate: no drafts when the step would score more tokens"
     )
     cost_curve: CostCurveInfo | None = Field(
-        default=None, description="the step cost c(T) profiled at start-up (adaptive policy)"
+        default=None, description="the step cost model profiled at start-up (adaptive policy)"
     )
+    live_cost: LiveCostInfo | None = Field(
+        default=None, description="the same model corrected by the engine's own step timings"
+    )
+    calibration: list[CalibrationBucket] = Field(
+        default_factory=list,
+        description="the proposer's confidence -> observed acceptance, per bucket",
+    )
+    suffix_cache: SuffixCacheInfo | None = Field(
+        default=None, description="the suffix proposer's cross-request index"
+    )
+    proposed_tokens: int = Field(0, description="drafted tokens, verified or not")
+    trimmed_tokens: int = Field(0, description="proposed tokens the adaptive policy did not verify")
+    skipped_steps: int = Field(0, description="adaptive: steps not proposed, as no draft could pay")
 
 
 class ProfileInfo(BaseModel):

@@ -56,6 +56,7 @@ class _Plan:
     out_pos: int  # output position of d_1
     k: int  # drafts to pick, >= 1
     probs: list[torch.Tensor] = field(default_factory=list)  # k x [vocab] q rows when sampling
+    confidence: list[float] = field(default_factory=list)  # q(d_i) of each draft picked
 
     @property
     def num_unfed(self) -> int:
@@ -67,7 +68,7 @@ class _Plan:
 
     def draft(self) -> Draft:
         probs = torch.stack(self.probs) if self.probs else None  # [k, vocab]
-        return Draft(tokens=self.drafts, probs=probs)
+        return Draft(tokens=self.drafts, probs=probs, confidence=list(self.confidence))
 
 
 class DraftModelProposer:
@@ -208,14 +209,15 @@ def _pick(plan: _Plan, logits: torch.Tensor) -> None:  # logits: [vocab]
     q = softmax(processed logits), whose row is kept for rejection sampling."""
     out_pos = plan.out_pos + len(plan.drafts)
     z = processed_logits(logits, SampleRow(plan.params, plan.context, out_pos))  # [vocab]
+    q = torch.softmax(z.float(), dim=-1)  # [vocab]
     if plan.params.greedy:
-        plan.context.append(int(torch.argmax(z)))
-        return
-    q = torch.softmax(z, dim=-1)  # [vocab] float32
-    seed = plan.params.seed if plan.params.seed is not None else 0
-    token = torch.multinomial(q, 1, generator=_draft_generator(seed, out_pos, q.device))
-    plan.context.append(int(token.item()))
-    plan.probs.append(q)
+        token = int(torch.argmax(z))
+    else:
+        seed = plan.params.seed if plan.params.seed is not None else 0
+        token = int(torch.multinomial(q, 1, generator=_draft_generator(seed, out_pos, q.device)))
+        plan.probs.append(q)
+    plan.context.append(token)
+    plan.confidence.append(float(q[token]))
 
 
 def _draft_generator(seed: int, out_pos: int, device: torch.device) -> torch.Generator:

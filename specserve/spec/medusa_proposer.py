@@ -67,18 +67,24 @@ class MedusaProposer:
         hidden = torch.stack([self._last[seqs[i].seq_id][1] for i in rows])  # [B, hidden]
         n = min(max(ks[i] for i in rows), self.num_heads)
         with torch.inference_mode():
-            chains = self._top1(hidden, n).tolist()  # [B, n]
-        for i, chain in zip(rows, chains, strict=True):
-            drafts[i] = Draft(tokens=chain[: ks[i]])
+            top, prob = self._top1(hidden, n)  # [B, n] each
+        for i, chain, conf in zip(rows, top.tolist(), prob.tolist(), strict=True):
+            drafts[i] = Draft(tokens=chain[: ks[i]], confidence=conf[: ks[i]])
         return drafts
 
-    def _top1(self, hidden: torch.Tensor, n: int) -> torch.Tensor:  # [B, hidden] -> [B, n]
+    def _top1(self, hidden: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, hidden] -> each head's top token [B, n] and its softmax probability [B, n]
+        (over the draft vocabulary when the heads have one): the head's own confidence."""
         vocab = self.heads.draft_vocab
         if vocab is None:
-            return self.heads.logits(hidden, self.base_lm_head, n).argmax(-1)
-        if self._vocab_cols is not None:
-            return vocab[(self.heads.states(hidden, n) @ self._vocab_cols).argmax(-1)]
-        return vocab[self.heads.logits(hidden, self.base_lm_head, n)[..., vocab].argmax(-1)]
+            logits = self.heads.logits(hidden, self.base_lm_head, n)
+        elif self._vocab_cols is not None:
+            logits = self.heads.states(hidden, n) @ self._vocab_cols
+        else:
+            logits = self.heads.logits(hidden, self.base_lm_head, n)[..., vocab]
+        best, top = logits.max(-1)
+        prob = 1.0 / torch.exp(logits.float() - best.float().unsqueeze(-1)).sum(-1)
+        return (top if vocab is None else vocab[top]), prob
 
     def _ready(self, seq: Sequence) -> bool:
         last = self._last.get(seq.seq_id)

@@ -1,25 +1,38 @@
-"""How many drafts each sequence proposes this step.
+"""How many drafted tokens each sequence verifies this step: draft first, then decide.
 
-Static policy: every sequence gets its cap (the server's N, lowered by the request).
-Adaptive policy: choose k_s in 0..cap_s to maximise expected emitted tokens per second,
+Before proposing, gates (both policies) may switch drafting off: no drafts when the running batch
+exceeds `max_batch`, or when the step with every cap would score more than `max_tokens`. The
+adaptive policy also skips proposing when even drafts as good as the best calibration bucket
+could not raise the step's rate (see `_cannot_pay`): a proposer that could only lose costs
+nothing.
 
-    J(k) = sum_s E[emitted_s(k_s)] / c(T0 + sum_s k_s),
+After proposing, the static policy verifies every draft whole (up to its cap). The adaptive
+policy keeps the prefix k_s of each draft that maximises expected emitted tokens per second,
 
-where T0 is the tokens the step scores anyway (one per decode sequence plus prefill chunks) and
-c(T) the profiled step time. With a_{s,i} the probability that draft i+1 is accepted given drafts
-1..i were, E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted
-prefix plus one token. When c is flat (bandwidth-bound) extra drafts are free and k goes to the
-cap; when c grows linearly with T (compute-bound) and the batch is large, the marginal token is
-worth less than its cost and k goes to 0 with no threshold configured.
+    J(k) = sum_s E[emitted_s(k_s)] / c(step with sum_s k_s extra rows),
 
-Gates apply to both policies: no drafts when the running batch exceeds `max_batch`, or when the
-step's tokens with drafts would exceed `max_tokens`.
+with a_{s,i} the calibrated probability that draft token i+1 is accepted given tokens 1..i
+were (spec/calibration.py), so
+E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted prefix
+plus one token; and c the live step cost (runner/cost.py) of this step's batch, its prefill
+chunks and the extra rows. Sequences that asked for the static policy
+verify their whole draft and count as fixed rows. Under saturation c grows as fast as the
+tokens do and k goes to 0 by itself; at low load the tokens likely to land are kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specserve.runner.cost import LiveCost, StepShape
+from specserve.spec.calibration import Calibration
+from specserve.spec.proposer import Draft
+
+# extra rows m -> live seconds of the step with them (vectorised over m)
+RowCost = Callable[[np.ndarray], np.ndarray]
 
 
 def expected_emitted(accept: Sequence[float], k: int) -> float:
@@ -32,42 +45,26 @@ def expected_emitted(accept: Sequence[float], k: int) -> float:
 
 
 def choose_k(
-    accept: Sequence[Sequence[float]],  # [S][cap_s] per-position acceptance per sequence
-    caps: Sequence[int],  # [S]
-    base_tokens: int,
-    cost: Callable[[int], float],  # c(T) in seconds, increasing
+    accept: Sequence[Sequence[float]],  # [S][len(draft_s)] calibrated per-token probabilities
+    cost: RowCost,
+    base_emitted: float,
 ) -> list[int]:
-    """Greedy marginal allocation of draft slots maximising J(k) (see module docstring).
+    """The k_s <= len(accept[s]) maximising (base_emitted + sum of gains kept) / cost(sum k_s).
 
-    Each added slot for sequence s adds prod_{i<=k_s} a_{s,i} to the numerator, which never
-    grows as k_s grows, so the best next slot is the one with the largest such gain; stop when
-    adding it lowers J. Tests check this against brute force on small cases.
+    Keeping draft token i of s adds gain prod_{j<=i} a_{s,j}, which never grows with i, so for
+    any total m the best choice is the m largest gains (stable order keeps each sequence's
+    tokens a prefix). J is then a function of m alone, evaluated for every m; the first argmax
+    wins, so ties keep fewer rows. Exact for any cost curve, convex or not.
     """
-    ks = [0] * len(caps)
-    gains = [_next_gain(a, 0, c) for a, c in zip(accept, caps, strict=True)]
-    emitted = float(len(caps))
-    tokens = base_tokens
-    best = emitted / cost(tokens)
-    while True:
-        s = max(range(len(ks)), key=lambda i: gains[i], default=None)
-        if s is None or gains[s] <= 0:
-            return ks
-        value = (emitted + gains[s]) / cost(tokens + 1)
-        if value <= best:
-            return ks
-        emitted, tokens, best = emitted + gains[s], tokens + 1, value
-        ks[s] += 1
-        gains[s] = _next_gain(accept[s], ks[s], caps[s]) if ks[s] < caps[s] else 0.0
-
-
-def _next_gain(accept: Sequence[float], k: int, cap: int) -> float:
-    """Expected extra tokens from the (k+1)-th draft: prod_{i<=k} accept[i]."""
-    if k >= cap:
-        return 0.0
-    reach = 1.0
-    for i in range(k + 1):
-        reach *= accept[i]
-    return reach
+    gains = [np.cumprod(np.asarray(a, dtype=np.float64)) for a in accept]
+    owner = np.repeat(np.arange(len(gains)), [len(g) for g in gains])  # [M] sequence of each
+    flat = np.concatenate([np.empty(0), *gains])  # [M] gains, sequence by sequence
+    order = np.argsort(-flat, kind="stable")
+    emitted = base_emitted + np.concatenate([[0.0], np.cumsum(flat[order])])
+    rate = emitted / cost(np.arange(len(flat) + 1))
+    m = int(np.argmax(rate))
+    ks = np.bincount(owner[order[:m]], minlength=len(accept))
+    return [int(k) for k in ks]
 
 
 @dataclass(frozen=True)
@@ -84,94 +81,144 @@ class Gate:
         return None
 
 
-class AcceptanceTracker:
-    """Per-sequence acceptance per position: Beta counts around the proposer's global rates.
+@dataclass(frozen=True)
+class DecodeSeq:
+    """What the policy sees of one decode sequence in a step."""
 
-    Estimate for sequence s at position i: (prior_i * w + acc_{s,i}) / (w + tried_{s,i}), with
-    prior_i = global accepted_i / tried_i (smoothed), w = prior weight in pseudo-trials.
-    """
-
-    def __init__(self, max_positions: int, prior_weight: float = 4.0) -> None:
-        self.w = prior_weight
-        self.tried = [0] * max_positions
-        self.accepted = [0] * max_positions
-        self._seq: dict[int, tuple[list[int], list[int]]] = {}
-
-    def record(self, seq_id: int, num_drafted: int, num_accepted: int) -> None:
-        tried, acc = self._seq.setdefault(seq_id, ([0] * len(self.tried), [0] * len(self.tried)))
-        # Draft i was tested iff all before it were accepted: i <= num_accepted.
-        for i in range(min(num_drafted, num_accepted + 1, len(self.tried))):
-            tried[i] += 1
-            self.tried[i] += 1
-            if i < num_accepted:
-                acc[i] += 1
-                self.accepted[i] += 1
-
-    def prior(self, i: int) -> float:
-        # Optimistic start (0.5 on 1 pseudo-trial) so an untested proposer gets tried.
-        return (self.accepted[i] + 0.5) / (self.tried[i] + 1.0)
-
-    def estimate(self, seq_id: int, k: int) -> list[float]:
-        tried, acc = self._seq.get(seq_id, ([0] * len(self.tried), [0] * len(self.tried)))
-        return [
-            (self.prior(i) * self.w + acc[i]) / (self.w + tried[i])
-            for i in range(min(k, len(self.tried)))
-        ]
-
-    def forget(self, seq_id: int) -> None:
-        self._seq.pop(seq_id, None)
+    context: int  # tokens whose K/V its rows read (its length)
+    static: bool  # verifies its whole draft (static policy, or the request asked for it)
+    cap: int = 0  # most drafts it may propose (before proposing)
+    draft: Draft | None = None  # what it proposed (after proposing)
 
 
 @dataclass
 class PolicyStats:
-    k_chosen: dict[int, int]  # k -> sequences given that k (over all decode steps)
-    gated: dict[str, int]  # reason -> steps with speculation switched off by a gate
+    k_chosen: dict[int, int] = field(default_factory=dict)  # k -> sequence-steps verifying k
+    gated: dict[str, int] = field(default_factory=dict)  # reason -> steps a gate switched off
+    skipped_steps: int = 0  # adaptive: steps not proposed, since no draft could pay
+    trimmed_tokens: int = 0  # proposed tokens the adaptive policy did not verify
     predicted_speedup: float = 1.0  # J(chosen k) / J(0) at the last decision
 
 
 class SpeculationPolicy:
-    """Turns per-sequence caps into this step's k, through the gates and, if adaptive, the
-    acceptance-and-cost optimisation."""
+    """Gates and pre-check before proposing; the verified prefix of each draft after."""
 
     def __init__(
         self,
         adaptive: bool,
         gate: Gate,
-        max_k: int,
-        cost: Callable[[int], float] | None = None,
+        cost: LiveCost | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         if adaptive and cost is None:
-            raise ValueError("the adaptive policy needs a profiled cost curve")
+            raise ValueError("the adaptive policy needs a step cost model")
         self.adaptive, self.gate, self.cost = adaptive, gate, cost
-        self.tracker = AcceptanceTracker(max(1, max_k))
-        self.stats = PolicyStats(k_chosen={}, gated={})
+        self.calibration = calibration or Calibration()
+        self.stats = PolicyStats()
 
-    def decide(
-        self, seq_ids: list[int], caps: list[int], num_running: int, scheduled_tokens: int
-    ) -> list[int]:
+    def open(self, seqs: list[DecodeSeq], num_running: int, scheduled_tokens: int) -> list[int]:
+        """Caps for this step's proposer: each sequence's cap unless a gate closed or, for
+        adaptive sequences, no draft could pay (`_cannot_pay`)."""
+        caps = [s.cap for s in seqs]
+        if not any(caps):
+            return caps
         reason = self.gate.closed_by(num_running, scheduled_tokens + sum(caps))
-        if reason is not None and any(caps):
+        if reason is not None:
             self.stats.gated[reason] = self.stats.gated.get(reason, 0) + 1
-            ks = [0] * len(caps)
-        elif self.adaptive and self.cost is not None:
-            accept = [self.tracker.estimate(s, c) for s, c in zip(seq_ids, caps, strict=True)]
-            ks = choose_k(accept, caps, scheduled_tokens, self.cost)
-            self.stats.predicted_speedup = _speedup(accept, ks, scheduled_tokens, self.cost)
-        else:
-            ks = list(caps)
+            return [0] * len(caps)
+        if self.adaptive and self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
+            self.stats.skipped_steps += 1
+            return [s.cap if s.static else 0 for s in seqs]
+        return caps
+
+    def choose(self, seqs: list[DecodeSeq], prefill: int) -> list[int]:
+        """Drafted tokens each sequence verifies (a prefix of its draft)."""
+        ks = [len(s.draft.tokens) if s.draft is not None else 0 for s in seqs]
+        if self.adaptive and any(k and not s.static for k, s in zip(ks, seqs, strict=True)):
+            ks = self._optimise(seqs, prefill)
         for k in ks:
             self.stats.k_chosen[k] = self.stats.k_chosen.get(k, 0) + 1
         return ks
 
-    def record(self, seq_id: int, num_drafted: int, num_accepted: int) -> None:
-        self.tracker.record(seq_id, num_drafted, num_accepted)
+    def record(self, draft: Draft, num_accepted: int) -> None:
+        """A verified draft's outcome, for the calibration."""
+        self.calibration.record(draft.scores, num_accepted)
 
-    def forget(self, seq_id: int) -> None:
-        self.tracker.forget(seq_id)
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        """A step's measured forward-pass time, for the live cost."""
+        if self.cost is not None:
+            self.cost.observe(shape, seconds)
+
+    # ------------------------------------------------------------------ internals
+    def _optimise(self, seqs: list[DecodeSeq], prefill: int) -> list[int]:
+        probs = self.calibration.probabilities
+        drafts = [s.draft for s in seqs]
+        free = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.static]
+        accept = [probs(d.scores) for i in free if (d := drafts[i]) is not None]
+        base_emitted = len(seqs) + sum(
+            expected_emitted(probs(d.scores), len(d.tokens)) - 1.0
+            for s, d in zip(seqs, drafts, strict=True)
+            if d is not None and s.static
+        )
+        keys = float(np.mean([seqs[i].context for i in free]))
+        cost = self._row_cost(seqs, prefill, keys)
+        chosen = choose_k(accept, cost, base_emitted)
+        ks = [
+            len(d.tokens) if d is not None and s.static else 0
+            for s, d in zip(seqs, drafts, strict=True)
+        ]
+        for i, k, a in zip(free, chosen, accept, strict=True):
+            ks[i] = k
+            self.stats.trimmed_tokens += len(a) - k
+        gain = _kept_gain(accept, chosen)
+        rates = (base_emitted + np.array([0.0, gain])) / cost(np.array([0, sum(chosen)]))
+        self.stats.predicted_speedup = float(rates[1] / rates[0])
+        return ks
+
+    def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
+        """m -> live seconds of this step with m extra rows, each reading `keys_per_row` keys."""
+        assert self.cost is not None
+        fixed_rows = [1 + (len(s.draft.tokens) if s.static and s.draft else 0) for s in seqs]
+        base = StepShape(
+            num_decode=len(seqs),
+            rows=sum(fixed_rows),
+            context=sum(s.context for s in seqs),
+            attention=sum(r * s.context for r, s in zip(fixed_rows, seqs, strict=True)),
+            prefill=prefill,
+        )
+        cost = self.cost
+
+        def row_cost(m: np.ndarray) -> np.ndarray:
+            return cost.predict_rows(base, base.rows + m, base.attention + m * keys_per_row)
+
+        return row_cost
+
+    def _cannot_pay(self, seqs: list[DecodeSeq], prefill: int) -> bool:
+        """True when no number m of extra rows, each adding the best calibrated acceptance
+        seen (an upper bound on any real draft's gain), beats m = 0."""
+        free = [s for s in seqs if not s.static and s.cap]
+        if not free:
+            return False
+        best = self._best_probability()
+        keys = float(np.mean([s.context for s in free]))
+        cost = self._row_cost([replace_cap(s) for s in seqs], max(prefill, 0), keys)
+        m = np.arange(sum(s.cap for s in free) + 1)
+        static_rows = sum(s.cap for s in seqs if s.static)
+        rate = (len(seqs) + static_rows * best + m * best) / cost(m)
+        return bool(rate[1:].max() <= rate[0])
+
+    def _best_probability(self) -> float:
+        cal = self.calibration
+        tested = [row.calibrated for row in cal.table() if row.tested]
+        return max(tested) if tested else 1.0
 
 
-def _speedup(
-    accept: list[list[float]], ks: list[int], base: int, cost: Callable[[int], float]
-) -> float:
-    emitted = sum(expected_emitted(a, k) for a, k in zip(accept, ks, strict=True))
-    return (emitted / cost(base + sum(ks))) / (len(ks) / cost(base))
+def replace_cap(seq: DecodeSeq) -> DecodeSeq:
+    """`seq` as the cost sees it before proposing: a static one verifies its whole cap."""
+    if not seq.static or not seq.cap:
+        return seq
+    return DecodeSeq(seq.context, True, seq.cap, Draft(tokens=[0] * seq.cap))
+
+
+def _kept_gain(accept: list[list[float]], ks: list[int]) -> float:
+    return sum(expected_emitted(a, k) - 1.0 for a, k in zip(accept, ks, strict=True))

@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from specserve.engine.request import Sequence
-from specserve.spec.ngram import ngram_propose
+from specserve.spec.ngram import ngram_lookup
+
+UNSCORED = 0.5  # the confidence assumed for a token whose proposer gave none
 
 
 @dataclass(frozen=True)
@@ -20,15 +22,41 @@ class Draft:
     # [len(tokens), vocab] draft distributions q the tokens were sampled from; None when the
     # proposer is deterministic (verification then accepts iff draft == the target's own pick).
     probs: torch.Tensor | None = None
+    # [len(tokens)] the proposer's own estimate, in [0, 1], that token i is accepted given tokens
+    # before it were (lookup: match length and continuation counts; Medusa: head probability;
+    # draft model: q). Calibrated online before the policy trusts it. None: not scored.
+    confidence: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.confidence is not None and len(self.confidence) != len(self.tokens):
+            raise ValueError(
+                f"{len(self.confidence)} confidences for {len(self.tokens)} draft tokens"
+            )
+
+    @property
+    def scores(self) -> list[float]:
+        """Per-token confidence, `UNSCORED` where the proposer gave none."""
+        if self.confidence is None:
+            return [UNSCORED] * len(self.tokens)
+        return self.confidence
+
+    def prefix(self, k: int) -> Draft:
+        """The first k tokens (with their q rows and confidences)."""
+        if k >= len(self.tokens):
+            return self
+        probs = self.probs[:k] if self.probs is not None else None
+        conf = self.confidence[:k] if self.confidence is not None else None
+        return Draft(tokens=self.tokens[:k], probs=probs, confidence=conf)
 
 
 @dataclass
 class ProposerStats:
     """Cumulative counters for one proposer."""
 
-    drafts: int = 0  # (sequence, step) pairs that proposed at least one token
-    drafted_tokens: int = 0
+    drafts: int = 0  # (sequence, step) pairs that verified at least one drafted token
+    drafted_tokens: int = 0  # drafted tokens verified
     accepted_tokens: int = 0
+    proposed_tokens: int = 0  # drafted tokens, verified or not (the policy may keep a prefix)
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps accepting > i
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
@@ -77,8 +105,8 @@ class NgramProposer:
         out = []
         for seq, k in zip(seqs, ks, strict=True):
             tokens = np.asarray(seq.token_ids, dtype=np.int64)
-            found = ngram_propose(tokens, k, self.ngram_min, self.ngram_max)
-            out.append(Draft(tokens=found.tolist()))
+            found = ngram_lookup(tokens, k, self.ngram_min, self.ngram_max)
+            out.append(Draft(tokens=found.tokens.tolist(), confidence=found.confidence))
         return out
 
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:

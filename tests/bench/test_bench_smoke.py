@@ -49,34 +49,44 @@ def test_spec_bench_is_lossless_and_writes_every_metric(tmp_path: Path) -> None:
     )
 
     report = json.loads(path.read_text())
-    assert {"machine", "config", "summary", "runs"} <= set(report)
+    assert {"machine", "config", "summary", "runs", "calibration"} <= set(report)
     rows = report["summary"]
     assert [(r["workload"], r["n"]) for r in rows] == [
         (w, n) for w in workloads.split(",") for n in (0, 2)
     ]
     for row in rows:
-        assert {"tok_s", "decode_tok_s", "speedup", "accepted_per_step", "acceptance_rate"} <= set(
-            row
-        )
-        assert row["identical"] == row["prompts"] == 1  # greedy speculation is lossless
-        assert row["accepted"] <= row["drafted"]
+        assert {"tok_s", "decode_tok_s", "speedup", "acceptance_rate", "tokens_per_row"} <= set(row)
+        assert row["identical"] == row["requests"] == 1  # greedy speculation is lossless
+        assert row["errors"] == 0
+        assert row["accepted"] <= row["drafted"] <= row["proposed"]
         if row["n"] == 0:
             assert row["drafted"] == 0 and row["speedup"] == 1.0
     assert len(report["runs"]) == 4 * 2
 
 
-def test_spec_bench_compares_proposers_in_one_run(tmp_path: Path) -> None:
+def test_spec_bench_compares_proposers_policies_and_concurrency_in_one_run(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "spec.json"
-    argv = ["--new-tokens", "6", "--prompts-per-workload", "1", "--speculate", "0,2"]
-    argv += ["--proposer", "ngram,medusa", "--workloads", "chat-creative", "--threads", "1"]
+    argv = ["--new-tokens", "6", "--prompts-per-workload", "2", "--speculate", "0,2"]
+    argv += ["--proposer", "suffix,medusa", "--policy", "static,adaptive"]
+    argv += ["--concurrency", "1,2", "--workloads", "code-edit-multiturn", "--threads", "1"]
     assert spec_bench.main([*argv, "--json", str(path)]) == 0
 
     report = json.loads(path.read_text())
     rows = report["summary"]
-    assert [(r["proposer"], r["n"]) for r in rows] == [("none", 0), ("ngram", 2), ("medusa", 2)]
-    assert all(r["identical"] == 1 for r in rows)  # both lossless against the shared baseline
-    assert rows[2]["drafted"] > 0  # Medusa always proposes
-    assert len(report["runs"]) == 3
+    configs = [("none", "static", 0), ("suffix", "static", 2), ("suffix", "adaptive", 2),
+               ("medusa", "static", 2), ("medusa", "adaptive", 2)]  # fmt: skip
+    assert [(r["concurrency"], r["proposer"], r["policy"], r["n"]) for r in rows] == [
+        (c, *cfg) for c in (1, 2) for cfg in configs
+    ]
+    assert all(r["identical"] == r["requests"] == 2 and r["errors"] == 0 for r in rows)
+    medusa = [r for r in rows if r["proposer"] == "medusa" and r["policy"] == "static"]
+    assert all(r["drafted"] > 0 for r in medusa)  # Medusa always proposes
+    turns = [r for r in report["runs"] if r["proposer"] == "none" and r["concurrency"] == 1]
+    assert [r["item_id"].split(":")[0] for r in turns] == [
+        "code-edit-multiturn-0000.0", "code-edit-multiturn-0000.1"]  # fmt: skip
+    assert set(report["calibration"]) == {"suffix", "medusa"}
 
 
 def test_kv_pressure_bench_runs_both_cases(tmp_path: Path) -> None:

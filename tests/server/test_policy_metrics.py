@@ -1,5 +1,7 @@
-"""The speculation policy seen from outside: /info shows the policy, gates and profiled cost
-curve; /metrics exports the chosen k, gated steps and predicted speedup, and they move."""
+"""The speculation policy seen from outside (an adaptive server with the suffix proposer): /info
+shows the policy, gates, the profiled and live cost, the calibration and the suffix index;
+/metrics exports the chosen k, gated steps, predicted speedup and calibration, and they move;
+POST /reset_suffix_cache empties the cross-request index."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ SPEEDUP = "specserve_spec_predicted_speedup"
 def adaptive_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("logs") / "adaptive-server.log"
     flags = ["--model", str(tiny_model), "--speculate", "3", "--speculation-policy", "adaptive"]
+    flags += ["--proposer", "suffix", "--suffix-cache-tokens", "5000"]
     flags += ["--speculate-max-batch", "1", "--max-running-requests", "4"]
     flags += ["--max-total-tokens", "4096", "--kv-cache-bytes", "16000000"]
     server = start_server(flags, log)
@@ -41,6 +44,33 @@ def test_info_shows_policy_gates_and_cost_curve(adaptive_server: Server) -> None
     assert curve["tokens"] == sorted(curve["tokens"]) and curve["tokens"][-1] == 4 * (3 + 1)
     assert curve["seconds"] == sorted(curve["seconds"]) and curve["seconds"][0] > 0
     assert set(curve["fit"]) == {"intercept_s", "per_token_s"}
+    assert curve["context"] >= 1 and curve["profile_s"] > 0
+    assert {"per_seq_key_s", "per_row_key_s", "per_prefill_token_s"} <= set(curve)
+    assert spec["proposer"] == "suffix" and spec["suffix_cache"]["capacity"] == 5000
+    assert len(spec["calibration"]) == 10
+
+
+def test_info_shows_live_cost_calibration_and_the_index_and_reset_empties_it(
+    adaptive_server: Server,
+) -> None:
+    url = adaptive_server.url
+    body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 24, "ignore_eos": True}}
+    assert httpx.post(url + "/generate", json=body).status_code == 200
+    spec = httpx.get(url + "/info").json()["speculation"]
+    live = spec["live_cost"]
+    assert live["decode_steps"] > 0 and live["cells"]
+    cell = live["cells"][0]
+    assert cell["steps"] > 0 and cell["observed_s"] > 0 and cell["profiled_s"] > 0
+    assert sum(b["tested"] for b in spec["calibration"]) > 0
+    assert spec["proposed_tokens"] > 0
+    cache = spec["suffix_cache"]
+    assert cache["tokens"] >= 24 and cache["requests"] >= 1 and cache["bytes"] > 0
+    text = httpx.get(url + "/metrics").text
+    assert "specserve_spec_calibration_tested_total" in text
+    assert "specserve_spec_calibration_probability" in text
+    reset = httpx.post(url + "/reset_suffix_cache")
+    assert reset.status_code == 200 and reset.json() == {"reset": True}
+    assert httpx.get(url + "/info").json()["speculation"]["suffix_cache"]["tokens"] == 0
 
 
 def test_policy_metrics_parse(adaptive_server: Server) -> None:

@@ -117,7 +117,10 @@ def test_info_and_health(tiny_server: Server) -> None:
     assert info["max_input_tokens"] == 64 and info["max_total_tokens"] == 4096
     assert info["max_concurrent_requests"] == 4
     assert info["max_running_requests"] == 64
-    assert info["speculation"] == {
+    spec = info["speculation"]
+    calibration = spec.pop("calibration")
+    assert len(calibration) == 10 and calibration[0]["low"] == 0.0
+    assert spec == {
         "speculate": 4,
         "proposer": "ngram",
         "configured_proposer": "auto",
@@ -126,6 +129,11 @@ def test_info_and_health(tiny_server: Server) -> None:
         "max_batch": None,
         "max_tokens": None,
         "cost_curve": None,
+        "live_cost": None,
+        "suffix_cache": None,
+        "proposed_tokens": spec["proposed_tokens"],
+        "trimmed_tokens": 0,
+        "skipped_steps": 0,
     }
     assert info["speculation_profile"] is None
     fps = info["fingerprints"]

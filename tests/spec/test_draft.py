@@ -103,6 +103,11 @@ def test_greedy_drafts_equal_independent_continuation(draft_model: LlamaForCausa
     for seq, k, draft in zip(seqs, ks, drafts, strict=True):
         assert draft.tokens == reference_greedy(draft_model, seq, k)
         assert draft.probs is None
+        assert draft.confidence is not None and len(draft.confidence) == k
+        assert all(0 < c <= 1 for c in draft.confidence)
+    # d_1's confidence is q(d_1): the draft's softmax at the sequence's last position
+    q1 = torch.softmax(last_logits(draft_model, seqs[0].token_ids), -1)
+    assert drafts[0].confidence[0] == pytest.approx(float(q1.max()), rel=1e-4)
     # The draft KV holds each sequence's tokens plus d_1..d_{k-1}.
     used = sum(blocks_for(s.num_tokens + k - 1, 4) for s, k in zip(seqs, ks, strict=True))
     assert proposer.num_blocks - proposer.num_free_blocks == used
@@ -128,6 +133,8 @@ def test_sampled_drafts_return_q_and_are_seeded(draft_model: LlamaForCausalLM) -
         torch.testing.assert_close(draft.probs[i], q, atol=1e-5, rtol=1e-4)
         assert draft.probs[i, token] > 0
         assert int((draft.probs[i] > 0).sum()) == 40  # top-k applied
+        assert draft.confidence is not None
+        assert draft.confidence[i] == pytest.approx(float(draft.probs[i, token]))
         context.append(token)
     twin = decoding_seq(5, seq.prompt_ids, params, output=(12,))
     [again] = new_proposer(draft_model).propose([twin], [4])

@@ -206,10 +206,14 @@ def test_proposer_drafts_the_heads_argmax_chain() -> None:
     proposer.sync(a, ha)
     proposer.sync(b, hb)
     with torch.no_grad():
-        want = heads.logits(torch.stack([ha, hb]), lm_head).argmax(-1).tolist()
+        logits = heads.logits(torch.stack([ha, hb]), lm_head)  # [2, 3, 50]
+        want = logits.argmax(-1).tolist()
+        top_prob = logits.softmax(-1).max(-1).values.tolist()  # each head's confidence
     drafts = proposer.propose([a, b, c], [3, 1, 2])
     assert [d.tokens for d in drafts] == [want[0], want[1][:1], []]  # c was never synced
     assert all(d.probs is None for d in drafts)
+    assert drafts[0].confidence == pytest.approx(top_prob[0], rel=1e-5)
+    assert drafts[1].confidence == pytest.approx(top_prob[1][:1], rel=1e-5)
     a.output_ids.append(9)  # a's tokens moved on without a sync: its hidden is stale
     assert proposer.propose([a, b], [2, 0])[0].tokens == []
     proposer.release(b)
@@ -228,8 +232,12 @@ def test_proposer_drafts_only_from_the_draft_vocab() -> None:
     seq, h = _seq(0, 4), torch.randn(16)
     proposer.sync(seq, h)
     with torch.no_grad():
-        want = vocab[heads.logits(h[None], lm_head)[0][:, vocab].argmax(-1)].tolist()
-    assert proposer.propose([seq], [2])[0].tokens == want
+        restricted = heads.logits(h[None], lm_head)[0][:, vocab]  # [2 heads, 4]
+        want = vocab[restricted.argmax(-1)].tolist()
+    [draft] = proposer.propose([seq], [2])
+    assert draft.tokens == want
+    # confidence: the head's probability within the draft vocabulary
+    assert draft.confidence == pytest.approx(restricted.softmax(-1).max(-1).values.tolist())
 
 
 # -------------------------------------------------------------------------------- training

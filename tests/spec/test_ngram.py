@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specserve.spec.ngram import ngram_propose
+from specserve.spec.ngram import match_confidence, ngram_lookup, ngram_propose
 
 
 def propose(
@@ -126,3 +126,22 @@ def test_matches_reference_on_random_contexts() -> None:
         assert got == want, (tokens, k, ngram_min, ngram_max, window)
         hits += bool(want)
     assert hits > 500  # the random cases exercise matches, not only the empty answer
+
+
+def test_lookup_counts_the_evidence_along_the_draft() -> None:
+    # [1, 2] occurs at 0..1 (-> 3 4) and 4..5 (-> 3 9); the latest one is copied: 3 9.
+    found = ngram_lookup(np.array([1, 2, 3, 4, 1, 2, 3, 9, 1, 2]), k=2)
+    assert found.tokens.tolist() == [3, 9] and found.match_len == 2
+    assert found.support.tolist() == [2, 2] and found.agree.tolist() == [2, 1]
+    assert found.confidence == pytest.approx([1.0 * (1 - 0.75**2), 0.5 * (1 - 0.75**3)])
+    assert ngram_lookup(np.array([1, 2, 3]), k=2).confidence == []
+
+
+def test_confidence_grows_with_the_matched_length_and_the_agreeing_share() -> None:
+    one, many = (
+        match_confidence(np.array([1]), np.array([1]), 1),
+        match_confidence(np.array([1]), np.array([1]), 8),
+    )
+    assert one[0] < many[0] < 1.0
+    split = match_confidence(np.array([1]), np.array([2]), 8)
+    assert split[0] == pytest.approx(many[0] / 2)

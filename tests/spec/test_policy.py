@@ -1,30 +1,43 @@
-"""The k allocation against brute force, and its behaviour on flat and linear cost curves."""
+"""The policy's choice against brute force with scored drafts, the gates, the pre-check."""
 
 from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
+import numpy as np
 import pytest
 
-from specserve.runner.cost import CostCurve, cost_grid
+from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
+from specserve.spec.calibration import Calibration
 from specserve.spec.policy import (
-    AcceptanceTracker,
+    DecodeSeq,
     Gate,
     SpeculationPolicy,
     choose_k,
     expected_emitted,
 )
+from specserve.spec.proposer import Draft
+
+Cost = Callable[[int], float]
 
 
-def objective(accept: list[list[float]], ks: tuple[int, ...] | list[int], base: int, cost) -> float:  # type: ignore[no-untyped-def]
-    emitted = sum(expected_emitted(a, k) for a, k in zip(accept, ks, strict=True))
-    return emitted / cost(base + sum(ks))
+def vectorised(cost: Cost) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda m: np.array([cost(int(x)) for x in m])
 
 
-def brute_force(accept: list[list[float]], caps: list[int], base: int, cost) -> float:  # type: ignore[no-untyped-def]
+def objective(
+    accept: list[list[float]], ks: tuple[int, ...] | list[int], base: float, cost: Cost
+) -> float:
+    emitted = base + sum(expected_emitted(a, k) - 1.0 for a, k in zip(accept, ks, strict=True))
+    return emitted / cost(sum(ks))
+
+
+def brute_force(accept: list[list[float]], base: float, cost: Cost) -> float:
     return max(
-        objective(accept, ks, base, cost) for ks in itertools.product(*(range(c + 1) for c in caps))
+        objective(accept, ks, base, cost)
+        for ks in itertools.product(*(range(len(a) + 1) for a in accept))
     )
 
 
@@ -34,37 +47,43 @@ def test_expected_emitted() -> None:
     assert expected_emitted([1.0] * 4, 4) == 5.0
 
 
-def test_flat_cost_high_acceptance_takes_full_n() -> None:
-    flat = lambda t: 0.030  # noqa: E731 - bandwidth-bound: more tokens cost nothing
-    assert choose_k([[0.9] * 5] * 3, [5, 5, 5], 3, flat) == [5, 5, 5]
+def test_flat_cost_high_acceptance_takes_whole_drafts() -> None:
+    flat = vectorised(lambda m: 0.030)  # bandwidth-bound: more rows cost nothing
+    assert choose_k([[0.9] * 5, [0.9] * 3, [0.9] * 5], flat, 3.0) == [5, 3, 5]
 
 
 def test_linear_cost_takes_zero() -> None:
-    linear = lambda t: 0.001 * t  # noqa: E731 - compute-bound: each token costs the same
-    assert choose_k([[0.9] * 5] * 16, [5] * 16, 16, linear) == [0] * 16
+    linear = vectorised(lambda m: 0.001 * (16 + m))  # compute-bound: each row costs the same
+    assert choose_k([[0.9] * 5] * 16, linear, 16.0) == [0] * 16
 
 
-def test_mixed_acceptance_favours_good_sequences() -> None:
-    # Cost rising gently: a slot pays only when its acceptance chain is likely.
-    cost = lambda t: 0.020 + 0.002 * t  # noqa: E731
-    ks = choose_k([[0.95] * 4, [0.05] * 4], [4, 4], 2, cost)
-    assert ks[0] > 0 and ks[1] == 0
+def test_confident_tokens_kept_and_unsure_ones_trimmed() -> None:
+    # A gently rising cost: the first draft's two sure tokens pay, its unsure tail does not.
+    cost = vectorised(lambda m: 0.020 + 0.004 * m)
+    assert choose_k([[0.95, 0.95, 0.1, 0.9], [0.05, 0.9]], cost, 2.0) == [2, 0]
 
 
-def test_greedy_matches_brute_force_on_random_cases() -> None:
+def test_optimum_past_a_jump_in_cost_is_found() -> None:
+    # Like the block kernels' switch to MKL: the first extra rows cost a jump, then little.
+    cost = vectorised(lambda m: 0.02 + (0.01 if m else 0.0) + 0.0001 * m)
+    assert choose_k([[0.99] * 4] * 4, cost, 4.0) == [4, 4, 4, 4]
+    assert choose_k([[0.3] * 4] * 4, cost, 4.0) == [0, 0, 0, 0]
+
+
+def test_choice_matches_brute_force_on_random_scored_drafts() -> None:
     rng = random.Random(0)
-    for _ in range(300):
+    for case in range(400):
         s = rng.randint(1, 3)
-        caps = [rng.randint(0, 3) for _ in range(s)]
-        accept = [sorted((rng.random() for _ in range(3)), reverse=True) for _ in range(s)]
-        base = rng.randint(s, 6)
+        accept = [[rng.random() ** 0.5 for _ in range(rng.randint(0, 4))] for _ in range(s)]
+        base = s + rng.random()
         a, b = rng.uniform(0.005, 0.05), rng.choice([0.0, 0.0005, 0.003, 0.02])
-        cost = lambda t, a=a, b=b: a + b * t  # noqa: E731
-        ks = choose_k(accept, caps, base, cost)
-        assert all(0 <= k <= c for k, c in zip(ks, caps, strict=True))
+        step = rng.choice([0.0, 0.03])  # a jump past 3 extra rows: a non-convex cost
+        cost: Cost = lambda m, a=a, b=b, step=step: a + b * m + (step if m > 3 else 0.0)  # noqa: E731
+        ks = choose_k(accept, vectorised(cost), base)
+        assert all(0 <= k <= len(x) for k, x in zip(ks, accept, strict=True)), case
         assert objective(accept, ks, base, cost) == pytest.approx(
-            brute_force(accept, caps, base, cost), rel=1e-9
-        )
+            brute_force(accept, base, cost), rel=1e-9
+        ), case
 
 
 def test_gate_reasons() -> None:
@@ -74,33 +93,78 @@ def test_gate_reasons() -> None:
     assert gate.closed_by(4, 20) is None
 
 
-def test_policy_gate_zeroes_k_and_counts() -> None:
-    policy = SpeculationPolicy(adaptive=False, gate=Gate(max_batch=2), max_k=4)
-    assert policy.decide([1, 2], [4, 4], num_running=2, scheduled_tokens=2) == [4, 4]
-    assert policy.decide([1, 2, 3], [4, 4, 4], num_running=3, scheduled_tokens=3) == [0, 0, 0]
+def seqs(caps: list[int], static: bool = False, context: int = 100) -> list[DecodeSeq]:
+    return [DecodeSeq(context, static, cap) for cap in caps]
+
+
+def test_policy_gate_zeroes_caps_and_counts() -> None:
+    policy = SpeculationPolicy(adaptive=False, gate=Gate(max_batch=2))
+    assert policy.open(seqs([4, 4], static=True), num_running=2, scheduled_tokens=2) == [4, 4]
+    assert policy.open(seqs([4, 4, 4], static=True), num_running=3, scheduled_tokens=3) == [0] * 3
     assert policy.stats.gated == {"max_batch": 1}
 
 
-def test_adaptive_policy_learns_low_acceptance() -> None:
-    cost = CostCurve.from_points({1: 0.02, 8: 0.021, 64: 0.05})
-    policy = SpeculationPolicy(adaptive=True, gate=Gate(), max_k=4, cost=cost)
-    assert policy.decide([7], [4], 1, 1)[0] == 4  # optimistic prior: try drafting
-    for _ in range(30):
-        policy.record(7, 4, 0)  # every first draft rejected
-    assert policy.decide([7], [4], 1, 1)[0] <= 1
+def test_static_policy_verifies_whole_drafts() -> None:
+    policy = SpeculationPolicy(adaptive=False, gate=Gate())
+    views = [
+        DecodeSeq(50, True, draft=Draft([1, 2, 3], confidence=[0.0, 0.0, 0.0])),
+        DecodeSeq(50, True, draft=None),
+    ]
+    assert policy.choose(views, prefill=0) == [3, 0]
 
 
-def test_tracker_counts_tested_positions_only() -> None:
-    tracker = AcceptanceTracker(4, prior_weight=0.0)
-    tracker.record(1, num_drafted=4, num_accepted=1)  # d1 accepted, d2 rejected, d3/d4 untested
-    assert tracker.tried == [1, 1, 0, 0]
-    assert tracker.accepted == [1, 0, 0, 0]
-    assert tracker.estimate(1, 2) == [1.0, 0.0]
+def model(per_row: float, fixed: float = 0.02) -> LiveCost:
+    curve = CostCurve((1, 64), (fixed + per_row, fixed + 64 * per_row))
+    return LiveCost(StepCostModel(curve, 0.0, 0.0, 0.0, context=100))
 
 
-def test_cost_curve_interpolates_and_is_monotone() -> None:
+def test_adaptive_policy_learns_from_rejections() -> None:
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.005))
+    draft = Draft([1, 2, 3, 4], confidence=[0.35, 0.35, 0.35, 0.35])
+    view = [DecodeSeq(100, False, draft=draft)]
+    assert policy.choose(view, prefill=0)[0] >= 2  # optimistic start: worth trying
+    for _ in range(40):
+        policy.record(draft, 0)  # the first token is always rejected
+    assert policy.choose(view, prefill=0) == [0]
+    assert policy.stats.trimmed_tokens >= 4
+
+
+def test_static_requests_on_an_adaptive_policy_keep_their_drafts() -> None:
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.005))
+    draft = Draft([1, 2, 3], confidence=[0.5, 0.5, 0.5])
+    for _ in range(40):
+        policy.record(draft, 0)
+    views = [DecodeSeq(100, True, draft=draft), DecodeSeq(100, False, draft=draft)]
+    assert policy.choose(views, prefill=0) == [3, 0]
+
+
+def test_precheck_skips_proposing_when_no_draft_can_pay() -> None:
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.01, fixed=0.0))
+    for _ in range(50):
+        policy.record(Draft([1], confidence=[0.9]), 0)  # the best bucket seen accepts nothing
+    assert policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [0, 0]
+    assert policy.open(seqs([4], static=True), num_running=1, scheduled_tokens=1) == [4]
+    assert policy.stats.skipped_steps == 1
+    cheap = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.0001))
+    assert cheap.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
+
+
+def test_prefill_in_the_step_makes_drafts_relatively_cheap() -> None:
+    curve = CostCurve((1, 64), (0.03, 0.03 + 63 * 0.004))
+    live = LiveCost(StepCostModel(curve, 0.0, 0.0, per_prefill_token=0.002, context=100))
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=live, calibration=Calibration())
+    draft = Draft([1, 2], confidence=[0.2, 0.2])
+    for _ in range(40):
+        policy.record(draft, 0)
+        policy.record(draft, 1)  # first tokens: half accepted
+    view = [DecodeSeq(100, False, draft=draft)] * 4
+    assert policy.choose(view, prefill=0) == [0] * 4
+    assert sum(policy.choose(view, prefill=512)) > 0
+
+
+def test_cost_curve_is_isotonic_and_extrapolates() -> None:
     curve = CostCurve.from_points({1: 1.0, 4: 0.5, 8: 3.0})
-    assert curve.seconds == (1.0, 1.0, 3.0)
-    assert curve(6) == pytest.approx(2.0)
-    assert curve(16) == pytest.approx(7.0)  # extrapolated with the last slope
-    assert cost_grid(10) == [1, 2, 4, 8, 10]
+    assert curve.seconds == (0.75, 0.75, 3.0)  # the violating pair is pooled, not clamped
+    assert curve(6) == pytest.approx(1.875)
+    assert curve(16) == pytest.approx(3.0 + 8 * 2.25 / 4)
+    assert curve.many(np.array([1, 6, 16])).tolist() == pytest.approx([0.75, 1.875, 7.5])

@@ -1,0 +1,117 @@
+"""`SuffixProposer`: drafts from a suffix index over the request's own context and over the
+outputs of recent requests, finished and in flight (after SuffixDecoding, Oliaro et al. 2024).
+
+Two token arenas (spec/suffix_index.py):
+- per request, its prompt and output (built when it first drafts, appended as it commits);
+- one global arena, bounded to `cache_tokens`, of every request's *output* as it is committed
+  (outputs carry what other requests will repeat: the same file edited again, the same
+  documents answered about again). Full, it evicts whole requests, oldest first.
+
+Each step, for each drafting sequence, the context's last `max_depth` tokens are matched in
+both arenas (longest suffix with a continuation; the global one skips the sequence's own
+chain, which its own arena already holds). Each match yields a greedy, frequency-ranked
+continuation of at most min(k, ceil(spec_factor * depth)) tokens, stopping where the best next
+token's share falls below `min_share`; each token is scored with `match_confidence` (n-gram's
+score: continuation frequency and match length). The candidate with the larger expected
+accepted length sum_i prod_{j<=i} conf_j is proposed.
+
+The proposer is deterministic given what was committed before, so verification keeps greedy and
+seeded outputs identical with it on and off, across requests too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from specserve.engine.request import Sequence
+from specserve.spec.ngram import match_confidence
+from specserve.spec.proposer import Draft
+from specserve.spec.suffix_index import TokenArena
+
+DEFAULT_CACHE_TOKENS = 1 << 16
+
+
+class SuffixProposer:
+    name = "suffix"
+
+    def __init__(
+        self,
+        cache_tokens: int = DEFAULT_CACHE_TOKENS,
+        max_depth: int = 32,
+        spec_factor: float = 1.0,
+        min_share: float = 0.1,
+    ) -> None:
+        if max_depth < 1 or spec_factor <= 0 or not 0 <= min_share <= 1:
+            raise ValueError(
+                f"need max_depth >= 1, spec_factor > 0, 0 <= min_share <= 1, "
+                f"got {max_depth}, {spec_factor}, {min_share}"
+            )
+        self.global_index = TokenArena(cache_tokens)
+        self.max_depth, self.spec_factor, self.min_share = max_depth, spec_factor, min_share
+        self._own: dict[int, TokenArena] = {}  # seq_id -> its prompt + output
+        self._shared: dict[int, int] = {}  # seq_id -> output tokens in the global arena
+        self.drafts_from = {"own": 0, "shared": 0}  # proposed drafts by the arena they came from
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        return [self._draft(seq, k) if k else Draft([]) for seq, k in zip(seqs, ks, strict=True)]
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        del hidden
+        self._share(seq)
+        own = self._own.get(seq.seq_id)
+        if own is not None:
+            own.append(seq.seq_id, seq.token_slice(own.num_tokens, seq.num_tokens))
+
+    def release(self, seq: Sequence) -> None:
+        """Finished: its output stays in the global arena. Preempted: its own arena is rebuilt
+        when it next drafts; what it shared stays."""
+        self._own.pop(seq.seq_id, None)
+        if seq.is_finished:
+            self._share(seq)
+            self._shared.pop(seq.seq_id, None)
+
+    def reset(self) -> None:
+        """Forget every request's output (the global arena); own contexts are kept."""
+        self.global_index = TokenArena(self.global_index.capacity)
+        self._shared = {sid: 0 for sid in self._shared}
+
+    # ---------------------------------------------------------------- internals
+    def _share(self, seq: Sequence) -> None:
+        done = self._shared.get(seq.seq_id, 0)
+        if len(seq.output_ids) > done:
+            self.global_index.append(seq.seq_id, seq.output_ids[done:])
+            self._shared[seq.seq_id] = len(seq.output_ids)
+
+    def _own_index(self, seq: Sequence) -> TokenArena:
+        own = self._own.get(seq.seq_id)
+        if own is None:
+            own = self._own[seq.seq_id] = TokenArena(max(64, 2 * seq.num_tokens), growable=True)
+        own.append(seq.seq_id, seq.token_slice(own.num_tokens, seq.num_tokens))
+        return own
+
+    def _draft(self, seq: Sequence, k: int) -> Draft:
+        self._share(seq)
+        n = seq.num_tokens
+        query = np.asarray(seq.token_slice(max(0, n - self.max_depth), n), dtype=np.int32)
+        own = self._candidate(self._own_index(seq), query, k, -1)
+        shared = self._candidate(self.global_index, query, k, seq.seq_id)
+        source, best = ("own", own) if _expected(own) >= _expected(shared) else ("shared", shared)
+        if best.tokens:
+            self.drafts_from[source] += 1
+        return best
+
+    def _candidate(self, arena: TokenArena, query: np.ndarray, k: int, exclude: int) -> Draft:
+        depth, ends = arena.match(query, exclude)
+        if depth == 0:
+            return Draft([])
+        length = min(k, math.ceil(self.spec_factor * depth))
+        c = arena.continuation(ends, length, self.min_share)
+        return Draft(c.tokens.tolist(), confidence=match_confidence(c.agree, c.support, depth))
+
+
+def _expected(draft: Draft) -> float:
+    """Expected accepted tokens if the scores were probabilities."""
+    return float(np.cumprod(draft.scores).sum()) if draft.tokens else 0.0

@@ -1,0 +1,80 @@
+"""The step cost model: profiled on real shapes, kept honest by observed step times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specserve.runner.cost import CostCurve, LiveCost, StepCostModel, StepShape
+from specserve.runner.cost_profile import profile_shapes, profile_step_cost
+from tests.engine.helpers import make_engine
+
+
+def shape(b: int, t: int, ctx: int = 100, prefill: int = 0) -> StepShape:
+    return StepShape(b, t, b * ctx, t * ctx, prefill)
+
+
+def linear_model() -> StepCostModel:
+    curve = CostCurve((1, 33), (0.010, 0.010 + 32 * 0.001))
+    return StepCostModel(
+        curve, per_seq_key=1e-6, per_row_key=2e-6, per_prefill_token=1e-4, context=100
+    )
+
+
+def test_model_adds_attention_and_prefill_terms() -> None:
+    m = linear_model()
+    assert m.seconds(shape(1, 1, ctx=0)) == pytest.approx(0.010)
+    assert m.seconds(shape(2, 4, ctx=100)) == pytest.approx(0.013 + 200e-6 + 400 * 2e-6)
+    assert m.seconds(shape(2, 4, ctx=100, prefill=50)) == pytest.approx(
+        m.seconds(shape(2, 4)) + 50 * 1e-4
+    )
+
+
+def test_live_cost_follows_observed_cells_and_keeps_the_profile_shape_elsewhere() -> None:
+    live = LiveCost(linear_model(), min_steps=3)
+    base = shape(4, 4)
+    for _ in range(3):
+        live.observe(base, 2 * live.model.seconds(base))  # this machine runs 2x the profile
+    assert live.predict(base) == pytest.approx(2 * live.model.seconds(base))
+    # an unobserved T at the same B: the overall decode ratio times the profile
+    assert live.predict(shape(4, 8)) == pytest.approx(2 * live.model.seconds(shape(4, 8)))
+    for _ in range(10):
+        live.observe(shape(4, 8), 3 * live.model.seconds(shape(4, 8)))
+    assert live.cells[4, 8].ratio == pytest.approx(3.0)
+    assert live.predict(shape(4, 8)) == pytest.approx(3 * live.model.seconds(shape(4, 8)))
+    # prefill steps have their own ratio and never move the decode cells
+    live.observe(shape(4, 4, prefill=64), 0.5 * live.model.seconds(shape(4, 4, prefill=64)))
+    assert live.prefill.ratio == pytest.approx(0.5) and live.cells[4, 4].n == 3
+    rows = np.array([4, 8])
+    both = live.predict_rows(base, rows, rows * 100)
+    assert both.tolist() == pytest.approx([live.predict(base), live.predict(shape(4, 8))])
+
+
+def test_profile_shapes_cover_t_with_the_most_sequences() -> None:
+    shapes = profile_shapes(max_seqs=4, max_drafts=3, max_tokens=64)
+    rows = [b * (k + 1) for b, k in shapes]
+    assert rows == sorted(set(rows)) and rows[-1] == 16
+    assert (4, 0) in shapes and (2, 1) not in shapes  # T=4: four sequences, not two
+    assert profile_shapes(64, 8, 64)[-1][0] <= 32
+    assert all(b * (k + 1) <= 20 for b, k in profile_shapes(16, 4, 20))
+
+
+def test_profile_on_a_tiny_model(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama, num_blocks=128, max_running=4)
+    alloc = engine.res.allocator
+    model = profile_step_cost(engine.res.runner, alloc, 4, 3, 64, context=32, budget_s=5)
+    assert alloc.num_free == alloc.num_blocks  # every scratch block returned
+    assert model.curve.tokens[0] == 1 and model.curve.tokens[-1] == 16
+    assert list(model.curve.seconds) == sorted(model.curve.seconds)
+    assert model.curve.seconds[0] > 0 and model.context == 32
+    assert model.per_seq_key >= 0 and model.per_row_key >= 0 and model.per_prefill_token >= 0
+    assert model.profile_seconds < 5
+
+
+def test_profile_fits_a_small_pool(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama, num_blocks=12, block_size=4, max_running=16)  # 48 slots
+    model = profile_step_cost(engine.res.runner, engine.res.allocator, 16, 2, 256, budget_s=5)
+    assert model.context >= 1 and len(model.curve.tokens) >= 2
+    assert engine.res.allocator.num_free == 12

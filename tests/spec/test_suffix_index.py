@@ -1,0 +1,140 @@
+"""The suffix arena against a brute-force reference, its memory bound and eviction order."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from specserve.spec.suffix_index import TokenArena
+
+Chains = dict[int, list[tuple[int, int]]]  # owner -> [(token, stamp)]
+
+
+def reference_match(
+    chains: Chains, q: list[int], exclude: int
+) -> tuple[int, list[tuple[int, int]]]:
+    """(depth, [(owner, index)]) by the definition: longest suffix of q ending at a position
+    that has a continuation, every occurrence of it."""
+    best, found = 0, []
+    for owner, chain in chains.items():
+        if owner == exclude:
+            continue
+        for e in range(len(chain) - 1):
+            d = 0
+            while d < len(q) and e - d >= 0 and chain[e - d][0] == q[-1 - d]:
+                d += 1
+            if d > best:
+                best, found = d, []
+            if d == best and d > 0:
+                found.append((owner, e))
+    return best, found
+
+
+def reference_continuation(chains: Chains, occ: list[tuple[int, int]], k: int) -> list[int]:
+    out = []
+    for _ in range(k):
+        nxt = [(o, e + 1) for o, e in occ if e + 1 < len(chains[o])]
+        if not nxt:
+            break
+        counts = Counter(chains[o][e][0] for o, e in nxt)
+        top = max(counts.values())
+        best = max(
+            (chains[o][e][1], chains[o][e][0]) for o, e in nxt if counts[chains[o][e][0]] == top
+        )[1]
+        out.append(best)
+        occ = [(o, e) for o, e in nxt if chains[o][e][0] == best]
+    return out
+
+
+def test_matches_reference_on_random_interleaved_chains() -> None:
+    rng = random.Random(0)
+    hits = 0
+    for case in range(300):
+        arena = TokenArena(512, growable=rng.random() < 0.3)
+        chains: Chains = {}
+        clock = 0
+        for _ in range(rng.randint(1, 12)):  # owners append in interleaved runs
+            owner = rng.randrange(4)
+            run = [rng.randrange(4) for _ in range(rng.randint(1, 8))]
+            arena.append(owner, run)
+            chains.setdefault(owner, []).extend((t, clock + i) for i, t in enumerate(run))
+            clock += len(run)
+        q = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
+        exclude = rng.choice([-1, 0, 1])
+        depth, ends = arena.match(np.array(q), exclude)
+        want_depth, want = reference_match(chains, q, exclude)
+        assert depth == want_depth, case
+        assert len(ends) == len(want), case
+        k = rng.randint(0, 5)
+        got = arena.continuation(ends, k).tokens.tolist()
+        assert got == reference_continuation(chains, want, k), case
+        hits += bool(got)
+    assert hits > 100
+
+
+def test_continuation_counts_and_min_share() -> None:
+    arena = TokenArena(64)
+    arena.append(1, [5, 6, 7, 8])
+    arena.append(2, [5, 6, 7, 9])
+    arena.append(3, [5, 6, 7, 9])
+    depth, ends = arena.match(np.array([5, 6]))
+    assert depth == 2 and len(ends) == 3
+    c = arena.continuation(ends, 3)
+    assert (
+        c.tokens.tolist() == [7, 9] and c.support.tolist() == [3, 3] and c.agree.tolist() == [3, 2]
+    )
+    assert arena.continuation(ends, 3, min_share=0.9).tokens.tolist() == [7]
+
+
+def test_own_chain_excluded_and_chain_end_is_no_match() -> None:
+    arena = TokenArena(64)
+    arena.append(7, [1, 2, 3, 1, 2])
+    assert arena.match(np.array([1, 2]))[0] == 2  # the earlier [1, 2] continues with 3
+    assert arena.match(np.array([1, 2]), exclude_owner=7)[0] == 0
+    # [3, 1, 2] occurs only as the chain's end (no continuation): the match is the earlier [1, 2]
+    depth, ends = arena.match(np.array([3, 1, 2]))
+    assert depth == 2 and ends.tolist() == [1]
+
+
+def test_memory_bound_evicts_oldest_owner_first() -> None:
+    arena = TokenArena(100)
+    for owner in range(10):
+        arena.append(owner, list(range(owner * 30, owner * 30 + 30)))
+        assert arena.num_tokens <= 100
+    assert arena.owners() == [7, 8, 9]  # 30 tokens each: the three newest fit
+    nbytes = arena.nbytes
+    for owner in range(10, 200):
+        arena.append(owner % 13, [owner] * 17)
+        assert arena.num_tokens <= 100 and arena.nbytes == nbytes
+    arena.append(99, list(range(500)))  # longer than the arena: its newest 100 tokens
+    assert arena.owners() == [99] and arena.chain_size(99) == 100
+    assert arena.match(np.array([498]))[0] == 1 and arena.match(np.array([300]))[0] == 0
+
+
+def test_eviction_frees_slots_for_reuse_without_stale_links() -> None:
+    arena = TokenArena(8)
+    arena.append(1, [1, 2, 3, 4])
+    arena.append(2, [1, 2, 9, 9])
+    arena.append(3, [1, 2, 5, 5])  # evicts owner 1
+    depth, ends = arena.match(np.array([1, 2]))
+    assert depth == 2
+    assert sorted(arena.continuation(ends, 1).tokens.tolist()) == [5]  # newest of the tie
+    assert arena.owners() == [2, 3]
+
+
+def test_growable_arena_keeps_chains_across_growth() -> None:
+    arena = TokenArena(4, growable=True)
+    tokens = list(range(50)) + list(range(10))
+    for i in range(0, len(tokens), 3):
+        arena.append(0, tokens[i : i + 3])
+    assert arena.capacity >= 60 and arena.chain_size(0) == 60
+    depth, ends = arena.match(np.array([7, 8, 9]))
+    assert depth == 3 and arena.continuation(ends, 4).tokens.tolist() == [10, 11, 12, 13]
+
+
+def test_invalid_capacity() -> None:
+    with pytest.raises(ValueError):
+        TokenArena(0)
