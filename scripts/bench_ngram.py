@@ -17,7 +17,7 @@ import timeit
 
 import numpy as np
 
-from specserve.spec.ngram import ngram_propose
+from specserve.speculation.ngram import ngram_propose
 
 VOCAB = 49152
 LENGTHS = (256, 1024, 4096)

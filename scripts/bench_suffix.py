@@ -1,4 +1,4 @@
-"""Cost of the suffix index (spec/suffix_index.py) at 2k, 8k and 32k cached tokens.
+"""Cost of the suffix index (speculation/suffix_index.py) at 2k, 8k and 32k cached tokens.
 
 Text: Python stdlib sources tokenized with the embedded SmolLM2 tokenizer (real token
 statistics; common tokens such as indentation make the first compare's survivors many). The
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.spec.suffix_index import TokenArena
+from specserve.speculation.suffix_index import TokenArena
 
 SIZES = (2048, 8192, 32768)
 QUERY, K = 32, 8

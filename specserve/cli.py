@@ -11,7 +11,7 @@ from specserve.bench.cli import add_bench_parsers
 from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args
 from specserve.fleet.cli import add_fleet_parser
 from specserve.server.cli import add_serve_parser
-from specserve.spec.medusa_cli import add_medusa_parser
+from specserve.speculation.medusa_cli import add_medusa_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

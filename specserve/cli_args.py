@@ -297,7 +297,7 @@ def engine_config(args: argparse.Namespace, resolve_speculate: bool = True) -> E
     """The engine config the flags say; ValueError when they are invalid. An unset --speculate
     is resolved (the Medusa heads' count, which reads the model) unless `resolve_speculate` is
     False: then it counts as 0, enough to check the rest without the model."""
-    from specserve.spec.medusa_resolve import default_speculate
+    from specserve.speculation.medusa_resolve import default_speculate
 
     speculate = args.speculate
     if speculate is None:

@@ -18,11 +18,11 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
-from specserve.spec.draft import DraftModelProposer
+from specserve.speculation.draft import DraftModelProposer
 from tests.engine.helpers import make_engine, mixed_prompts
 from tests.engine.test_speculation import LOOPY, greedy
 from tests.models.test_parity import assert_matches_hf
-from tests.spec.test_draft import GREEDY, mixed_params
+from tests.speculation.test_draft import GREEDY, mixed_params
 from tests.tiny import make_model_dir, noisy_copy
 
 DEVICE = os.environ.get("SPECSERVE_TEST_DEVICE", "cuda")
@@ -71,7 +71,7 @@ def assert_all_free(engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/spec/test_draft.py's target: varied text, so drafts are sometimes wrong."""
+    """tests/speculation/test_draft.py's target: varied text, so drafts are sometimes wrong."""
     return make_model_dir(tmp_path_factory.mktemp("cuda-target-qwen2"), "qwen2", seed=0)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from specserve.engine.request import Sequence
 from specserve.scheduler.scheduler import SeqWork
-from specserve.spec.proposer import Draft, Proposer
+from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
-from specserve.spec.policy import DecodeSeq
-from specserve.spec.proposer import Draft
-from specserve.spec.verify import VerifyResult
+from specserve.speculation.policy import DecodeSeq
+from specserve.speculation.proposer import Draft
+from specserve.speculation.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
 

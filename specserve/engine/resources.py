@@ -21,11 +21,11 @@ from specserve.runner.cost_profile import profile_step_cost
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
-from specserve.spec.draft import DraftModelProposer, load_draft_model
-from specserve.spec.medusa_resolve import medusa_proposer
-from specserve.spec.policy import Gate, SpeculationPolicy
-from specserve.spec.proposer import NgramProposer, Proposer
-from specserve.spec.suffix import SuffixProposer
+from specserve.speculation.draft import DraftModelProposer, load_draft_model
+from specserve.speculation.medusa_resolve import medusa_proposer
+from specserve.speculation.policy import Gate, SpeculationPolicy
+from specserve.speculation.proposer import NgramProposer, Proposer
+from specserve.speculation.suffix import SuffixProposer
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from specserve.runner.cost import StepShape
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
-from specserve.spec.proposer import Draft, ProposerStats
+from specserve.speculation.proposer import Draft, ProposerStats
 
 
 def is_decode(w: SeqWork) -> bool:

@@ -15,8 +15,8 @@ import torch
 
 from specserve.runner.sampler import SampleRow, processed_logits, sample
 from specserve.scheduler.scheduler import SeqWork
-from specserve.spec.proposer import Draft
-from specserve.spec.verify import VerifyResult, verify_deterministic, verify_sampled
+from specserve.speculation.proposer import Draft
+from specserve.speculation.verify import VerifyResult, verify_deterministic, verify_sampled
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from specserve.server.schemas import (
     SuffixCacheInfo,
 )
 from specserve.server.settings import Limits, ServerSettings
-from specserve.spec.suffix import SuffixProposer
+from specserve.speculation.suffix import SuffixProposer
 
 
 async def reset_suffix_cache(ctx: Ctx) -> dict[str, bool]:

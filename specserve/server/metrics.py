@@ -31,13 +31,13 @@ from prometheus_client.registry import Collector
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput
 from specserve.scheduler.kv_blocks import CacheStats
-from specserve.spec.draft import DraftModelProposer
-from specserve.spec.policy import SpeculationPolicy
+from specserve.speculation.draft import DraftModelProposer
+from specserve.speculation.policy import SpeculationPolicy
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
-GATE_REASONS = ("max_batch", "max_tokens")  # spec/policy.py Gate.closed_by
+GATE_REASONS = ("max_batch", "max_tokens")  # speculation/policy.py Gate.closed_by
 
 
 @dataclass(frozen=True)

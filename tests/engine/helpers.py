@@ -91,7 +91,7 @@ FAILED = ("error", "abort")
 def assert_no_kv_held(engine: Engine) -> None:
     """Every KV block is back on its free list: the target's and, with a draft model, the
     draft's; and nothing is left to run."""
-    from specserve.spec.draft import DraftModelProposer
+    from specserve.speculation.draft import DraftModelProposer
 
     alloc = engine.res.allocator
     assert alloc.num_free == alloc.num_blocks, f"target holds {alloc.num_used} blocks"

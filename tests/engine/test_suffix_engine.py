@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specserve.engine.engine import Engine
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
-from specserve.spec.suffix import SuffixProposer
+from specserve.speculation.suffix import SuffixProposer
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 from tests.engine.test_speculation import LOOPY, greedy
 

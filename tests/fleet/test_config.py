@@ -56,7 +56,8 @@ BAD = [
     ),
     (
         {"default_pool": "a", "pools": {"a": {"proposer": "eagle"}}},
-        "f.yaml: pool 'a', field proposer: Input should be 'auto', 'ngram', 'suffix', 'draft' or 'medusa'",
+        "f.yaml: pool 'a', field proposer: Input should be "
+        "'auto', 'ngram', 'suffix', 'draft' or 'medusa'",
     ),
     (
         {"default_pool": "a", "pools": {"a": {"speculate": -1}}},

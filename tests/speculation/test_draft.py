@@ -20,8 +20,8 @@ from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import blocks_for
-from specserve.spec.draft import DraftModelProposer, check_compatible
-from specserve.spec.proposer import Draft
+from specserve.speculation.draft import DraftModelProposer, check_compatible
+from specserve.speculation.proposer import Draft
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 from tests.tiny import make_model_dir, noisy_copy
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from specserve.engine.request import Sequence
-from specserve.spec.ngram import ngram_lookup
+from specserve.speculation.ngram import ngram_lookup
 
 UNSCORED = 0.5  # the confidence assumed for a token whose proposer gave none
 

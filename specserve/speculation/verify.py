@@ -9,7 +9,7 @@ Deterministic drafts: accept d_i while d_i == t_i. The first mismatch emits t_i 
 correction); if all k match, t_{k+1} is the bonus. Every emitted token is then exactly the token
 the target emits without speculation, so greedy and seeded outputs are bit-identical.
 
-Sampled drafts (a draft model sampling from q): rejection sampling, see `spec/rejection.py`.
+Sampled drafts (a draft model sampling from q): rejection sampling, see `speculation/rejection.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.spec.rejection import rejection_sample, sample_from_probs
+from specserve.speculation.rejection import rejection_sample, sample_from_probs
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specserve.models.llama import LlamaForCausalLM
-from specserve.spec.medusa import (
+from specserve.speculation.medusa import (
     SHIPPED_DIR,
     fingerprint,
     is_heads_dir,
     read_medusa_config,
 )
-from specserve.spec.medusa_proposer import MedusaProposer
+from specserve.speculation.medusa_proposer import MedusaProposer
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """`SuffixProposer`: drafts from a suffix index over the request's own context and over the
 outputs of recent requests, finished and in flight (after SuffixDecoding, Oliaro et al. 2024).
 
-Two token arenas (spec/suffix_index.py):
+Two token arenas (speculation/suffix_index.py):
 - per request, its prompt and output (built when it first drafts, appended as it commits);
 - one global arena, bounded to `cache_tokens`, of every request's *output* as it is committed
   (outputs carry what other requests will repeat: the same file edited again, the same
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from specserve.engine.request import Sequence
-from specserve.spec.ngram import match_confidence
-from specserve.spec.proposer import Draft
-from specserve.spec.suffix_index import TokenArena
+from specserve.speculation.ngram import match_confidence
+from specserve.speculation.proposer import Draft
+from specserve.speculation.suffix_index import TokenArena
 
 DEFAULT_CACHE_TOKENS = 1 << 16
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams, Sequence
 from specserve.models.registry import build_model
-from specserve.spec.medusa import (
+from specserve.speculation.medusa import (
     HEADS_FILE,
     MedusaConfig,
     MedusaHeads,
@@ -23,9 +23,9 @@ from specserve.spec.medusa import (
     load_medusa,
     save_medusa,
 )
-from specserve.spec.medusa_proposer import MedusaProposer
-from specserve.spec.medusa_resolve import resolve_medusa
-from specserve.spec.medusa_train import TrainOptions, TrainReport, train_medusa
+from specserve.speculation.medusa_proposer import MedusaProposer
+from specserve.speculation.medusa_resolve import resolve_medusa
+from specserve.speculation.medusa_train import TrainOptions, TrainReport, train_medusa
 
 CPU = torch.device("cpu")
 
@@ -140,7 +140,7 @@ def test_heads_beside_the_weights_are_found(tmp_path: Path, tiny_llama: Path) ->
 def test_no_heads_falls_back_to_ngram_with_a_log_line(
     tiny_llama: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="specserve.spec.medusa_resolve"):
+    with caplog.at_level(logging.INFO, logger="specserve.speculation.medusa_resolve"):
         choice = resolve_medusa(tiny_llama, "medusa", 3)
     assert (choice.heads_dir, choice.speculate) == (None, 3)
     assert "falling back to n-gram" in caplog.text
@@ -177,7 +177,7 @@ def test_heads_for_another_base_are_refused_unless_forced(
         MedusaProposer.load(heads, base, tiny_llama)
     assert str(recorded) in str(err.value)
     assert str(fingerprint(tiny_llama)) in str(err.value)
-    with caplog.at_level(logging.WARNING, logger="specserve.spec.medusa_resolve"):
+    with caplog.at_level(logging.WARNING, logger="specserve.speculation.medusa_resolve"):
         proposer = MedusaProposer.load(heads, base, tiny_llama, force=True)
     assert proposer.num_heads == 2 and "--force-medusa" in caplog.text
     MedusaProposer.load(heads, build_model(other, CPU), other)  # its own base: accepted
@@ -288,7 +288,7 @@ def test_trained_heads_in_the_engine_are_lossless(
 def test_train_medusa_command(tmp_path: Path, tiny_llama: Path) -> None:
     import argparse
 
-    from specserve.spec.medusa_cli import add_medusa_parser
+    from specserve.speculation.medusa_cli import add_medusa_parser
 
     parser = argparse.ArgumentParser()
     add_medusa_parser(parser.add_subparsers(dest="command", required=True))
@@ -319,7 +319,7 @@ def _real_engine(heads: Path | None, speculate: int, num_blocks: int = 512) -> E
 @pytest.mark.integration
 def test_shipped_heads_match_the_default_model() -> None:
     from specserve.models.loader import resolve_model_dir
-    from specserve.spec.medusa import SHIPPED_DIR
+    from specserve.speculation.medusa import SHIPPED_DIR
 
     model_dir = resolve_model_dir(None)
     choice = resolve_medusa(model_dir, "medusa", None)

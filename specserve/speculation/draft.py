@@ -34,7 +34,7 @@ from specserve.models.registry import build_model, model_class, read_config
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import BlockAllocator
-from specserve.spec.proposer import Draft
+from specserve.speculation.proposer import Draft
 
 
 @dataclass

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specserve.spec.calibration import Calibration
+from specserve.speculation.calibration import Calibration
 
 
 def test_records_tested_positions_only() -> None:

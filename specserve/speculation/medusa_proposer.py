@@ -11,8 +11,8 @@ from torch import nn
 from specserve.engine.request import Sequence
 from specserve.models.block_linear import linear_weight
 from specserve.models.llama import LlamaForCausalLM
-from specserve.spec.medusa import MedusaHeads, check_fingerprint, load_medusa
-from specserve.spec.proposer import Draft
+from specserve.speculation.medusa import MedusaHeads, check_fingerprint, load_medusa
+from specserve.speculation.proposer import Draft
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 from specserve.runner.model_runner import RunItem
 from specserve.runner.sampler import SampleRow, processed_logits
-from specserve.spec import rejection
+from specserve.speculation import rejection
 from tests.engine.helpers import make_engine, run_all
-from tests.spec.test_rejection import tv_bound
+from tests.speculation.test_rejection import tv_bound
 from tests.tiny import noisy_copy
 
 PROMPT = [5, 6, 7, 8]

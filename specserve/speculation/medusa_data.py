@@ -21,10 +21,10 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams, Sequence
 from specserve.engine.resources import load_resources
 from specserve.models.block_linear import linear_weight
-from specserve.spec.proposer import Draft
+from specserve.speculation.proposer import Draft
 
 if TYPE_CHECKING:
-    from specserve.spec.medusa_train import TrainOptions
+    from specserve.speculation.medusa_train import TrainOptions
 
 IGNORE = -100  # target past the end of a continuation
 

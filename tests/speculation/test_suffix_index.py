@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specserve.spec.suffix_index import TokenArena
+from specserve.speculation.suffix_index import TokenArena
 
 Chains = dict[int, list[tuple[int, int]]]  # owner -> [(token, stamp)]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specserve.spec.ngram import match_confidence, ngram_lookup, ngram_propose
+from specserve.speculation.ngram import match_confidence, ngram_lookup, ngram_propose
 
 
 def propose(

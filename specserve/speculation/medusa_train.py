@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
-from specserve.spec.medusa import MedusaConfig, MedusaHeads, fingerprint, save_medusa
-from specserve.spec.medusa_data import (
+from specserve.speculation.medusa import MedusaConfig, MedusaHeads, fingerprint, save_medusa
+from specserve.speculation.medusa_data import (
     IGNORE,
     HeadData,
     collect,

@@ -12,7 +12,7 @@ policy keeps the prefix k_s of each draft that maximises expected emitted tokens
     J(k) = sum_s E[emitted_s(k_s)] / c(step with sum_s k_s extra rows),
 
 with a_{s,i} the calibrated probability that draft token i+1 is accepted given tokens 1..i
-were (spec/calibration.py), so
+were (speculation/calibration.py), so
 E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted prefix
 plus one token; and c the live step cost (runner/cost.py) of this step's batch, its prefill
 chunks and the extra rows. Sequences that asked for the static policy
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specserve.runner.cost import LiveCost, StepShape
-from specserve.spec.calibration import Calibration
-from specserve.spec.proposer import Draft
+from specserve.speculation.calibration import Calibration
+from specserve.speculation.proposer import Draft
 
 # extra rows m -> live seconds of the step with them (vectorised over m)
 RowCost = Callable[[np.ndarray], np.ndarray]

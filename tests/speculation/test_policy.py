@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
-from specserve.spec.calibration import Calibration
-from specserve.spec.policy import (
+from specserve.speculation.calibration import Calibration
+from specserve.speculation.policy import (
     DecodeSeq,
     Gate,
     SpeculationPolicy,
     choose_k,
     expected_emitted,
 )
-from specserve.spec.proposer import Draft
+from specserve.speculation.proposer import Draft
 
 Cost = Callable[[int], float]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from specserve.spec.rejection import RejectionResult, rejection_sample, sample_from_probs
+from specserve.speculation.rejection import RejectionResult, rejection_sample, sample_from_probs
 
 torch.set_num_threads(1)
 

@@ -35,7 +35,7 @@ def match_confidence(agree: np.ndarray, support: np.ndarray, match_len: int) -> 
     verifying every draft, acceptance rises from about 0.2 after a one-token match to above 0.9
     after eight, while the number of occurrences alone predicts little (many occurrences mostly
     mean a short, common match). The first is the share of those occurrences that continue
-    with this token. A score, not a probability: the online calibration (spec/calibration.py)
+    with this token. A score, not a probability: the online calibration (speculation/calibration.py)
     maps it to the acceptance actually observed.
     """
     i = np.arange(len(agree))
