@@ -68,81 +68,52 @@ static inline void store(float* y, const float* bias, const float* res, int64_t 
     y[i] = res ? res[i] + dot : dot;
 }
 
-// ROWS activation rows against COLS weight rows. Each product y[m][n] is one accumulator chain
-// over the blocks in order (lanes of w0, w1, w2, w3 of block 0, then block 1, ...), then one
-// horizontal sum, whatever the tile: a row's result never depends on how many rows were scored
-// with it, so a verify step's rows equal what scoring them one by one gives, bit for bit.
-// Independent chains (ROWS x COLS of them) keep the FMA units busy.
-#define TILE(ROWS, COLS)                                                                   \
+// ROWS activation rows against one weight row. Each product y[m][n] sums in one fixed order,
+// whatever the tile: two accumulators (lanes of w0 and w2 of each block into one, w1 and w3
+// into the other), block after block, then their sum, then one horizontal sum. So a row's
+// result never depends on how many rows were scored with it: a verify step's rows equal what
+// decoding them one at a time gives, bit for bit. Up to 6 rows share an expanded block (12
+// accumulators and 4 expanded vectors fill the 16 registers).
+#define MAX_TILE_ROWS 6
+#define TILE(ROWS)                                                                         \
     do {                                                                                   \
-        __m256 acc[ROWS][COLS];                                                            \
-        for (int r = 0; r < ROWS; r++)                                                     \
-            for (int c = 0; c < COLS; c++) acc[r][c] = _mm256_setzero_ps();                \
+        __m256 acc[ROWS][2];                                                               \
+        for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();        \
         for (int64_t blk = 0; blk < nb; blk++) {                                           \
-            for (int c = 0; c < COLS; c++) {                                               \
-                const uint8_t* b = w + (n + c) * nb * bb + blk * bb;                       \
-                __m256 v[4];                                                               \
-                __builtin_prefetch(b + PREFETCH_AHEAD);                                    \
-                expand(kind, b, v);                                                        \
-                for (int r = 0; r < ROWS; r++) {                                           \
-                    const float* xr = x + (m + r) * K + blk * QK;                          \
-                    __m256 a = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xr), acc[r][c]);      \
-                    a = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xr + 8), a);                 \
-                    a = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xr + 16), a);                \
-                    acc[r][c] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xr + 24), a);        \
-                }                                                                          \
+            __m256 v[4];                                                                   \
+            __builtin_prefetch(row + blk * bb + PREFETCH_AHEAD);                           \
+            expand(kind, row + blk * bb, v);                                               \
+            for (int r = 0; r < ROWS; r++) {                                               \
+                const float* xr = x + (m + r) * K + blk * QK;                              \
+                acc[r][0] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xr), acc[r][0]);         \
+                acc[r][1] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xr + 8), acc[r][1]);     \
+                acc[r][0] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xr + 16), acc[r][0]);    \
+                acc[r][1] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xr + 24), acc[r][1]);    \
             }                                                                              \
         }                                                                                  \
         for (int r = 0; r < ROWS; r++)                                                     \
-            for (int c = 0; c < COLS; c++)                                                 \
-                store(y, bias, res, (m + r) * N + n + c, n + c, hsum(acc[r][c]));          \
+            store(y, bias, res, (m + r) * N + n, n, hsum(_mm256_add_ps(acc[r][0], acc[r][1]))); \
     } while (0)
-
-// Up to 8 activation rows share each expanded block; with few rows, several weight rows are
-// taken at once instead, so there are still enough independent chains.
-static inline __attribute__((always_inline)) void tiles(
-    int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K,
-    int64_t first, int64_t cols, const float* bias, const float* res) {
-    const int64_t nb = K / QK, bb = block_bytes(kind);
-    for (int64_t m = 0; m < M;) {
-        const int64_t rows = M - m < 8 ? M - m : 8;
-        if (cols == 4 && rows == 1) {
-            const int64_t n = first;
-            TILE(1, 4);
-        } else if (cols == 2 && rows <= 4) {
-            const int64_t n = first;
-            switch (rows) {
-                case 1: TILE(1, 2); break;
-                case 2: TILE(2, 2); break;
-                case 3: TILE(3, 2); break;
-                default: TILE(4, 2); break;
-            }
-        } else {
-            for (int64_t n = first; n < first + cols; n++) {
-                switch (rows) {
-                    case 1: TILE(1, 1); break;
-                    case 2: TILE(2, 1); break;
-                    case 3: TILE(3, 1); break;
-                    case 4: TILE(4, 1); break;
-                    case 5: TILE(5, 1); break;
-                    case 6: TILE(6, 1); break;
-                    case 7: TILE(7, 1); break;
-                    default: TILE(8, 1); break;
-                }
-            }
-        }
-        m += rows;
-    }
-}
 
 static inline __attribute__((always_inline)) void matmul_impl(
     int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K,
     int threads, const float* bias, const float* res) {
-    const int64_t group = M == 1 ? 4 : M <= 4 ? 2 : 1;  // weight rows per task
+    const int64_t nb = K / QK, bb = block_bytes(kind);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < (N + group - 1) / group; g++) {
-        const int64_t n = g * group, cols = N - n < group ? N - n : group;
-        tiles(kind, x, w, y, M, N, K, n, cols, bias, res);
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t* row = w + n * nb * bb;
+        for (int64_t m = 0; m < M;) {
+            const int64_t rows = M - m < MAX_TILE_ROWS ? M - m : MAX_TILE_ROWS;
+            switch (rows) {
+                case 1: TILE(1); break;
+                case 2: TILE(2); break;
+                case 3: TILE(3); break;
+                case 4: TILE(4); break;
+                case 5: TILE(5); break;
+                default: TILE(6); break;
+            }
+            m += rows;
+        }
     }
 }
 
