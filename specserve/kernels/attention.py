@@ -30,9 +30,9 @@ def library() -> ctypes.CDLL | None:
         return None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     # q, q_stride, k_cache, v_cache, out, seq_info, tables, max_blocks, B, H, Hkv, D,
-    # block_size, scale, window, threads
+    # block_size, scale, window, num_slots, threads
     lib.paged_attention.argtypes = (
-        (ptr, i64, ptr, ptr, ptr, ptr, ptr) + (i64,) * 6 + (ctypes.c_float, i64, ctypes.c_int)
+        (ptr, i64, ptr, ptr, ptr, ptr, ptr) + (i64,) * 6 + (ctypes.c_float, i64, i64, ctypes.c_int)
     )
     lib.paged_attention.restype = ctypes.c_int
     lib.rope_rotate_half.argtypes = (ptr, i64, i64, i64, i64, ptr, ptr)
@@ -47,7 +47,7 @@ def supports(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
 
 def paged_attention(
     q: torch.Tensor,  # [T, H, D] float32; each row's heads contiguous (row stride may differ)
-    k_cache: torch.Tensor,  # [num_slots, Hkv, D] float32, contiguous
+    k_cache: torch.Tensor,  # [Hkv, num_slots, D] float32, contiguous
     v_cache: torch.Tensor,
     out: torch.Tensor,  # [T, H, D] float32: rows of the listed sequences are written
     seq_info: torch.Tensor,  # [B, 3] int64: first row, q_len, ctx_len per sequence
@@ -74,11 +74,12 @@ def paged_attention(
         block_tables.shape[1],
         seq_info.shape[0],
         num_heads,
-        k_cache.shape[1],
+        k_cache.shape[0],
         head_dim,
         block_size,
         scale,
         window or 0,
+        k_cache.shape[1],
         torch.get_num_threads(),
     )
     if rc != 0:

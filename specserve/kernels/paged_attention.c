@@ -1,6 +1,6 @@
 // Attention of a ragged batch's decode/verify rows over a paged float32 KV cache, read in place.
 //
-// Cache layout (one layer): K and V are [num_slots, Hkv, D], slot = block * block_size + offset,
+// Cache layout (one layer): K and V are [Hkv, num_slots, D], slot = block * block_size + offset,
 // block = block_table[position / block_size]. Sequence b feeds q_len[b] query rows at positions
 // ctx_len[b] - q_len[b] .. ctx_len[b] - 1 (their own K/V are already in the cache); row i may see
 // keys j with lo(i) <= j <= pos(i), lo(i) = pos(i) - window + 1 (window 0 = no window, lo = 0).
@@ -40,10 +40,10 @@ static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
 
 typedef struct {
     const float* q;   // [T, H, D], rows q_stride floats apart
-    const float* k;   // [slots, Hkv, D]
+    const float* k;   // [Hkv, slots, D]
     const float* v;
     const int32_t* tables;
-    int64_t q_stride, max_blocks, H, Hkv, D, bs, window;
+    int64_t q_stride, max_blocks, H, Hkv, D, bs, window, slots;
     float scale;
 } Problem;
 
@@ -93,8 +93,8 @@ static inline void chunk_rows(const Problem* P, const int32_t* table, int64_t kv
     for (int64_t j = 0, blk = j0 / bs, off = j0 % bs; j < CHUNK; j++) {
         if (j < n) {
             const int64_t slot = (int64_t)table[blk] * bs + off;
-            kp[j] = P->k + (slot * P->Hkv + kvh) * D;
-            vp[j] = P->v + (slot * P->Hkv + kvh) * D;
+            kp[j] = P->k + (kvh * P->slots + slot) * D;
+            vp[j] = P->v + (kvh * P->slots + slot) * D;
             if (++off == bs) off = 0, blk++;
         } else {
             kp[j] = kp[0], vp[j] = vp[0];
@@ -120,20 +120,7 @@ static void run_task(const Problem* P, const Task* t, float* m, float* l, float*
     const float* vp[CHUNK];
     for (int64_t j0 = t->key_lo; j0 < t->key_hi; j0 += CHUNK) {
         const int64_t n = t->key_hi - j0 < CHUNK ? t->key_hi - j0 : CHUNK;
-        if (j0 == t->key_lo) chunk_rows(P, table, t->kvh, j0, n, kp, vp);
-        // The next chunk's rows are fetched while this one computes: the cache is streamed
-        // once per step and would otherwise stall every chunk on memory.
-        const float* next_k[CHUNK];
-        const float* next_v[CHUNK];
-        const int64_t next = j0 + CHUNK, n_next = t->key_hi - next < CHUNK ? t->key_hi - next : CHUNK;
-        if (n_next > 0) {
-            chunk_rows(P, table, t->kvh, next, n_next, next_k, next_v);
-            for (int64_t j = 0; j < n_next; j++)
-                for (int64_t d = 0; d < D; d += 16) {
-                    __builtin_prefetch(next_k[j] + d);
-                    __builtin_prefetch(next_v[j] + d);
-                }
-        }
+        chunk_rows(P, table, t->kvh, j0, n, kp, vp);
         for (int64_t r = 0; r < rows; r++) {
             float sr[CHUNK];
             for (int64_t j = 0; j < n; j += 8) _mm256_storeu_ps(sr + j, dot8(qrow[r], kp + j, D, scale));
@@ -166,10 +153,6 @@ static void run_task(const Problem* P, const Task* t, float* m, float* l, float*
                     _mm256_storeu_ps(acc + r * D + d, _mm256_mul_ps(av, _mm256_loadu_ps(acc + r * D + d)));
             }
             accumulate_pv(acc + r * D, sr, vp, n, D);
-        }
-        if (n_next > 0) {
-            memcpy(kp, next_k, sizeof(kp));
-            memcpy(vp, next_v, sizeof(vp));
         }
     }
 }
@@ -211,9 +194,9 @@ static void finish_rows(const Problem* P, const Task* t, int64_t splits, const f
 int paged_attention(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache, float* out,
                     const int64_t* seq_info, const int32_t* tables, int64_t max_blocks, int64_t B,
                     int64_t H, int64_t Hkv, int64_t D, int64_t block_size, float scale,
-                    int64_t window, int threads) {
+                    int64_t window, int64_t num_slots, int threads) {
     if (D % 8 || D > MAX_D || Hkv < 1 || H % Hkv || B < 1) return -1;
-    const Problem P = {q, k_cache, v_cache, tables, q_stride, max_blocks, H, Hkv, D, block_size, window, scale};
+    const Problem P = {q, k_cache, v_cache, tables, q_stride, max_blocks, H, Hkv, D, block_size, window, num_slots, scale};
     int64_t n_tasks = 0, n_partial = 0;
     int64_t* splits = malloc(sizeof(int64_t) * B);
     if (!splits) return -1;

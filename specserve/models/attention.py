@@ -1,10 +1,10 @@
 """Paged attention over a ragged batch: each sequence costs what it feeds, nothing is padded.
 
-Layout: each layer's cache is `[num_slots, kv_heads, head_dim]` for K and for V, where slot =
-block * block_size + offset. A step feeds T new tokens from B sequences; sequence b feeds q_len[b]
-tokens at absolute positions ctx_len[b] - q_len[b] .. ctx_len[b] - 1 and attends to its first
-ctx_len[b] cached positions (within the sliding window, if any). The metadata serves every layer,
-so it is built once per step.
+Layout: each layer's cache is `[kv_heads, num_slots, head_dim]` for K and for V (head-major),
+where slot = block * block_size + offset. A step feeds T new tokens from B sequences; sequence
+b feeds q_len[b] tokens at absolute positions ctx_len[b] - q_len[b] .. ctx_len[b] - 1 and attends
+to its first ctx_len[b] cached positions (within the sliding window, if any). The metadata
+serves every layer, so it is built once per step.
 
 Two kinds of sequence in one step:
 - decode and verify rows (q_len <= KERNEL_MAX_QUERY): one call of the C kernel for all of them,
@@ -39,7 +39,7 @@ class AttentionMetadata(Protocol):
         q: torch.Tensor,  # [T, H, D]
         k: torch.Tensor,  # [T, Hkv, D]: the new tokens' keys (after RoPE)
         v: torch.Tensor,  # [T, Hkv, D]
-        k_cache: torch.Tensor,  # [num_slots, Hkv, D]
+        k_cache: torch.Tensor,  # [Hkv, num_slots, D]
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
@@ -73,8 +73,8 @@ class RaggedMetadata:
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        k_cache.index_copy_(0, self.slot_mapping, k)
-        v_cache.index_copy_(0, self.slot_mapping, v)
+        k_cache.index_copy_(1, self.slot_mapping, k.transpose(0, 1))
+        v_cache.index_copy_(1, self.slot_mapping, v.transpose(0, 1))
         out = q.new_empty(q.shape)  # [T, H, D]
         if self.kernel_seqs is not None:
             assert self.kernel_tables is not None
@@ -85,15 +85,15 @@ class RaggedMetadata:
         for chunk in self.prefill:
             rows = slice(chunk.first, chunk.first + chunk.num)
             if chunk.ctx_slots is None:
-                keys, values = k[rows], v[rows]
+                keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # [Hkv, n, D]
             else:
-                keys = k_cache.index_select(0, chunk.ctx_slots)
-                values = v_cache.index_select(0, chunk.ctx_slots)
+                keys = k_cache.index_select(1, chunk.ctx_slots)  # [Hkv, ctx, D]
+                values = v_cache.index_select(1, chunk.ctx_slots)
             # Batched 4-D inputs: SDPA's unbatched 3-D form falls back to its slow math path.
             out[rows] = F.scaled_dot_product_attention(
                 q[rows].transpose(0, 1)[None],  # [1, H, n, D]
-                keys.transpose(0, 1)[None],  # [1, Hkv, ctx, D]
-                values.transpose(0, 1)[None],
+                keys[None],  # [1, Hkv, ctx, D]
+                values[None],
                 attn_mask=chunk.mask,
                 is_causal=chunk.mask is None,
                 scale=scale,

@@ -5,7 +5,7 @@ path for devices and dtypes the kernel does not cover (cuda, half precision). It
 B x Lmax cached rows per layer and runs one padded SDPA, so a step mixing a long prefill chunk
 with decode rows costs far more than its parts; `models/attention.py` does not.
 
-Layout: each layer's cache is `[num_slots, kv_heads, head_dim]` for K and for V, where slot =
+Layout: each layer's cache is `[kv_heads, num_slots, head_dim]` for K and for V, where slot =
 block * block_size + offset. A step feeds T new tokens from B sequences; sequence b feeds q_len[b]
 tokens at absolute positions ctx_len[b] - q_len[b] .. ctx_len[b] - 1 and attends to its first
 ctx_len[b] cached positions. The same metadata serves every layer, so it is built once per step.
@@ -33,7 +33,7 @@ class ReferenceMetadata:
         q: torch.Tensor,  # [T, H, D]
         k: torch.Tensor,  # [T, Hkv, D]
         v: torch.Tensor,  # [T, Hkv, D]
-        k_cache: torch.Tensor,  # [num_slots, Hkv, D]
+        k_cache: torch.Tensor,  # [Hkv, num_slots, D]
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:  # [T, H * D]
@@ -89,19 +89,20 @@ def reference_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
-    k_cache: torch.Tensor,  # [num_slots, Hkv, D]
-    v_cache: torch.Tensor,  # [num_slots, Hkv, D]
+    k_cache: torch.Tensor,  # [Hkv, num_slots, D]
+    v_cache: torch.Tensor,  # [Hkv, num_slots, D]
     meta: ReferenceMetadata,
     scale: float,
 ) -> torch.Tensor:  # [T, H * D]
     """Write the new K/V into their slots, then attend each query to its sequence's cache."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     bsz, l_max = meta.kv_index.shape
     flat = meta.kv_index.view(-1)
+    kv_heads, dim = k_cache.shape[0], k_cache.shape[2]
     # index_select is ~40x cheaper than advanced indexing on a large cache tensor.
-    keys = k_cache.index_select(0, flat).view(bsz, l_max, *k.shape[1:]).transpose(1, 2)
-    values = v_cache.index_select(0, flat).view(bsz, l_max, *v.shape[1:]).transpose(1, 2)
+    keys = k_cache.index_select(1, flat).view(kv_heads, bsz, l_max, dim).transpose(0, 1)
+    values = v_cache.index_select(1, flat).view(kv_heads, bsz, l_max, dim).transpose(0, 1)
     if meta.single:
         queries = q.unsqueeze(0).transpose(1, 2)  # [1, H, T, D]
     else:

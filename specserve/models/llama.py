@@ -131,7 +131,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,  # [T, hidden]
         cos: torch.Tensor,  # [T, 1, head_dim]
         sin: torch.Tensor,
-        kv: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_slots, Hkv, head_dim]
+        kv: tuple[torch.Tensor, torch.Tensor],  # 2 x [Hkv, num_slots, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
         qkv = project(self.qkv_proj, x, norm=self.input_layernorm)
@@ -225,7 +225,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer, 2 x [slots, Hkv, D]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer, 2 x [Hkv, slots, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
         x = self.embed_tokens(input_ids)

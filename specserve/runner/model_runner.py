@@ -48,7 +48,9 @@ class ModelRunner:
         shapes = (arch.head_dim, arch.num_heads, arch.num_kv_heads)
         # The ragged path where its kernel runs (CPU float32), else the padded reference.
         self.ragged = attention == "auto" and kernel_usable(device, dtype, shapes)
-        shape = (arch.num_layers, 2, num_blocks * block_size, arch.num_kv_heads, arch.head_dim)
+        # Head-major: one KV head's rows of consecutive slots are contiguous (a block of a head is
+        # block_size * head_dim floats in a row), which is how attention streams them.
+        shape = (arch.num_layers, 2, arch.num_kv_heads, num_blocks * block_size, arch.head_dim)
         # Zeroed so that masked (never written) slots hold finite values: 0 * garbage = NaN.
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(arch.num_layers)]

@@ -40,7 +40,7 @@ def attend_both(
     total = sum(q_lens)
     q = torch.randn(total, num_heads + num_kv, dim)[:, :num_heads]  # a strided view, as in a layer
     k, v = torch.randn(total, num_kv, dim), torch.randn(total, num_kv, dim)
-    cache = torch.randn(2, need * block_size, num_kv, dim)
+    cache = torch.randn(2, num_kv, need * block_size, dim)
     outs = []
     for build in (build_ragged_metadata, build_metadata):
         kc, vc = cache[0].clone(), cache[1].clone()
@@ -103,7 +103,7 @@ def test_kernel_refuses_shapes_it_cannot_run() -> None:
     assert not kernel.supports(12, 4, 2)  # head_dim not a multiple of 8
     assert not kernel.supports(64, 6, 4)  # heads not a multiple of KV heads
     q = torch.randn(1, 4, 12)
-    cache = torch.zeros(16, 2, 12)
+    cache = torch.zeros(2, 16, 12)
     with pytest.raises(RuntimeError, match="refused"):
         kernel.paged_attention(
             q, cache, cache, torch.empty_like(q), torch.tensor([[0, 1, 1]]),
@@ -151,13 +151,14 @@ def test_a_verify_row_equals_the_same_row_decoded_alone_bit_for_bit(
     heads, kv, dim, bs = 9, 3, 64, 16
     table = list(range(ctx // bs + 2))[::-1]
     other = list(range(len(table), len(table) + 4))  # a 50-token neighbour's blocks
-    kc, vc = torch.randn(2, (len(table) + 4) * bs, kv, dim)
+    kc, vc = torch.randn(2, kv, (len(table) + 4) * bs, dim)
     q = torch.randn(5, heads, dim)
 
     def attend(q_lens: list[int], ctxs: list[int], tables: list[list[int]], rows: torch.Tensor):
         meta = build_ragged_metadata(q_lens, ctxs, tables, bs, CPU, window)
         slots = meta.slot_mapping  # the step writes back what the cache holds: no change
-        return meta.attend(rows, kc[slots], vc[slots], kc, vc, dim**-0.5).view(-1, heads, dim)
+        k_new, v_new = kc[:, slots].transpose(0, 1), vc[:, slots].transpose(0, 1)
+        return meta.attend(rows, k_new, v_new, kc, vc, dim**-0.5).view(-1, heads, dim)
 
     together = attend([5], [ctx], [table], q)
     threads = torch.get_num_threads()
