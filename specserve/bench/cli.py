@@ -232,7 +232,9 @@ async def _cell(
             bar.advance(task)
 
     labels = {"pool": plan.pool} if plan.pool else {}
-    await client.post("/reset_suffix_cache")  # no cell drafts from an earlier cell's replay
+    # No cell drafts from, or reuses the prompts of, an earlier cell's replay of the same items.
+    await client.post("/reset_suffix_cache")
+    await client.post("/reset_prefix_cache")
     before = await scrape_counters(client, labels)
     records, duration = await loadgen.run_cell(client, items, key, plan.budget, plan.settings, done)
     after = await scrape_counters(client, labels)

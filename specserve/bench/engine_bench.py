@@ -135,10 +135,11 @@ def run_ours(args: argparse.Namespace, dense: bool = False) -> dict[str, Any]:
     from specserve.engine.request import SamplingParams
 
     blocks = -(-(args.prompt_tokens + args.new_tokens) // CacheConfig.block_size) + 1
+    # No prefix caching: the repeats resend the same prompts, which HF computes every time.
     cache = (
-        CacheConfig(max_kv_bytes=args.kv_cache_bytes)
+        CacheConfig(max_kv_bytes=args.kv_cache_bytes, prefix_caching=False)
         if args.kv_cache_bytes
-        else CacheConfig(num_blocks=args.batch * blocks)  # sized to the workload, + 1 block each
+        else CacheConfig(num_blocks=args.batch * blocks, prefix_caching=False)  # + 1 block each
     )
     config = EngineConfig(
         device=args.device, num_threads=args.threads, cache=cache, dense_weights=dense

@@ -3,8 +3,9 @@
 Closed loop: `concurrency` units (a conversation, or a lone request) are in flight at once;
 when a unit's request finishes, its next turn is sent with the reply it got (the same text the
 server would stream), or the next unit starts. Each cell starts with an empty cross-request
-cache (`reset` on the proposers that keep one), so no cell drafts from another's replay of the
-same prompts; within the cell, reuse across requests is real.
+cache (`reset` on the proposers that keep one) and an empty prefix cache, so no cell drafts
+from, or reuses the KV of, another's replay of the same prompts; within the cell, reuse across
+requests is real.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def run_cell(
     reset = getattr(engine.res.proposer, "reset", None)
     if callable(reset):
         reset()
+    engine.res.allocator.reset_cache()  # nor reuses another cell's prompts from the prefix cache
     params = replace(
         params, speculate=config.n, speculation_policy=config.policy if config.n else None
     )

@@ -161,6 +161,14 @@ class BlockAllocator:
         self._content[block] = (identity, tokens)
         return True
 
+    def reset_cache(self) -> int:
+        """Forget every cached prefix (blocks in use stay with their sequences, unshared); the
+        number of blocks that held one."""
+        held = list(self._by_key.values())
+        for block in held:
+            self._uncache(block)
+        return len(held)
+
     def _release(self, block: int) -> None:
         if self._refs[block] <= 0:
             raise RuntimeError(f"KV block {block} released more often than it was taken")

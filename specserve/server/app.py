@@ -21,7 +21,7 @@ from specserve.server import openai_api, tgi, tokenize
 from specserve.server.backend import LocalBackend
 from specserve.server.context import Contexts, Ctx, OneContext, ServerContext
 from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
-from specserve.server.info import info, reset_suffix_cache
+from specserve.server.info import info, reset_prefix_cache, reset_suffix_cache
 from specserve.server.metrics import ServerMetrics, snapshot
 from specserve.server.middleware import GuardMiddleware
 from specserve.server.provenance import Provenance
@@ -59,6 +59,7 @@ def create_app(
     app.add_api_route("/info", info, methods=["GET"], response_model=Info, tags=["status"])
     app.add_api_route("/metrics", prometheus, methods=["GET"], tags=["status"])
     app.add_api_route("/reset_suffix_cache", reset_suffix_cache, methods=["POST"], tags=["admin"])
+    app.add_api_route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"], tags=["admin"])
     return app
 
 

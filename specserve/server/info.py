@@ -31,6 +31,16 @@ from specserve.server.settings import Limits, ServerSettings
 from specserve.speculation.suffix import SuffixProposer
 
 
+async def reset_prefix_cache(ctx: Ctx) -> dict[str, int]:
+    """Forget every cached prompt prefix (benchmarks reset it between cells, so no cell reuses
+    another's prompts); how many blocks held one."""
+
+    def reset(engine: Engine) -> int:
+        return engine.res.allocator.reset_cache()
+
+    return {"blocks": await asyncio.to_thread(ctx.async_engine.run_locked, reset)}
+
+
 async def reset_suffix_cache(ctx: Ctx) -> dict[str, bool]:
     """Forget recent requests' outputs in the proposer's cross-request index (benchmarks reset
     it between cells so no cell drafts from a replay of another's prompts)."""

@@ -90,3 +90,15 @@ def test_without_caching_nothing_is_matched_or_registered() -> None:
     alloc.grow(table, 8)
     alloc.free(table)
     assert alloc.match(list(range(8)), max_tokens=8).blocks == [] and alloc.num_cached == 0
+
+
+def test_reset_forgets_every_prefix_and_keeps_blocks_in_use() -> None:
+    alloc = BlockAllocator(8, BS, caching=True)
+    a = cached_sequence(alloc, list(range(8)))
+    b = cached_sequence(alloc, list(range(100, 108)))
+    alloc.free(b)
+    assert alloc.reset_cache() == 4 and alloc.num_cached == 0
+    assert alloc.match(list(range(8)), max_tokens=8).blocks == []
+    assert len(a) == 2 and alloc.num_used == 2 and alloc.num_free == 6
+    alloc.free(a)
+    assert alloc.num_free == 8

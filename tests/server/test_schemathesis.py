@@ -37,6 +37,7 @@ ROUTES = {
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("POST", "/reset_suffix_cache"),
+    ("POST", "/reset_prefix_cache"),
 }
 
 
