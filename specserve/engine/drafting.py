@@ -7,7 +7,9 @@ import logging
 from collections.abc import Callable
 
 from specserve.engine.request import Sequence
-from specserve.scheduler.scheduler import SeqWork
+from specserve.engine.stats import is_decode
+from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.speculation.policy import DecodeSeq, SpeculationPolicy
 from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
@@ -65,3 +67,36 @@ def _propose_alone(proposer: Proposer, w: SeqWork, fail: Fail) -> Draft:
         fail(w.seq, f"proposer {proposer.name} failed: {type(exc).__name__}: {exc}")
         return Draft(tokens=[])
     return draft
+
+
+def is_static(policy: SpeculationPolicy | None, seq: Sequence) -> bool:
+    """Whether `seq` verifies its whole draft (the static policy, or its own request)."""
+    return policy is None or not policy.adaptive or seq.params.speculation_policy == "static"
+
+
+def decode_views(
+    policy: SpeculationPolicy, seqs: list[Sequence], caps: list[int]
+) -> list[DecodeSeq]:
+    """What the policy sees of each decode sequence before proposing: length, cap."""
+    return [
+        DecodeSeq(s.num_tokens, is_static(policy, s), c) for s, c in zip(seqs, caps, strict=True)
+    ]
+
+
+def keep_prefixes(
+    policy: SpeculationPolicy | None, batch: ScheduledBatch, proposed: dict[int, Draft]
+) -> dict[int, Draft]:
+    """seq_id -> the prefix of its draft the policy verifies (static: all of it)."""
+    decode = [w.seq for w in batch.work if is_decode(w) and not w.seq.is_finished]
+    if policy is None or not decode:
+        return proposed
+    views = [
+        DecodeSeq(s.num_tokens, is_static(policy, s), draft=proposed.get(s.seq_id)) for s in decode
+    ]
+    prefill = sum(w.num_tokens for w in batch.work if not is_decode(w))
+    ks = policy.choose(views, prefill)
+    return {
+        s.seq_id: proposed[s.seq_id].prefix(k)
+        for s, k in zip(decode, ks, strict=True)
+        if k and s.seq_id in proposed
+    }

@@ -9,14 +9,15 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
-from specserve.engine.drafting import propose, static_caps
-from specserve.engine.logprobs import emitted_logprobs, prompt_logprobs
+from specserve.engine.drafting import decode_views, keep_prefixes, propose, static_caps
+from specserve.engine.live import Live, take_prompt_rows
+from specserve.engine.logprobs import emitted_logprobs
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.request import (
     RequestOutput,
@@ -27,29 +28,15 @@ from specserve.engine.request import (
     check_request,
 )
 from specserve.engine.resources import EngineResources, load_resources, respeculate
-from specserve.engine.stats import EngineStats, StepRecord, is_decode, step_shape
+from specserve.engine.stats import EngineStats, StepRecord, step_shape
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
-from specserve.speculation.policy import DecodeSeq
 from specserve.speculation.proposer import Draft
 from specserve.speculation.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Live:
-    """Engine-side state of one request."""
-
-    seq: Sequence
-    detok: IncrementalDetokenizer
-    pending_text: str = ""
-    # With prompt_logprobs: the prompt tokens' log-probabilities so far (the first has none),
-    # delivered with the first output.
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    prompt_logprobs_sent: bool = False
 
 
 class Engine:
@@ -59,7 +46,7 @@ class Engine:
         self.res.tokenizer = locked(self.res.tokenizer)  # shared by the event loop and steps
         self.scheduler = self.res.scheduler
         self.stats = EngineStats()
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Live] = {}
         self._outbox: list[RequestOutput] = []  # outputs not yet returned by step()
         # request id -> sequences that queue once its prompt is computed (and cached): choices
         # 2..n of one request then share the prompt's blocks instead of computing them again.
@@ -120,7 +107,7 @@ class Engine:
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(seq_id=next(self._ids), request_id=request_id, prompt_ids=ids, params=params)
-        self._live[request_id] = _Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
+        self._live[request_id] = Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
         first = self._live.get(after) if after is not None else None
         if first is not None and not first.seq.output_ids and self.res.allocator.caching:
             self._parked.setdefault(first.seq.request_id, []).append(seq)
@@ -218,39 +205,18 @@ class Engine:
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
         caps = static_caps(seqs, self.config.spec.speculate, self.max_model_len)
-        policy = self.res.policy
-        if policy is None:
+        if self.res.policy is None:
             return caps
-        views = [
-            DecodeSeq(s.num_tokens, self._static(s), c) for s, c in zip(seqs, caps, strict=True)
-        ]
-        return policy.open(views, num_running, scheduled)
-
-    def _static(self, seq: Sequence) -> bool:
-        """Whether `seq` verifies its whole draft (the static policy, or its own request)."""
-        policy = self.res.policy
-        return policy is None or not policy.adaptive or seq.params.speculation_policy == "static"
+        return self.res.policy.open(
+            decode_views(self.res.policy, seqs, caps), num_running, scheduled
+        )
 
     def _decide(
         self, batch: ScheduledBatch, proposed: dict[int, Draft]
     ) -> tuple[ScheduledBatch, dict[int, Draft]]:
         """The policy keeps a prefix of each draft; the KV slots reserved for the rest (and for
         drafts that found nothing) go back to the pool before the pass."""
-        drafts = proposed
-        policy = self.res.policy
-        decode = [w.seq for w in batch.work if is_decode(w) and not w.seq.is_finished]
-        if policy is not None and decode:
-            views = [
-                DecodeSeq(s.num_tokens, self._static(s), draft=proposed.get(s.seq_id))
-                for s in decode
-            ]
-            prefill = sum(w.num_tokens for w in batch.work if not is_decode(w))
-            ks = policy.choose(views, prefill)
-            drafts = {
-                s.seq_id: proposed[s.seq_id].prefix(k)
-                for s, k in zip(decode, ks, strict=True)
-                if k and s.seq_id in proposed
-            }
+        drafts = keep_prefixes(self.res.policy, batch, proposed)
         kept = {sid: len(d.tokens) for sid, d in drafts.items()}
         return replace(batch, work=self.scheduler.trim_drafts(batch.work, kept)), drafts
 
@@ -260,52 +226,18 @@ class Engine:
             seq = w.seq
             fed = seq.token_slice(seq.num_computed, seq.num_computed + w.num_tokens)
             extra = drafts[seq.seq_id].tokens if seq.seq_id in drafts else []
-            n_logits = self._prompt_rows(w) + (1 + len(extra) if w.samples else 0)
+            n_logits = self._live[seq.request_id].prompt_rows(w) + (
+                1 + len(extra) if w.samples else 0
+            )
             items.append(RunItem(fed + extra, seq.num_computed, seq.block_table, n_logits))
         return items
-
-    def _prompt_rows(self, w: SeqWork) -> int:
-        """Logits rows of prompt positions this chunk computes for prompt_logprobs: each one
-        predicts the prompt token after it (the chunk's last row samples, if the chunk ends
-        the prompt)."""
-        live = self._live.get(w.seq.request_id)
-        if live is None or not w.seq.params.prompt_logprobs or live.prompt_logprobs_sent:
-            return 0
-        return w.num_tokens - (1 if w.samples else 0)
-
-    def _take_prompt_logprobs(
-        self, work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput
-    ) -> RunOutput:
-        """Record the prompt log-probabilities the pass computed; the rows left are those the
-        sampler reads (each sampling sequence's last 1 + k)."""
-        counts = [self._prompt_rows(w) for w in work]
-        if not any(counts):
-            return run
-        keep: list[int] = []
-        row = 0
-        for w, n in zip(work, counts, strict=True):
-            if n:
-                seq, live = w.seq, self._live[w.seq.request_id]
-                lps = live.prompt_logprobs = live.prompt_logprobs or [None]
-                first = seq.num_computed + 1  # the prompt position row `row` predicts
-                nxt = seq.token_slice(first, first + n)
-                new = prompt_logprobs(run.logits[row : row + n], nxt)
-                lps += new[len(lps) - first :] if len(lps) > first else new  # once per position
-                row += n
-            if w.samples:
-                draft = drafts.get(w.seq.seq_id)
-                span = 1 + (len(draft.tokens) if draft else 0)
-                keep += range(row, row + span)
-                row += span
-        index = torch.tensor(keep, dtype=torch.long, device=run.logits.device)
-        return RunOutput(run.logits[index], run.hidden[index])
 
     def _verify_and_commit(
         self, work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput
     ) -> None:
         """Each sampling sequence verifies and commits alone: a non-finite logits row or an
         exception fails that request only (see `engine/verification.py`)."""
-        run = self._take_prompt_logprobs(work, drafts, run)
+        run = take_prompt_rows(work, drafts, run, self._live)
         for w in work:
             if not w.samples:
                 w.seq.num_computed += w.num_tokens
@@ -367,10 +299,9 @@ class Engine:
         new_ids: list[int] = []
         reason = None
         for token in result.tokens:
-            seq.output_ids.append(token)
+            live.push(token)
             new_ids.append(token)
-            live.pending_text += live.detok.push(token)
-            reason = self._stop_reason(live, token)
+            reason = live.stop_reason(token, self.res.eos_ids, self.max_model_len)
             if reason:
                 break
         self.stats.tokens_emitted += len(new_ids)
@@ -385,17 +316,7 @@ class Engine:
         self.scheduler.cache_committed(seq)
         if self.res.proposer is not None:
             self.res.proposer.sync(seq, hidden)
-        self._outbox.append(self._output(live, new_ids, finished=False, logprobs=lps))
-
-    def _stop_reason(self, live: _Live, token: int) -> str | None:
-        seq = live.seq
-        if token in self.res.eos_ids and not seq.params.ignore_eos:
-            return "eos"
-        if live.detok.stopped:
-            return "stop"
-        if seq.tokens_left <= 0 or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+        self._outbox.append(live.output(new_ids, finished=False, logprobs=lps))
 
     def _fail(self, seqs: list[Sequence], error: str) -> None:
         for seq in seqs:
@@ -405,7 +326,7 @@ class Engine:
 
     def _finish(
         self,
-        live: _Live,
+        live: Live,
         reason: str,
         new_ids: list[int] | None = None,
         error: str | None = None,
@@ -430,7 +351,7 @@ class Engine:
         self._unpark(seq.request_id)
         self._release_proposer(seq)
         self._live.pop(seq.request_id, None)
-        self._outbox.append(self._output(live, new_ids or [], True, error, logprobs))
+        self._outbox.append(live.output(new_ids or [], True, error, logprobs))
 
     def _release_proposer(self, seq: Sequence) -> None:
         try:
@@ -438,20 +359,6 @@ class Engine:
                 self.res.proposer.release(seq)
         except Exception:
             logger.exception("proposer release failed for %s", seq.request_id)
-
-    def _output(
-        self,
-        live: _Live,
-        new_ids: list[int],
-        finished: bool,
-        error: str | None = None,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> RequestOutput:
-        text, live.pending_text = live.pending_text, ""
-        prompt_lps = None
-        if live.prompt_logprobs is not None and new_ids and not live.prompt_logprobs_sent:
-            prompt_lps, live.prompt_logprobs_sent = live.prompt_logprobs, True
-        return RequestOutput.of(live.seq, new_ids, text, finished, error, logprobs, prompt_lps)
 
 
 def describe(exc: BaseException) -> str:

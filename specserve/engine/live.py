@@ -1,0 +1,95 @@
+"""The engine's state of one live request beside its `Sequence`: detokenizer, text not yet sent,
+the prompt's log-probabilities until they are sent, and how it turns into outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.logprobs import prompt_logprobs
+from specserve.engine.request import RequestOutput, Sequence, TokenLogprob
+from specserve.runner.model_runner import RunOutput
+from specserve.scheduler.scheduler import SeqWork
+from specserve.speculation.proposer import Draft
+
+
+@dataclass
+class Live:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    pending_text: str = ""
+    # With prompt_logprobs: the prompt tokens' log-probabilities so far (the first has none),
+    # delivered with the first output.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs_sent: bool = False
+
+    def push(self, token: int) -> None:
+        self.seq.output_ids.append(token)
+        self.pending_text += self.detok.push(token)
+
+    def stop_reason(self, token: int, eos_ids: frozenset[int], max_model_len: int) -> str | None:
+        """Why the sequence ends at `token` (just pushed), or None."""
+        seq = self.seq
+        if token in eos_ids and not seq.params.ignore_eos:
+            return "eos"
+        if self.detok.stopped:
+            return "stop"
+        if seq.tokens_left <= 0 or seq.num_tokens >= max_model_len:
+            return "length"
+        return None
+
+    def output(
+        self,
+        new_ids: list[int],
+        finished: bool,
+        error: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> RequestOutput:
+        """The delta to send now; the prompt's log-probabilities go with the first tokens."""
+        text, self.pending_text = self.pending_text, ""
+        prompt_lps = None
+        if self.prompt_logprobs is not None and new_ids and not self.prompt_logprobs_sent:
+            prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
+        return RequestOutput.of(self.seq, new_ids, text, finished, error, logprobs, prompt_lps)
+
+    def prompt_rows(self, w: SeqWork) -> int:
+        """Logits rows of prompt positions this chunk computes for prompt_logprobs: each one
+        predicts the prompt token after it (the chunk's last row samples, if the chunk ends
+        the prompt)."""
+        if not self.seq.params.prompt_logprobs or self.prompt_logprobs_sent:
+            return 0
+        return w.num_tokens - (1 if w.samples else 0)
+
+    def add_prompt_logprobs(self, logits: torch.Tensor) -> None:  # [n, vocab], n = prompt_rows
+        """Log-probabilities of the prompt tokens that rows computed from num_computed on
+        predict; positions already recorded (a recompute after preemption) are kept."""
+        seq = self.seq
+        lps = self.prompt_logprobs = self.prompt_logprobs or [None]
+        first = seq.num_computed + 1  # the prompt position the first row predicts
+        new = prompt_logprobs(logits, seq.token_slice(first, first + logits.shape[0]))
+        lps += new[len(lps) - first :] if len(lps) > first else new
+
+
+def take_prompt_rows(
+    work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput, live: dict[str, Live]
+) -> RunOutput:
+    """Hand each prompt_logprobs sequence its prompt rows; the rows left are those the sampler
+    reads (each sampling sequence's last 1 + k), in order."""
+    counts = [live[w.seq.request_id].prompt_rows(w) for w in work]
+    if not any(counts):
+        return run
+    keep: list[int] = []
+    row = 0
+    for w, n in zip(work, counts, strict=True):
+        if n:
+            live[w.seq.request_id].add_prompt_logprobs(run.logits[row : row + n])
+            row += n
+        if w.samples:
+            draft = drafts.get(w.seq.seq_id)
+            span = 1 + (len(draft.tokens) if draft else 0)
+            keep += range(row, row + span)
+            row += span
+    index = torch.tensor(keep, dtype=torch.long, device=run.logits.device)
+    return RunOutput(run.logits[index], run.hidden[index])
