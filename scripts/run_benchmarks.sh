@@ -3,7 +3,8 @@
 # attention, suffix/scored drafts, KV pressure, the soak, serve against a fleet (mixed traffic).
 # Needs a quiet machine: every part compares configurations side by side in one run.
 # Usage: bash scripts/run_benchmarks.sh
-#        [engine|spec|goodput|policy|attention|suffix|kv|soak|fleet|all] [OUT=docs/bench]
+#        [engine|baseline|spec|goodput|policy|attention|suffix|cache|kv|soak|fleet|all]
+#        [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -15,6 +16,20 @@ threads="${THREADS:-2}"  # torch threads of the benchmarked process / server
 if [[ $what == engine || $what == all ]]; then
   python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --json "$out/engine.json" \
     | tee "$out/engine.md"
+fi
+
+if [[ $what == baseline || $what == all ]]; then
+  # The same engine benchmark on an earlier commit (BASE_REV), run from a throwaway worktree
+  # with this venv, right after this tree's: "before" and "after" on one machine in one run.
+  base="${BASE_REV:-26d7662}"
+  tree=$(mktemp -d)
+  git worktree add --detach "$tree" "$base" >/dev/null
+  # Our engine only (--only ours: the GGUF blocks), each in its own interpreter.
+  PYTHONPATH="$tree" python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 \
+    --only ours --json "$out/engine-base.json"
+  python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --only ours \
+    --json "$out/engine-head.json"
+  git worktree remove --force "$tree"
 fi
 
 if [[ $what == spec || $what == all ]]; then
@@ -100,6 +115,23 @@ if [[ $what == suffix || $what == all ]]; then
     --json "$out/medusa-scored.json" | tee "$out/medusa-scored.md"
   # Lookup and ingestion cost of the suffix index at 2k/8k/32k cached tokens; memory at the bound.
   PYTHONPATH=. python scripts/bench_suffix.py --calls 2000 | tee "$out/suffix-index.md"
+fi
+
+if [[ $what == cache || $what == all ]]; then
+  # Prefix caching on against off: conversations (each turn resends the last), questions over
+  # shared documents, and creative prompts with nothing to reuse; speculation off, so only the
+  # cache differs. specserve bench empties the cache before every cell.
+  for side in off on; do
+    flag=""; [[ $side == off ]] && flag="--no-prefix-caching"
+    serve_bg 8315 --speculate 0 $flag
+    specserve bench --url http://127.0.0.1:8315 --speculate 0 --concurrency 1,4,16 \
+      --workload code-edit-multiturn --workload doc-qa --workload chat-creative \
+      --duration 30 --max-new-tokens 48 --ignore-eos --slo-ttft 3 --slo-itl 0.15 \
+      --out "$out/cache-$side"
+    stop_bg 8315
+  done
+  python scripts/cache_report.py --on "$out/cache-on" --off "$out/cache-off" \
+    | tee "$out/cache.md"
 fi
 
 if [[ $what == kv || $what == all ]]; then
