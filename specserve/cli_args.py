@@ -93,6 +93,7 @@ def add_engine_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | Non
     add_speculation_args(p, environ)
     add_proposer_args(p, environ)
     add_runtime_args(p, environ)
+    add_limit_args(p, environ)
 
 
 def add_speculation_args(
@@ -229,6 +230,10 @@ def add_runtime_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | No
         int,
         environ=environ,
     )
+
+
+def add_limit_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """The context window, the step's token budget, the batch and the KV pool."""
     add_flag(
         p,
         "--max-total-tokens",

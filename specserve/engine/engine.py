@@ -17,7 +17,7 @@ from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.drafting import decode_views, keep_prefixes, propose, static_caps
 from specserve.engine.live import Live, take_prompt_rows
-from specserve.engine.logprobs import emitted_logprobs
+from specserve.engine.logprobs import span_logprobs
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.request import (
     RequestOutput,
@@ -27,7 +27,8 @@ from specserve.engine.request import (
     TokenLogprob,
     check_request,
 )
-from specserve.engine.resources import EngineResources, load_resources, respeculate
+from specserve.engine.resources import EngineResources, load_resources
+from specserve.engine.respeculate import respeculate
 from specserve.engine.stats import EngineStats, StepRecord, step_shape
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
@@ -48,9 +49,6 @@ class Engine:
         self.stats = EngineStats()
         self._live: dict[str, Live] = {}
         self._outbox: list[RequestOutput] = []  # outputs not yet returned by step()
-        # request id -> sequences that queue once its prompt is computed (and cached): choices
-        # 2..n of one request then share the prompt's blocks instead of computing them again.
-        self._parked: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self.last_step: StepRecord | None = None
 
@@ -108,18 +106,9 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(seq_id=next(self._ids), request_id=request_id, prompt_ids=ids, params=params)
         self._live[request_id] = Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
-        first = self._live.get(after) if after is not None else None
-        if first is not None and not first.seq.output_ids and self.res.allocator.caching:
-            self._parked.setdefault(first.seq.request_id, []).append(seq)
-        else:
-            self.scheduler.add(seq)
+        sibling = self._live.get(after) if after is not None else None
+        self.scheduler.add(seq, after=sibling.seq if sibling is not None else None)
         return request_id
-
-    def _unpark(self, request_id: str) -> None:
-        """`request_id`'s prompt is computed, or it ended: its siblings queue now, first."""
-        for seq in reversed(self._parked.pop(request_id, [])):
-            if not seq.is_finished:
-                self.scheduler.add(seq, first=True)
 
     def encode(self, text: str) -> list[int]:
         """Prompt text -> token ids, without adding special tokens (templates add their own)."""
@@ -151,7 +140,7 @@ class Engine:
         self.config = replace(self.config, spec=spec)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._outbox) or bool(self._parked)
+        return self.scheduler.has_work() or bool(self._outbox)
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -259,14 +248,7 @@ class Engine:
                 self._fail([seq], f"verify failed: {describe(exc)}")
                 continue
             try:
-                top = seq.params.logprobs
-                lps = None
-                if top is not None:
-                    n = len(result.tokens)
-                    lps = emitted_logprobs(
-                        run.logits[span.start : span.start + n], rows[span.start : span.start + n],
-                        result.tokens, top,
-                    )  # fmt: skip
+                lps = span_logprobs(span, result.tokens, run.logits, rows)
                 hidden = run.hidden[span.start + result.num_accepted]
                 self._commit(span.work, result, span.draft, hidden, lps)
             except Exception as exc:  # detokenization, stop checks, the proposer's sync
@@ -286,24 +268,11 @@ class Engine:
         if live is None or seq.is_finished:
             return
         if draft is not None:
-            k = len(draft.tokens)
-            seq.spec.drafted += k
-            seq.spec.accepted += result.num_accepted
-            seq.spec.steps += 1
-            self.stats.proposer.record(k, result.num_accepted)
-            if self.res.policy is not None:
-                self.res.policy.record(draft, result.num_accepted)
+            self.stats.record_draft(seq, draft, result.num_accepted, self.res.policy)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
-            self._unpark(seq.request_id)
-        new_ids: list[int] = []
-        reason = None
-        for token in result.tokens:
-            live.push(token)
-            new_ids.append(token)
-            reason = live.stop_reason(token, self.res.eos_ids, self.max_model_len)
-            if reason:
-                break
+            self.scheduler.unpark(seq)
+        new_ids, reason = live.push_until_stop(result.tokens, self.res.eos_ids, self.max_model_len)
         self.stats.tokens_emitted += len(new_ids)
         # KV holds every committed token but the last (its K/V come with the next pass); the
         # rejected drafts' slots after it are dropped.
@@ -348,7 +317,7 @@ class Engine:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.scheduler.remove(seq)
-        self._unpark(seq.request_id)
+        self.scheduler.unpark(seq)
         self._release_proposer(seq)
         self._live.pop(seq.request_id, None)
         self._outbox.append(live.output(new_ids or [], True, error, logprobs))

@@ -25,9 +25,20 @@ class Live:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt_logprobs_sent: bool = False
 
-    def push(self, token: int) -> None:
-        self.seq.output_ids.append(token)
-        self.pending_text += self.detok.push(token)
+    def push_until_stop(
+        self, tokens: list[int], eos_ids: frozenset[int], max_model_len: int
+    ) -> tuple[list[int], str | None]:
+        """Append verified tokens one at a time through the stop checks: the tokens taken, and
+        why the sequence ends (None: it goes on). Tokens after a stop are dropped."""
+        taken: list[int] = []
+        for token in tokens:
+            self.seq.output_ids.append(token)
+            self.pending_text += self.detok.push(token)
+            taken.append(token)
+            reason = self.stop_reason(token, eos_ids, max_model_len)
+            if reason:
+                return taken, reason
+        return taken, None
 
     def stop_reason(self, token: int, eos_ids: frozenset[int], max_model_len: int) -> str | None:
         """Why the sequence ends at `token` (just pushed), or None."""

@@ -8,10 +8,15 @@ log-softmax at the position before it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specserve.engine.request import TokenLogprob
 from specserve.runner.sampler import SampleRow, processed_logits
+
+if TYPE_CHECKING:
+    from specserve.engine.verification import Span
 
 
 def emitted_logprobs(
@@ -25,6 +30,20 @@ def emitted_logprobs(
         lp = processed_logits(logits[i], rows[i]).log_softmax(-1)
         out.append(entry(lp, token, top))
     return out
+
+
+def span_logprobs(
+    span: Span, tokens: list[int], logits: torch.Tensor, rows: list[SampleRow]
+) -> list[TokenLogprob] | None:
+    """The emitted tokens' log-probabilities, if the span's request asked for them: token i
+    from the span's row i (the pass's logits [rows, vocab], rows of the whole pass)."""
+    top = span.work.seq.params.logprobs
+    if top is None:
+        return None
+    n = len(tokens)
+    return emitted_logprobs(
+        logits[span.start : span.start + n], rows[span.start : span.start + n], tokens, top
+    )
 
 
 def prompt_logprobs(

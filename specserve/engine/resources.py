@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specserve.config import EngineConfig, SpecConfig
+from specserve.config import EngineConfig
 from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
@@ -265,55 +265,3 @@ def make_policy(
         gate=Gate(spec.max_batch, spec.max_tokens),
         cost=cost,
     )
-
-
-def respeculate(
-    res: EngineResources, config: EngineConfig, spec: SpecConfig
-) -> tuple[Proposer | None, SpeculationPolicy | None]:
-    """The proposer and policy for `spec`, from what `res` has loaded (see
-    `Engine.set_speculation`). The loaded proposer is kept while its artifacts stay the same;
-    n-gram needs none. ValueError when `spec` would load a draft model or Medusa heads. The
-    policy keeps its counters and its profiled step cost (extrapolated past its largest T)."""
-    if spec.speculate == 0:
-        return None, None
-    proposer = _reusable_proposer(res.proposer, config.spec, spec)
-    old = res.policy
-    cost = old.cost if old is not None and isinstance(old.cost, LiveCost) else None
-    adaptive_cost = cost if spec.policy == "adaptive" else None
-    policy = make_policy(replace(config, spec=spec), res.runner, res.allocator, adaptive_cost)
-    if old is not None and policy is not None:
-        policy.stats = old.stats
-    return proposer, policy
-
-
-def _reusable_proposer(current: Proposer | None, old: SpecConfig, new: SpecConfig) -> Proposer:
-    if new.proposer == "suffix":  # no artifacts: kept while its token bound stays the same
-        same_bound = old.suffix_cache_tokens == new.suffix_cache_tokens
-        if isinstance(current, SuffixProposer) and same_bound:
-            return current
-        return SuffixProposer(new.suffix_cache_tokens)
-    if new.proposer == "ngram" or (
-        isinstance(current, NgramProposer) and _same_artifacts(old, new)
-    ):
-        if isinstance(current, NgramProposer) and (current.ngram_min, current.ngram_max) == (
-            new.ngram_min,
-            new.ngram_max,
-        ):
-            return current
-        return NgramProposer(new.ngram_min, new.ngram_max)
-    if current is None or not _same_artifacts(old, new):
-        raise ValueError(
-            f"proposer {new.proposer!r} needs artifacts this engine has not loaded "
-            "(a draft model or Medusa heads): restart it with the new setting"
-        )
-    heads = getattr(current, "num_heads", None)
-    if heads is not None and new.speculate > heads:
-        raise ValueError(f"speculate {new.speculate} is more than the {heads} Medusa heads")
-    return current
-
-
-def _same_artifacts(old: SpecConfig, new: SpecConfig) -> bool:
-    def key(s: SpecConfig) -> tuple[object, ...]:
-        return (s.proposer, s.draft_model, s.medusa, s.force_medusa)
-
-    return key(old) == key(new)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.engine.request import Sequence
 from specserve.runner.cost import StepShape
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.speculation.policy import SpeculationPolicy
 from specserve.speculation.proposer import Draft, ProposerStats
 
 
@@ -34,6 +36,23 @@ class EngineStats:
     nonspec_steps: int = 0
     tokens_emitted: int = 0
     proposer: ProposerStats = field(default_factory=ProposerStats)
+
+    def record_draft(
+        self,
+        seq: Sequence,
+        draft: Draft,
+        accepted: int,
+        policy: SpeculationPolicy | None,
+    ) -> None:
+        """A verified draft's outcome: the request's counts, the proposer's, the policy's
+        calibration."""
+        k = len(draft.tokens)
+        seq.spec.drafted += k
+        seq.spec.accepted += accepted
+        seq.spec.steps += 1
+        self.proposer.record(k, accepted)
+        if policy is not None:
+            policy.record(draft, accepted)
 
     def count_step(
         self,

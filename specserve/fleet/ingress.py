@@ -28,8 +28,8 @@ from specserve.fleet.routing import Router, UnknownPool
 from specserve.server.app import api_app
 from specserve.server.context import ServerContext, route_label
 from specserve.server.errors import ApiError, ErrorKind, invalid
+from specserve.server.info_schemas import Info
 from specserve.server.metrics import ServerMetrics
-from specserve.server.schemas import Info
 from specserve.server.service import GenerationService
 from specserve.server.settings import ServerSettings
 

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field
 
 from specserve import __version__
-from specserve.server.schemas import Info
+from specserve.server.info_schemas import Info
 
 
 def render_pools(registries: dict[str, CollectorRegistry]) -> bytes:

@@ -84,7 +84,6 @@ def build_metadata(
     )
 
 
-
 def reference_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, Hkv, D]

@@ -78,17 +78,28 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._reserved = 0  # blocks protected running sequences may still grow into
+        self._parked: dict[int, list[Sequence]] = {}  # seq_id -> siblings waiting on its prompt
 
-    def add(self, seq: Sequence, first: bool = False) -> None:
-        """Queue `seq` (at the head with `first`: a choice of a request already admitted)."""
+    def add(self, seq: Sequence, after: Sequence | None = None) -> None:
+        """Queue `seq`. `after`: a sequence with the same prompt (an earlier choice of the same
+        request) whose prompt is not computed yet: `seq` waits for it, then queues first and
+        reuses its cached blocks instead of computing them again."""
         seq.status = SeqStatus.WAITING
-        if first:
-            self.waiting.appendleft(seq)
-        else:
-            self.waiting.append(seq)
+        waits = after is not None and not after.is_finished and not after.output_ids
+        if after is not None and waits and self.allocator.caching:
+            self._parked.setdefault(after.seq_id, []).append(seq)
+            return
+        self.waiting.append(seq)
+
+    def unpark(self, seq: Sequence) -> None:
+        """`seq`'s prompt is computed (its first token is out), or it ended: the sequences
+        waiting on it queue now, at the head."""
+        for sibling in reversed(self._parked.pop(seq.seq_id, [])):
+            if not sibling.is_finished:
+                self.waiting.appendleft(sibling)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._parked)
 
     def remove(self, seq: Sequence) -> None:
         """Drop a sequence from the queues (finished or aborted) and free its blocks."""

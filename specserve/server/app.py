@@ -22,10 +22,10 @@ from specserve.server.backend import LocalBackend
 from specserve.server.context import Contexts, Ctx, OneContext, ServerContext
 from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
 from specserve.server.info import info, reset_prefix_cache, reset_suffix_cache
+from specserve.server.info_schemas import Info
 from specserve.server.metrics import ServerMetrics, snapshot
 from specserve.server.middleware import GuardMiddleware
 from specserve.server.provenance import Provenance
-from specserve.server.schemas import Info
 from specserve.server.service import ClientGone, GenerationService
 from specserve.server.settings import Limits, ServerSettings
 

@@ -13,8 +13,7 @@ from specserve.engine.engine import Engine
 from specserve.models.block_linear import block_kinds
 from specserve.runner.cost import LiveCost
 from specserve.server.context import Ctx
-from specserve.server.provenance import Provenance
-from specserve.server.schemas import (
+from specserve.server.info_schemas import (
     CalibrationBucket,
     CostCurveInfo,
     CostFit,
@@ -27,6 +26,7 @@ from specserve.server.schemas import (
     SpeculationInfo,
     SuffixCacheInfo,
 )
+from specserve.server.provenance import Provenance
 from specserve.server.settings import Limits, ServerSettings
 from specserve.speculation.suffix import SuffixProposer
 

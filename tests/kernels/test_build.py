@@ -60,6 +60,8 @@ def test_a_hanging_compiler_times_out(
         assert build.load(attention.KERNEL, attention.logger) is None
     assert "compiling took over" in caplog.text
     assert not list(tmp_path.glob("kernels/*.so"))
+
+
 @pytest.mark.parametrize(
     ("env", "outcome"),
     [

@@ -89,7 +89,6 @@ def test_long_chunks_match_hf(arch: str, tmp_path: Path) -> None:
     table = list(range(31, 31 - 21, -1))
     runs = [(0, n1), (n1, n1 + 1), (n1 + 1, n1 + 1 + n2)]
     got = [
-        runner.run([RunItem(ids[a:b].tolist(), a, table, num_logits=b - a)]).logits
-        for a, b in runs
+        runner.run([RunItem(ids[a:b].tolist(), a, table, num_logits=b - a)]).logits for a, b in runs
     ]
     torch.testing.assert_close(torch.cat(got), want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,295 @@
+"""Engine-side Prometheus series, read from the engine at scrape time under its lock.
+
+`snapshot` copies what the series need (batch, KV blocks, the prefix cache, speculation and
+policy counters, calibration); `EngineCollector` turns one or more labelled snapshots (a fleet
+pool's replicas) into metric families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from specserve.engine.engine import Engine
+from specserve.scheduler.kv_blocks import CacheStats
+from specserve.speculation.draft import DraftModelProposer
+from specserve.speculation.policy import SpeculationPolicy
+
+F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
+GATE_REASONS = ("max_batch", "max_tokens")  # speculation/policy.py Gate.closed_by
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    """The speculation policy's counters at one instant."""
+
+    adaptive: bool
+    k_chosen: tuple[int, ...]  # [k] for k in 0..N: sequence-steps given k drafts
+    gated: dict[str, int]  # reason -> steps whose drafts a gate switched off
+    predicted_speedup: float  # adaptive: J(chosen k) / J(0) at the last decision
+    skipped_steps: int  # adaptive: steps not proposed since no draft could pay
+    trimmed_tokens: int  # proposed tokens the adaptive policy did not verify
+    calibration: tuple[tuple[str, int, int, float], ...]  # (bucket, tested, accepted, calibrated)
+
+
+def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
+    stats = policy.stats
+    return PolicySnapshot(
+        adaptive=policy.adaptive,
+        k_chosen=tuple(stats.k_chosen.get(k, 0) for k in range(max_k + 1)),
+        gated=dict(stats.gated),
+        predicted_speedup=stats.predicted_speedup,
+        skipped_steps=stats.skipped_steps,
+        trimmed_tokens=stats.trimmed_tokens,
+        calibration=tuple(
+            (f"{r.low:.1f}-{r.high:.1f}", r.tested, r.accepted, r.calibrated)
+            for r in policy.calibration.table()
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine counters and gauges read at one instant."""
+
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    draft_kv_blocks_used: int  # the draft model's own pool (0 without a draft model)
+    preemptions: int
+    spec_steps: int
+    nonspec_steps: int
+    tokens_emitted: int
+    proposer: str | None
+    drafts: int
+    drafted_tokens: int
+    accepted_tokens: int
+    accepted_per_position: tuple[int, ...]  # [i]: steps whose draft at position i was accepted
+    policy: PolicySnapshot | None  # None when speculation is off
+    cache: CacheStats | None = None  # None without prefix caching
+    kv_blocks_cached: int = 0
+
+
+def snapshot(engine: Engine) -> EngineSnapshot:
+    """Call under the engine lock."""
+    stats, alloc, sched = engine.stats, engine.res.allocator, engine.scheduler
+    prop = engine.res.proposer
+    return EngineSnapshot(
+        running=len(sched.running),
+        waiting=len(sched.waiting),
+        kv_blocks_used=alloc.num_used,
+        kv_blocks_total=alloc.num_blocks,
+        draft_kv_blocks_used=(
+            prop.num_blocks - prop.num_free_blocks if isinstance(prop, DraftModelProposer) else 0
+        ),
+        preemptions=sched.num_preemptions,
+        cache=replace(alloc.stats) if alloc.caching else None,
+        kv_blocks_cached=alloc.num_cached,
+        spec_steps=stats.spec_steps,
+        nonspec_steps=stats.nonspec_steps,
+        tokens_emitted=stats.tokens_emitted,
+        proposer=prop.name if prop is not None else None,
+        drafts=stats.proposer.drafts,
+        drafted_tokens=stats.proposer.drafted_tokens,
+        accepted_tokens=stats.proposer.accepted_tokens,
+        accepted_per_position=tuple(stats.proposer.accepted_per_position),
+        policy=(
+            policy_snapshot(engine.res.policy, engine.config.spec.speculate)
+            if engine.res.policy is not None
+            else None
+        ),
+    )
+
+
+# One engine's snapshot with the labels that tell it apart from the others on the same
+# exposition: none for `serve`, {"replica": id} for a fleet pool's replicas.
+Labelled = list[tuple[dict[str, str], EngineSnapshot]]
+
+
+class EngineCollector(Collector):
+    def __init__(self, read: Callable[[], Labelled]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        engines = self._read()
+        if not engines:
+            return
+        keys = sorted(engines[0][0])
+        fam = _Families(keys)
+        for labels, s in engines:
+            at = [labels[k] for k in keys]
+            fam.gauge("specserve_batch_size", "Sequences in the running batch", at, s.running)
+            fam.gauge("specserve_queue_size", "Requests waiting to be scheduled", at, s.waiting)
+            fam.gauge(
+                "specserve_kv_cache_blocks_used", "KV cache blocks in use", at, s.kv_blocks_used
+            )
+            fam.gauge(
+                "specserve_kv_cache_blocks", "KV cache blocks in the pool", at, s.kv_blocks_total
+            )
+            fam.gauge(
+                "specserve_draft_kv_cache_blocks_used",
+                "Draft model KV cache blocks in use (0 without a draft model)",
+                at,
+                s.draft_kv_blocks_used,
+            )
+            fam.counter(
+                "specserve_preemptions", "Sequences preempted for KV blocks", at, s.preemptions
+            )
+            fam.counter(
+                "specserve_generated_tokens", "Tokens emitted by the engine", at, s.tokens_emitted
+            )
+            steps = "Engine steps, by whether any sequence verified drafts"
+            fam.counter("specserve_engine_steps", steps, at, s.spec_steps, speculation="on")
+            fam.counter("specserve_engine_steps", steps, at, s.nonspec_steps, speculation="off")
+            _spec_samples(fam, at, s)
+            if s.cache is not None:
+                _cache_samples(fam, at, s.cache, s.kv_blocks_cached)
+            if s.policy is not None:
+                _policy_samples(fam, at, s.policy)
+        yield from fam.all()
+
+
+class _Families:
+    """Metric families keyed by name, each labelled with `keys` before its own labels."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self._families: dict[str, Metric] = {}
+
+    def _family(self, cls: type[F], name: str, doc: str, own: list[str]) -> F:
+        if name not in self._families:
+            self._families[name] = cls(name, doc, labels=[*self.keys, *own])
+        family = self._families[name]
+        assert isinstance(family, cls)
+        return family
+
+    def gauge(self, name: str, doc: str, at: list[str], value: float, **own: str) -> None:
+        fam = self._family(GaugeMetricFamily, name, doc, list(own))
+        fam.add_metric([*at, *own.values()], value)
+
+    def counter(self, name: str, doc: str, at: list[str], value: float, **own: str) -> None:
+        fam = self._family(CounterMetricFamily, name, doc, list(own))
+        fam.add_metric([*at, *own.values()], value)
+
+    def histogram(
+        self, name: str, doc: str, at: list[str], buckets: list[tuple[str, float]], total: float
+    ) -> None:
+        fam = self._family(HistogramMetricFamily, name, doc, [])
+        fam.add_metric(at, buckets, total)
+
+    def declare(self, cls: type[F], name: str, doc: str, own: list[str]) -> None:
+        """A family that is exported even when no engine has samples for it."""
+        self._family(cls, name, doc, own)
+
+    def all(self) -> list[Metric]:
+        return list(self._families.values())
+
+
+def _cache_samples(fam: _Families, at: list[str], c: CacheStats, cached: int) -> None:
+    fam.counter(
+        "specserve_prefix_cache_queried_tokens",
+        "Prompt tokens of admitted sequences looked up in the prefix cache",
+        at,
+        c.queried_tokens,
+    )
+    fam.counter(
+        "specserve_prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache (not recomputed)",
+        at,
+        c.hit_tokens,
+    )
+    fam.counter(
+        "specserve_prefix_cache_evicted_blocks",
+        "Cached KV blocks evicted to make room",
+        at,
+        c.evicted_blocks,
+    )
+    fam.gauge("specserve_kv_cache_blocks_cached", "KV blocks holding reusable prefixes", at, cached)
+
+
+def _spec_samples(fam: _Families, at: list[str], s: EngineSnapshot) -> None:
+    specs = (
+        ("specserve_spec_drafts", "Sequence-steps that proposed drafts", s.drafts),
+        ("specserve_spec_drafted_tokens", "Tokens proposed by the proposer", s.drafted_tokens),
+        (
+            "specserve_spec_accepted_tokens",
+            "Proposed tokens accepted by the target",
+            s.accepted_tokens,
+        ),
+    )
+    by_pos = (
+        "specserve_spec_accepted_tokens_by_position",
+        "Steps whose draft token at this position (0 = first) was accepted",
+    )
+    for name, doc, _ in specs:
+        fam.declare(CounterMetricFamily, name, doc, ["proposer"])
+    fam.declare(CounterMetricFamily, *by_pos, ["proposer", "position"])
+    if s.proposer is None:
+        return
+    for name, doc, value in specs:
+        fam.counter(name, doc, at, value, proposer=s.proposer)
+    for i, n in enumerate(s.accepted_per_position):
+        fam.counter(*by_pos, at, n, proposer=s.proposer, position=str(i))
+
+
+def _policy_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> None:
+    # A histogram over k in 0..N: bucket le="k" counts sequence-steps given at most k drafts.
+    cumulative, total = 0, 0
+    buckets: list[tuple[str, float]] = []
+    for k, n in enumerate(p.k_chosen):
+        cumulative, total = cumulative + n, total + k * n
+        buckets.append((str(k), cumulative))
+    buckets.append(("+Inf", cumulative))
+    fam.histogram(
+        "specserve_spec_k_chosen",
+        "Drafts the policy allowed one sequence in one decode step (after the gates)",
+        at,
+        buckets,
+        total,
+    )
+    gated = "Steps whose speculation a gate switched off (--speculate-max-batch/-max-tokens)"
+    for reason in GATE_REASONS:
+        fam.counter("specserve_spec_gated_steps", gated, at, p.gated.get(reason, 0), reason=reason)
+    _calibration_samples(fam, at, p)
+    if p.adaptive:
+        fam.gauge(
+            "specserve_spec_predicted_speedup",
+            "Adaptive policy: expected tokens/s of the chosen k over k=0, at its last decision",
+            at,
+            p.predicted_speedup,
+        )
+
+
+def _calibration_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> None:
+    for bucket, n, acc, prob in p.calibration:
+        fam.counter(
+            "specserve_spec_calibration_tested",
+            "Draft tokens verification reached, by the proposer's confidence bucket",
+            at, n, bucket=bucket,
+        )  # fmt: skip
+        fam.counter(
+            "specserve_spec_calibration_accepted", "Of those, accepted", at, acc, bucket=bucket
+        )
+        fam.gauge(
+            "specserve_spec_calibration_probability",
+            "Acceptance probability the policy uses for a confidence in this bucket",
+            at, prob, bucket=bucket,
+        )  # fmt: skip
+    fam.counter(
+        "specserve_spec_trimmed_tokens", "Proposed tokens the policy did not verify", at,
+        p.trimmed_tokens,
+    )  # fmt: skip
+    fam.counter(
+        "specserve_spec_skipped_steps", "Steps not proposed: no draft could pay", at,
+        p.skipped_steps,
+    )  # fmt: skip
