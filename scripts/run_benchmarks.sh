@@ -96,17 +96,19 @@ if [[ $what == suffix || $what == all ]]; then
   # Scored drafts, the suffix cache and draft-then-decide (issue 11), all in-process and side by
   # side in one run per command: N=0, static N and adaptive (cap 5) for n-gram and suffix on
   # one engine per proposer, every configuration back to back per (workload, concurrency),
-  # each cell from an empty cross-request cache. About 1.2 h (c = 1, 4) + 1 h (c = 16) on 2 threads.
+  # each cell from an empty cross-request cache. About 1.2 h (c = 1, 4) + 1 h (c = 16) on 2 threads
+  # at the defaults; SUFFIX_SPECULATE / SUFFIX_PROMPTS / SUFFIX_PROMPTS_C16 shrink it.
+  sN="${SUFFIX_SPECULATE:-0,2,3,5}"
   reuse="code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa"
   reuse="$reuse,workloads/third-party.jsonl"
   python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
-    --policy static,adaptive --speculate 0,2,3,5 --concurrency 1,4 --workloads "$reuse" \
-    --prompts-per-workload 12 --new-tokens 128 --json "$out/suffix-c1-4.json" \
+    --policy static,adaptive --speculate "$sN" --concurrency 1,4 --workloads "$reuse" \
+    --prompts-per-workload "${SUFFIX_PROMPTS:-12}" --new-tokens 128 --json "$out/suffix-c1-4.json" \
     | tee "$out/suffix-c1-4.md"
   # Concurrency 16 needs more requests than slots to reach a steady batch.
   python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
-    --policy static,adaptive --speculate 0,2,3,5 --concurrency 16 --workloads "$reuse" \
-    --prompts-per-workload 32 --new-tokens 128 --json "$out/suffix-c16.json" \
+    --policy static,adaptive --speculate "$sN" --concurrency 16 --workloads "$reuse" \
+    --prompts-per-workload "${SUFFIX_PROMPTS_C16:-32}" --new-tokens 128 --json "$out/suffix-c16.json" \
     | tee "$out/suffix-c16.md"
   # Medusa with scored drafts at batch 1: static N against adaptive (cap 4), same engine.
   python -m specserve.bench.spec_bench --threads "$threads" --proposer medusa \
