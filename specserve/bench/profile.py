@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,14 @@ def profile_setting(profile: dict[str, Any], workload: str | None = None) -> tup
 
 
 def check_profile(
-    profile: dict[str, Any], target: Fingerprint, proposer: Fingerprint | None
+    profile: dict[str, Any],
+    target: Fingerprint,
+    proposer: Fingerprint | None,
+    workloads: Sequence[str] | None = None,
 ) -> list[str]:
-    """Why the profile does not apply to the loaded artifacts; empty when it does."""
+    """Why the profile does not apply to the loaded artifacts; empty when it does. `workloads`:
+    the ones whose settings are applied (None: all); the proposer matters only if one of them
+    speculates (a pool serving a workload at N = 0 runs no proposer, rightly)."""
     problems = []
     saved = profile.get("target")
     if not saved:
@@ -157,7 +163,8 @@ def check_profile(
                     _changed(f"target checkpoint {key[:-7]}", saved.get(key), target.get(key))
                 )
     wanted = profile.get("proposer")
-    if wanted and any(profile_setting(profile, w)[0] for w in profile["workloads"]):
+    applied = profile["workloads"] if workloads is None else workloads
+    if wanted and any(profile_setting(profile, w)[0] for w in applied):
         if proposer is None:
             problems.append(
                 f"the profile was measured with proposer {wanted.get('kind')!r}, "
@@ -185,9 +192,10 @@ def review_profile(
     target: Fingerprint,
     proposer: Fingerprint | None,
     strict: bool = False,
+    workloads: Sequence[str] | None = None,
 ) -> list[str]:
     """`check_profile`, then log one warning per stale profile, or raise under `strict`."""
-    problems = check_profile(profile, target, proposer)
+    problems = check_profile(profile, target, proposer, workloads)
     if problems:
         message = (
             f"speculation profile {path} is stale and must be re-measured with "

@@ -110,7 +110,9 @@ def review(engine: Engine, choice: ProfileChoice | None, strict: bool) -> Proven
         return Provenance(None, _unverifiable(choice, reason, strict))
     if choice is None:
         return Provenance(fps, None)
-    problems = review_profile(choice.profile, choice.path, fps.target, fps.proposer, strict)
+    problems = review_profile(
+        choice.profile, choice.path, fps.target, fps.proposer, strict, [choice.workload]
+    )
     return Provenance(fps, _status(choice, problems))
 
 

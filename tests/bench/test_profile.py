@@ -86,6 +86,14 @@ def test_check_profile_finds_every_mismatch(tmp_path: Path) -> None:
     assert "speculation is off" in pf.check_profile(profile, target, None)[0]
     # A profile that recommends N = 0 everywhere does not depend on the proposer.
     assert pf.check_profile(profile_for(target, ngram, n=0), target, None) == []
+    # Nor does one whose applied workload is at N = 0 (a fleet pool for creative chat).
+    mixed = pf.make_profile(
+        {"code-edit": {"speculate": 4}, "chat-creative": {"speculate": 0}},
+        target, ngram, "specserve bench", {"ttft_s": 1.0},
+    )  # fmt: skip
+    assert pf.check_profile(mixed, target, None, ["chat-creative"]) == []
+    assert "speculation is off" in pf.check_profile(mixed, target, None, ["code-edit"])[0]
+    assert "speculation is off" in pf.check_profile(mixed, target, None)[0]
     assert "cannot be verified" in pf.check_profile(profile_for({}, ngram), target, ngram)[0]
 
 
