@@ -8,7 +8,8 @@ import sys
 
 from specserve import __version__
 from specserve.bench.cli import add_bench_parsers
-from specserve.cli_args import add_engine_args, add_flag, engine_config_from_args
+from specserve.cli_args import add_engine_args, engine_config_from_args
+from specserve.cli_flags import add_flag
 from specserve.fleet.cli import add_fleet_parser
 from specserve.server.cli import add_serve_parser
 from specserve.speculation.medusa_cli import add_medusa_parser

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from specserve.cli_args import add_engine_args, add_flag, add_switch
+from specserve.cli_args import add_engine_args
+from specserve.cli_flags import add_flag, add_switch
 from specserve.server.cli import SERVE_FLAGS, STRICT_PROFILE
 
 # serve flags a pool takes: its own admission limit, prompt limit and speculation profile.

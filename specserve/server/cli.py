@@ -27,12 +27,8 @@ from typing import Any
 
 import uvicorn
 
-from specserve.cli_args import (
-    add_engine_args,
-    add_flag,
-    add_switch,
-    engine_config_from_args,
-)
+from specserve.cli_args import add_engine_args, engine_config_from_args
+from specserve.cli_flags import add_flag, add_switch
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
