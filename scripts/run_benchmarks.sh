@@ -134,6 +134,11 @@ if [[ $what == cache || $what == all ]]; then
   done
   python scripts/cache_report.py --on "$out/cache-on" --off "$out/cache-off" \
     | tee "$out/cache.md"
+  # The cache's cost where nothing is reused (chat-creative above still shares the chat
+  # template's first block and repeats prompts within a cell): unique random prompts, one engine
+  # per side in one process.
+  PYTHONPATH=. python scripts/bench_prefix_cost.py --threads "$threads" \
+    --json "$out/prefix-cost.json" | tee "$out/prefix-cost.md"
 fi
 
 if [[ $what == kv || $what == all ]]; then
