@@ -116,12 +116,16 @@ def stream_llamacpp(
         "temperature": 0.0,
     }
     started, stamps, tokens = time.perf_counter(), [], []
-    with client.stream("POST", f"{url}/completion", json=body) as r:
+    # One connection per request: this llama-server build shuts down when a kept-alive
+    # connection sends a second request. An event's `tokens` can leave out tokens whose text
+    # it holds back (incomplete UTF-8); `tokens_predicted` counts them all, for the timing.
+    headers = {"Connection": "close"}
+    with client.stream("POST", f"{url}/completion", json=body, headers=headers) as r:
         r.raise_for_status()
         for event in sse_events(r):
-            new = event.get("tokens") or []
-            stamps += [time.perf_counter()] * len(new)
-            tokens += new
+            if "tokens_predicted" in event:
+                stamps += [time.perf_counter()] * (event["tokens_predicted"] - len(stamps))
+            tokens += event.get("tokens") or []
     return started, stamps, tokens
 
 
