@@ -85,8 +85,12 @@ class Scheduler:
         request) whose prompt is not computed yet: `seq` waits for it, then queues first and
         reuses its cached blocks instead of computing them again."""
         seq.status = SeqStatus.WAITING
-        waits = after is not None and not after.is_finished and not after.output_ids
-        if after is not None and waits and self.allocator.caching:
+        if (
+            after is not None
+            and not after.is_finished
+            and not after.output_ids
+            and self.allocator.caching
+        ):
             self._parked.setdefault(after.seq_id, []).append(seq)
             return
         self.waiting.append(seq)
