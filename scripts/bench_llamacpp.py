@@ -115,7 +115,9 @@ def stream_llamacpp(
         "top_k": 1,
         "temperature": 0.0,
     }
-    started, stamps, tokens = time.perf_counter(), [], []
+    stamps: list[float] = []
+    tokens: list[int] = []
+    started = time.perf_counter()
     # One connection per request: this llama-server build shuts down when a kept-alive
     # connection sends a second request. An event's `tokens` can leave out tokens whose text
     # it holds back (incomplete UTF-8); `tokens_predicted` counts them all, for the timing.
@@ -133,7 +135,9 @@ def stream_specserve(
     client: httpx.Client, url: str, text: str
 ) -> tuple[float, list[float], list[int]]:
     body = {"inputs": text, "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
-    started, stamps, tokens = time.perf_counter(), [], []
+    stamps: list[float] = []
+    tokens: list[int] = []
+    started = time.perf_counter()
     with client.stream("POST", f"{url}/generate_stream", json=body) as r:
         r.raise_for_status()
         for event in sse_events(r):
@@ -196,6 +200,24 @@ def run_side(
     return results
 
 
+def llama_cmd(binary: str, threads: int) -> list[str]:
+    """llama-server on the embedded GGUF: one slot, the same threads for prompt and decode."""
+    return [
+        binary, "-m", str(embedded_default_gguf()), "--port", "8391", "--host", "127.0.0.1",
+        "-t", str(threads), "-tb", str(threads), "-np", "1", "-c", "4096", "--no-webui",
+    ]  # fmt: skip
+
+
+def specserve_cmd(threads: int) -> list[str]:
+    """`specserve serve` on the same GGUF (the embedded default), speculation off, and no prefix
+    cache: each prompt is sent twice (a warm-up, then the measured one), and llama.cpp runs with
+    `cache_prompt: false`."""
+    return [
+        sys.executable, "-m", "specserve.cli", "serve", "--port", "8392",
+        "--num-threads", str(threads), "--speculate", "0", "--no-prefix-caching",
+    ]  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -222,54 +244,15 @@ def main() -> None:
     hf = {tuple(ids): hf_greedy(model_dir, ids) for group in work.values() for ids in group}
     _HF.clear()
     logs = Path(args.logs)
-    llama = [
-        args.llama_server,
-        "-m",
-        str(embedded_default_gguf()),
-        "--port",
-        "8391",
-        "--host",
-        "127.0.0.1",
-        "-t",
-        str(args.threads),
-        "-tb",
-        str(args.threads),
-        "-np",
-        "1",
-        "-c",
-        "4096",
-        "--no-webui",
+    sides = [
+        ("llama.cpp", llama_cmd(args.llama_server, args.threads), 8391, "bench-llama-server.log"),
+        ("specserve", specserve_cmd(args.threads), 8392, "bench-specserve.log"),
     ]
-    ours = [
-        sys.executable,
-        "-m",
-        "specserve.cli",
-        "serve",
-        "--port",
-        "8392",
-        "--num-threads",
-        str(args.threads),
-        "--speculate",
-        "0",
+    results = [
+        r
+        for name, cmd, port, log in sides
+        for r in run_side(name, cmd, f"http://127.0.0.1:{port}", work, tokenizer, hf, logs / log)
     ]
-    results = run_side(
-        "llama.cpp",
-        llama,
-        "http://127.0.0.1:8391",
-        work,
-        tokenizer,
-        hf,
-        logs / "bench-llama-server.log",
-    )
-    results += run_side(
-        "specserve",
-        ours,
-        "http://127.0.0.1:8392",
-        work,
-        tokenizer,
-        hf,
-        logs / "bench-specserve.log",
-    )
     report(info, results)
     if args.json:
         Path(args.json).write_text(
