@@ -145,13 +145,18 @@ def _env(name: str, value: Any) -> dict[str, Any]:
 
 
 def deploy(config: FleetConfig, timeout_s: float = 600.0) -> DeploymentHandle:
-    """Deploy or update the fleet and wait until it serves; the ingress then re-reads the
-    pools' limits (a restarted pool may have a new model). Serve must be started."""
+    """Deploy or update the fleet and wait until it serves, up to `timeout_s`; the ingress
+    then re-reads the pools' limits (a restarted pool may have a new model). Serve must be
+    started.
+
+    The config is applied without Serve's own blocking wait (it gives up after a hard-coded
+    60 s, whatever the caller allows: too short for replicas loading models on a busy
+    machine); `wait_running` waits for as long as the caller said."""
     from ray.serve._private.api import serve_start  # what `serve run CONFIG` calls
 
     started = time.monotonic()
     serve_start(http_options={"host": config.host, "port": config.port}).deploy_apps(
-        deploy_schema(config), _blocking=True
+        deploy_schema(config), _blocking=False
     )
     wait_running(timeout_s - (time.monotonic() - started))
     handle = ingress_handle()

@@ -75,6 +75,14 @@ def test_a_dead_step_thread_fails_open_requests_and_refuses_new_ones(tiny_llama:
 
 def test_shutdown_aborts_what_outlives_its_timeout(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=256)
+    step = engine.step
+
+    def floored_step() -> list[RequestOutput]:  # 500 tokens outlast the 0.2 s on any machine
+        outputs = step()
+        time.sleep(0.005)
+        return outputs
+
+    engine.step = floored_step  # type: ignore[method-assign]
     front = AsyncEngine(engine)
 
     async def main() -> tuple[bool, RequestOutput]:

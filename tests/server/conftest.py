@@ -204,7 +204,28 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict[str, object]]:
             yield json.loads(line[5:])
 
 
-LONG = {"max_new_tokens": 3000, "ignore_eos": True, "speculate": 0}  # seconds on the tiny model
+LONG = {"max_new_tokens": 3000, "ignore_eos": True, "speculate": 0}
+# A server whose engine steps last at least 5 ms (tests/server/step_floor): LONG then takes at
+# least 15 s on any machine, so a test can act on it while it runs.
+STEP_FLOOR_S = 0.005
+
+
+def floored_env(floor_s: float = STEP_FLOOR_S) -> dict[str, str]:
+    """The environment that makes a test server's engine steps last at least `floor_s`."""
+    path = [str(Path(__file__).parent / "step_floor"), os.environ.get("PYTHONPATH", "")]
+    return {
+        "PYTHONPATH": os.pathsep.join(p for p in path if p),
+        "SPECSERVE_TEST_STEP_FLOOR_S": str(floor_s),
+    }
+
+
+@pytest.fixture(scope="session")
+def long_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`tiny_server`'s flags with floored steps: LONG requests outlast what a test does."""
+    log = tmp_path_factory.mktemp("logs") / "long-server.log"
+    server = start_server(["--model", str(tiny_model), *TINY_FLAGS], log, env=floored_env())
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,14 @@ from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.server.app import create_app
 from specserve.server.settings import ServerSettings
-from tests.server.conftest import LONG, TINY_FLAGS, sse_events, start_server
+from tests.server.conftest import (
+    LONG,
+    TINY_FLAGS,
+    floored_env,
+    sse_events,
+    start_server,
+    wait_for,
+)
 from tests.server.test_isolation import ThreadServer
 
 BODY = {"inputs": "hello", "parameters": LONG}
@@ -23,7 +30,7 @@ BODY = {"inputs": "hello", "parameters": LONG}
 
 def test_drain_timeout_ends_open_requests_with_errors(tiny_model: Path, tmp_path: Path) -> None:
     flags = ["--model", str(tiny_model), *TINY_FLAGS, "--drain-timeout", "2"]
-    server = start_server(flags, tmp_path / "drain.log")
+    server = start_server(flags, tmp_path / "drain.log", env=floored_env())  # LONG outlasts 2 s
     blocking: dict[str, httpx.Response] = {}
 
     def non_streaming() -> None:
@@ -35,11 +42,10 @@ def test_drain_timeout_ends_open_requests_with_errors(tiny_model: Path, tmp_path
             assert "token" in next(events)
             thread = threading.Thread(target=non_streaming)
             thread.start()
-            time.sleep(0.3)  # both in flight
+            wait_for(server.url, lambda m: m["specserve_requests_in_flight"] == 2)
             server.proc.terminate()
-            time.sleep(0.3)
-            health = httpx.get(server.url + "/health")  # the listener is still open
-            assert health.status_code == 503 and health.json() == {"status": "draining"}
+            health = _wait_draining(server.url)  # the listener is still open
+            assert health.json() == {"status": "draining"}
             refused = httpx.post(server.url + "/generate", json={"inputs": "hi"})
             assert refused.status_code == 503 and refused.json()["error_type"] == "unavailable"
             rest = list(events)
@@ -58,6 +64,16 @@ def test_drain_timeout_ends_open_requests_with_errors(tiny_model: Path, tmp_path
             assert unhandled not in log, log
     finally:
         server.stop()
+
+
+def _wait_draining(url: str, timeout: float = 30) -> httpx.Response:
+    """/health once the server has taken the signal (503), however busy the machine."""
+    deadline = time.monotonic() + timeout
+    while (health := httpx.get(url + "/health")).status_code == 200:
+        assert time.monotonic() < deadline, "the server never started draining"
+        time.sleep(0.02)
+    assert health.status_code == 503, health.text
+    return health
 
 
 def test_dead_engine_thread_turns_health_503(tiny_model: Path) -> None:
