@@ -5,6 +5,14 @@ side (read-only), then hands the request to the thread through an inbox; aborts 
 So a long forward pass never blocks the event loop. Leaving the `generate()` iterator early (a
 client disconnect, a cancelled task) aborts the request, which frees its KV blocks.
 
+Outputs reach the event loop once per step, all of that step's requests in one wake-up; a
+non-streaming caller (`stream=False`) is woken for its first token and then only when it
+finishes, with everything between merged into that last output. When the compute threads
+take every core, the step thread waits after each hand-over until the loop has run what it
+woke (bounded by the step's own duration) before starting the next step: an event loop that
+runs while a parallel region does takes a core from one of its threads, and the whole region
+waits for it. So the loop's work per token is done between steps, not inside them.
+
 `Engine.step` fails the requests a fault concerns and never raises for them. If the thread dies
 anyway (a bug in this loop), every open request gets a final error output, `alive` turns False
 and `generate()` refuses new requests at once instead of queueing them for nobody.
@@ -16,10 +24,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+import torch
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput, SamplingParams
@@ -48,6 +60,48 @@ class _AbortAll:
 
 _Item = _Add | _Abort | _AbortAll
 
+# The shortest wait for the event loop after a hand-over (the bound is the step's duration).
+MIN_HAND_OVER_WAIT_S = 0.002
+
+
+@dataclass
+class _Listener:
+    """Where one request's outputs go. `held` and `first_sent` belong to the step thread."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput]
+    stream: bool
+    held: RequestOutput | None = None
+    first_sent: bool = False
+
+    def take(self, out: RequestOutput) -> RequestOutput | None:
+        """What to hand over now: every output when streaming; else the first one with tokens
+        (the caller times its first token) and then only the last, the ones between merged."""
+        if self.held is not None:
+            out, self.held = self.held.then(out), None
+        if self.stream or out.finished or (not self.first_sent and out.new_token_ids):
+            self.first_sent = self.first_sent or bool(out.new_token_ids)
+            return out
+        self.held = out
+        return None
+
+
+def _hand_over(
+    loop: asyncio.AbstractEventLoop,
+    items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]],
+    done: threading.Event,
+) -> None:
+    """On `loop`: queue the outputs, then set `done` once what they woke has run. The woken
+    consumers run in the loop's next pass, before anything scheduled now; the second hop
+    covers the await chain behind them (framing, the socket write)."""
+    for queue, out in items:
+        queue.put_nowait(out)
+    loop.call_soon(loop.call_soon, done.set)
+
+
+def _compute_takes_every_core() -> bool:
+    return torch.get_num_threads() >= len(os.sched_getaffinity(0))
+
 
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
@@ -55,9 +109,10 @@ class AsyncEngine:
         self._lock = threading.Lock()  # held by the step thread while it touches the engine
         self._inbox: list[_Item] = []
         self._wake = threading.Condition()  # guards _inbox and _stopping
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        self._queues: dict[str, _Listener] = {}
         self._ids = itertools.count()
         self._stopping = False
+        self._yield_cores = _compute_takes_every_core()
         self.died: str | None = None  # why the step thread died, if it did
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._thread.start()
@@ -77,15 +132,17 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str | None = None,
         after: str | None = None,
+        stream: bool = True,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's outputs. Raises ValueError (before any output) on bad input.
-        `after`: see `Engine.add_prepared`."""
+        `after`: see `Engine.add_prepared`. `stream=False`: the first output with tokens, then
+        one output at the finish carrying everything after it."""
         ids, params = self.engine.prepare(prompt, params)
         rid = request_id or f"async-{next(self._ids)}"
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in use")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        self._queues[rid] = _Listener(asyncio.get_running_loop(), queue, stream)
         if not self._post(_Add(rid, ids, params, after)):
             self._queues.pop(rid, None)
             why = f"the engine stopped: {self.died}" if self.died else "engine is shutting down"
@@ -147,8 +204,14 @@ class AsyncEngine:
                     return
             with self._lock:
                 failed = [self._apply(item) for item in inbox]
+                started = time.monotonic()
                 outputs = self.engine.step()  # fails the requests a fault concerns; never raises
-            self._deliver([f for f in failed if f is not None] + outputs)
+                took = time.monotonic() - started
+            handed = self._deliver([f for f in failed if f is not None] + outputs)
+            if self._yield_cores:
+                deadline = time.monotonic() + max(took, MIN_HAND_OVER_WAIT_S)
+                for done in handed:
+                    done.wait(max(0.0, deadline - time.monotonic()))
 
     def _apply(self, item: _Item) -> RequestOutput | None:
         if isinstance(item, _AbortAll):
@@ -167,14 +230,24 @@ class AsyncEngine:
             )
         return None
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _deliver(self, outputs: list[RequestOutput]) -> list[threading.Event]:
+        """Hand the outputs over, one wake-up per event loop; returns an event per loop, set
+        once that loop has run what the hand-over woke."""
+        batches: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]
+        ] = {}
         for out in outputs:
-            target = self._queues.get(out.request_id)
-            if target is not None:
-                loop, queue = target
-                # RuntimeError: that caller's event loop is closed, nobody is waiting.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(queue.put_nowait, out)
+            listener = self._queues.get(out.request_id)
+            if listener is not None and (ready := listener.take(out)) is not None:
+                batches.setdefault(listener.loop, []).append((listener.queue, ready))
+        handed = []
+        for loop, items in batches.items():
+            done = threading.Event()
+            # RuntimeError: that caller's event loop is closed, nobody is waiting.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_hand_over, loop, items, done)
+                handed.append(done)
+        return handed
 
     async def shutdown(self, timeout: float = 30.0, grace: float = 5.0) -> bool:
         """Stop accepting requests and let those in flight finish for up to `timeout` seconds;

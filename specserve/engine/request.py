@@ -205,6 +205,22 @@ class RequestOutput:
             prompt_logprobs=prompt_logprobs,
         )
 
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This delta and the `later` one of the same request as one: tokens, text and
+        log-probabilities concatenated, running counts and the finish from `later`."""
+        return replace(
+            later,
+            new_token_ids=self.new_token_ids + later.new_token_ids,
+            new_text=self.new_text + later.new_text,
+            queue_seconds=later.queue_seconds if self.queue_seconds is None else self.queue_seconds,
+            logprobs=(
+                None
+                if self.logprobs is None and later.logprobs is None
+                else (self.logprobs or []) + (later.logprobs or [])
+            ),
+            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
+        )
+
 
 def check_request(
     ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int, kv_capacity: int

@@ -73,16 +73,17 @@ class PoolClient:
         params: SamplingParams,
         request_id: str,
         after: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """ValueError: the engine refused the request. RuntimeError: the replica failed (died,
         unreachable) - before the first output the request was not served (503), after it the
         stream ends with an error event."""
         # `after` travels along; on another replica than its sibling's it is simply unknown.
         call = self.handle.options(stream=True).generate
-        stream = call.remote(prompt_ids, params, request_id, after)
+        outputs = call.remote(prompt_ids, params, request_id, after, stream)
         finished = False
         try:
-            async for out in stream:
+            async for out in outputs:
                 finished = out.finished
                 yield out
         except ValueError:
@@ -94,7 +95,7 @@ class PoolClient:
             ) from exc
         finally:
             if not finished:
-                stream.cancel()  # the replica's generator is closed, which aborts the request
+                outputs.cancel()  # the replica's generator is closed, which aborts the request
 
 
 @dataclass

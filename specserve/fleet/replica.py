@@ -121,11 +121,13 @@ class PoolReplica:
         params: SamplingParams,
         request_id: str,
         after: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs, streamed; cancelling the caller's stream aborts it."""
+        """The request's outputs, streamed (`stream=False`: the first and the last, see
+        `AsyncEngine.generate`); cancelling the caller's stream aborts it."""
         await self._up.wait()
-        stream = self.engine.generate(prompt_ids, params, request_id, after)
-        async with contextlib.aclosing(stream) as outs:
+        outputs = self.engine.generate(prompt_ids, params, request_id, after, stream)
+        async with contextlib.aclosing(outputs) as outs:
             async for out in outs:
                 yield out
 

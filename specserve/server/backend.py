@@ -37,9 +37,12 @@ class Backend(Protocol):
         params: SamplingParams,
         request_id: str,
         after: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """`after`: an earlier choice of the same request (same prompt), whose cached prompt
-        this one may wait for and reuse; a backend may ignore it."""
+        this one may wait for and reuse; a backend may ignore it. `stream=False`: the caller
+        needs only the first output with tokens and the last (which then carries every token
+        after the first output); a backend may still send every output."""
         ...
 
     @property
@@ -79,8 +82,9 @@ class LocalBackend:
         params: SamplingParams,
         request_id: str,
         after: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        return self.async_engine.generate(prompt_ids, params, request_id, after)
+        return self.async_engine.generate(prompt_ids, params, request_id, after, stream)
 
     @property
     def alive(self) -> bool:

@@ -134,11 +134,12 @@ class GenerationService:
                 yield out
 
     async def run_choices(
-        self, t: Tracked, prep: Prepared, request_id: str, n: int
+        self, t: Tracked, prep: Prepared, request_id: str, n: int, stream: bool = True
     ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-        """(choice, output) pairs of the request's n choices, as they come."""
+        """(choice, output) pairs of the request's n choices, as they come (`stream=False`:
+        each choice's first output with tokens and its last, see `Backend.generate`)."""
         t.choices = [Choice() for _ in range(n)]
-        streams = [self._choice_stream(prep, request_id, i, n) for i in range(n)]
+        streams = [self._choice_stream(prep, request_id, i, n, stream) for i in range(n)]
         try:
             async with contextlib.aclosing(merged(streams)) as outs:
                 async for i, out in outs:
@@ -162,12 +163,13 @@ class GenerationService:
             self.close(t)
 
     def _choice_stream(
-        self, prep: Prepared, request_id: str, i: int, n: int
+        self, prep: Prepared, request_id: str, i: int, n: int, stream: bool
     ) -> AsyncGenerator[RequestOutput, None]:
         rid = request_id if n == 1 else f"{request_id}-{i}"
         after = f"{request_id}-0" if i else None
-        stream = self.engine.generate(prep.prompt_ids, prep.params.for_choice(i), rid, after)
-        return cast(AsyncGenerator[RequestOutput, None], stream)
+        params = prep.params.for_choice(i)
+        outputs = self.engine.generate(prep.prompt_ids, params, rid, after, stream)
+        return cast(AsyncGenerator[RequestOutput, None], outputs)
 
     def _observe(self, t: Tracked, i: int, out: RequestOutput) -> None:
         now = time.monotonic()
@@ -180,6 +182,8 @@ class GenerationService:
             if queued is not None:
                 self.metrics.queue.observe(queued)
         elif n and c.last_token is not None:
+            # Tokens that arrive together (a verified draft; a non-streaming request's tokens
+            # after its first, handed over at the finish) each count the mean gap.
             for _ in range(n):
                 self.metrics.itl.observe((now - c.last_token) / n)
         if n:
@@ -210,7 +214,8 @@ class GenerationService:
         """Every choice to its end; ClientGone (all aborted) if the client disconnects first."""
 
         async def consume() -> list[Collected]:
-            async with contextlib.aclosing(self.run_choices(t, prep, request_id, n)) as outs:
+            outputs = self.run_choices(t, prep, request_id, n, stream=False)
+            async with contextlib.aclosing(outputs) as outs:
                 async for _ in outs:
                     pass
             return [Collected.of(c) for c in t.choices]

@@ -170,3 +170,103 @@ def test_the_locked_tokenizer_pickles_with_a_lock_of_its_own(tiny_llama: Path) -
     copy = pickle.loads(pickle.dumps(tok))
     assert isinstance(copy, LockedTokenizer) and copy.lock is not tok.lock
     assert copy.encode("def add(a, b):") == tok.encode("def add(a, b):")
+
+
+def test_non_streaming_gets_first_and_last_output_with_everything(tiny_llama: Path) -> None:
+    """stream=False: two outputs (the first token, then the finish carrying the rest); tokens,
+    text, log-probabilities and counts as the streamed outputs add up to."""
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=2, prompt_logprobs=True)
+    front = AsyncEngine(make_engine(tiny_llama, speculate=3))
+
+    async def collect(stream: bool) -> list[RequestOutput]:
+        return [out async for out in front.generate([5, 6, 7, 5, 6], params, stream=stream)]
+
+    async def main() -> tuple[list[RequestOutput], list[RequestOutput]]:
+        streamed = await collect(True)
+        whole = await collect(False)
+        await front.shutdown()
+        return streamed, whole
+
+    streamed, whole = asyncio.run(main())
+    assert len(streamed) > 2 and len(whole) == 2
+    first, last = whole
+    assert first.new_token_ids and not first.finished and last.finished
+    streamed_ids = [t for o in streamed for t in o.new_token_ids]
+    assert first.new_token_ids + last.new_token_ids == streamed_ids
+    assert first.new_text + last.new_text == "".join(o.new_text for o in streamed)
+    assert (first.logprobs or []) + (last.logprobs or []) == [
+        lp for o in streamed for lp in o.logprobs or []
+    ]
+    assert first.prompt_logprobs == streamed[0].prompt_logprobs is not None
+    for field in ("num_output_tokens", "drafted_tokens", "accepted_tokens", "finish_reason"):
+        assert getattr(last, field) == getattr(streamed[-1], field), field
+    assert streamed[-1].drafted_tokens > 0  # the merged counts are not all zeros
+
+
+def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
+    from specserve.engine.async_engine import _hand_over
+
+    engine = make_engine(tiny_llama)
+    steps = 0
+    step = engine.step
+
+    def counted_step() -> list[RequestOutput]:
+        nonlocal steps
+        outputs = step()
+        steps += bool(outputs)
+        return outputs
+
+    engine.step = counted_step  # type: ignore[method-assign]
+    front = AsyncEngine(engine)
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        wake_ups = 0
+        call = loop.call_soon_threadsafe
+
+        def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal wake_ups
+            wake_ups += callback is _hand_over  # not the executor's own wake-ups
+            return call(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+
+        async def one(prompt: list[int]) -> int:
+            return sum([len(o.new_token_ids) async for o in front.generate(prompt, params)])
+
+        made = await asyncio.gather(*(one([5 + i, 6, 7]) for i in range(4)))
+        assert made == [16] * 4
+        await front.shutdown()
+        return wake_ups
+
+    wake_ups = asyncio.run(main())
+    assert steps >= 16 and wake_ups <= steps  # four requests' outputs, one wake-up a step
+
+
+def test_hand_over_is_done_after_the_woken_consumers_ran() -> None:
+    """The step thread's wait ends only once the loop has run the consumers a hand-over woke."""
+    from specserve.engine.async_engine import _hand_over
+
+    async def main() -> list[bool]:
+        loop = asyncio.get_running_loop()
+        queues: list[asyncio.Queue[RequestOutput]] = [asyncio.Queue() for _ in range(3)]
+        done = threading.Event()
+        seen: list[bool] = []
+
+        async def consumer(q: asyncio.Queue[RequestOutput]) -> None:
+            await q.get()
+            await asyncio.sleep(0)  # one more hop, as a framing coroutine would take
+            seen.append(done.is_set())
+
+        tasks = [asyncio.ensure_future(consumer(q)) for q in queues]
+        await asyncio.sleep(0)  # every consumer waits on its queue
+        out = RequestOutput("r", [1], "a", False, None, 1, 1)
+        items = [(q, out) for q in queues]
+        await asyncio.to_thread(loop.call_soon_threadsafe, _hand_over, loop, items, done)
+        await asyncio.gather(*tasks)
+        await asyncio.to_thread(done.wait, 10)
+        assert done.is_set()
+        return seen
+
+    assert asyncio.run(main()) == [False, False, False]

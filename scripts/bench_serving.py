@@ -1,0 +1,271 @@
+"""The serving path against the engine in process: the same requests, the same engine settings.
+
+For each compute-thread count and concurrency, three sides run one after the other (never two
+at once): the engine stepped in this process (as `LLM.generate` does), `specserve serve` over
+HTTP streaming (`/generate_stream`), and the same server non-streaming (`/generate`). Every
+request is a hand-written chat prompt (text no built-in workload uses) rendered by the model's
+template, greedy, EOS ignored, 128 new tokens, speculation off, no prefix cache (each prompt is
+sent more than once). A concurrency-c cell sends c requests at once, `--waves` times.
+
+Per side: aggregate tok/s (tokens / wall time of the waves), end-to-end tok/s per request
+(tokens / (finish - send)), and where token times are seen (in process, streaming), decode
+tok/s after the first token and the inter-token gaps' p50/p99. HTTP / in process is the ratio of
+the end-to-end rate at concurrency 1 and of the aggregate at higher concurrency. Outputs of the
+three sides are compared token for token.
+
+The load generator shares the machine with the server: it uses no torch, one thread, httpx.
+
+Usage (repo root): PYTHONPATH=. python scripts/bench_serving.py [--threads 1,2]
+    [--concurrency 1,16] [--waves 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+NEW_TOKENS = 128
+PORT = 8393
+
+# Held out: no built-in workload uses these texts.
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a map in a bottle.",
+    "Describe a thunderstorm over a wheat field from the point of view of a crow.",
+    "Compose a letter from a retired astronaut to her younger self.",
+    "Invent a festival held in a mountain village every seventh winter and describe it.",
+    "Tell the tale of a clockmaker whose clocks all stop at the same minute.",
+    "Write a monologue for a ferry captain on her last crossing.",
+    "Describe a market in a city built on stilts above a lake.",
+    "Write a fable about a fox that learns to count stars.",
+    "Narrate a chess game between two old friends in a park in autumn.",
+    "Describe the first morning of spring in a desert town.",
+    "Write a diary entry of a cartographer lost in a forest of birches.",
+    "Tell a bedtime story about a cloud that wanted to be a river.",
+    "Describe a library that opens only during lunar eclipses.",
+    "Write a poem in prose about a train station at midnight.",
+    "Tell the story of a beekeeper who talks to her hives about the news.",
+    "Describe a storm at sea from the deck of a fishing boat in 1890.",
+]
+
+
+@dataclass(frozen=True)
+class Cell:
+    side: str  # "in process", "HTTP streaming", "HTTP non-streaming"
+    threads: int
+    concurrency: int
+    requests: int
+    tokens: int
+    aggregate_tok_s: float
+    e2e_tok_s: float  # median per request
+    decode_tok_s: float | None  # median per request, after the first token
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+
+
+def summarise(
+    side: str, threads: int, conc: int, wall: float, runs: list[tuple[float, list[float]]]
+) -> Cell:
+    """runs: per request, (send time, token arrival times); a non-streaming run has one stamp
+    per token, all at the finish."""
+    tokens = sum(len(stamps) for _, stamps in runs)
+    e2e = statistics.median(len(st) / (st[-1] - t0) for t0, st in runs)
+    streamed = side != "HTTP non-streaming"
+    decode = itl50 = itl99 = None
+    if streamed:
+        decode = statistics.median((len(st) - 1) / (st[-1] - st[0]) for _, st in runs)
+        gaps = sorted(b - a for _, st in runs for a, b in itertools.pairwise(st))
+        itl50 = 1000 * gaps[len(gaps) // 2]
+        itl99 = 1000 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
+    return Cell(side, threads, conc, len(runs), tokens, tokens / wall, e2e, decode, itl50, itl99)
+
+
+def in_process(engine: Any, texts: list[str], conc: int, waves: int) -> tuple[float, list, dict]:
+    from specserve.engine.request import SamplingParams
+
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, temperature=0.0)
+    runs: list[tuple[float, list[float]]] = []
+    outputs: dict[str, list[int]] = {}
+    started = time.perf_counter()
+    for w in range(waves):
+        batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
+        sent = time.perf_counter()
+        ids = {engine.add_request(t, params): t for t in batch}
+        stamps: dict[str, list[float]] = {rid: [] for rid in ids}
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        while engine.has_work():
+            outs = engine.step()
+            now = time.perf_counter()
+            for out in outs:
+                stamps[out.request_id] += [now] * len(out.new_token_ids)
+                tokens[out.request_id] += out.new_token_ids
+        runs += [(sent, stamps[rid]) for rid in ids]
+        outputs |= {ids[rid]: tokens[rid] for rid in ids}
+    return time.perf_counter() - started, runs, outputs
+
+
+async def _one(client: httpx.AsyncClient, url: str, text: str, stream: bool) -> Any:
+    body = {"inputs": text, "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
+    sent = time.perf_counter()
+    if not stream:
+        body["parameters"]["details"] = True
+        r = await client.post(url + "/generate", json=body)
+        r.raise_for_status()
+        done = time.perf_counter()
+        ids = [t["id"] for t in r.json()["details"]["tokens"]]
+        return text, sent, [done] * len(ids), ids
+    stamps: list[float] = []
+    ids = []
+    async with client.stream("POST", url + "/generate_stream", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise RuntimeError(event["error"])
+                stamps.append(time.perf_counter())
+                ids.append(event["token"]["id"])
+    return text, sent, stamps, ids
+
+
+async def over_http(url: str, texts: list[str], conc: int, waves: int, stream: bool) -> Any:
+    runs: list[tuple[float, list[float]]] = []
+    outputs: dict[str, list[int]] = {}
+    limits = httpx.Limits(max_connections=conc + 2)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        started = time.perf_counter()
+        for w in range(waves):
+            batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
+            done = await asyncio.gather(*(_one(client, url, t, stream) for t in batch))
+            runs += [(sent, stamps) for _, sent, stamps, _ in done]
+            outputs |= {text: ids for text, _, _, ids in done}
+        return time.perf_counter() - started, runs, outputs
+
+
+def start_server(threads: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "specserve.cli", "serve", "--port", str(PORT), "--num-threads",
+        str(threads), "--speculate", "0", "--no-prefix-caching", "--max-concurrent-requests", "64",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited early; see {log}")
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"the server did not answer /health; see {log}")
+
+
+def render(texts: list[str]) -> list[str]:
+    from specserve.engine.resources import load_tokenizer
+    from specserve.models.loader import resolve_model_dir
+
+    tok = load_tokenizer(resolve_model_dir(None))
+    chats = [[{"role": "user", "content": t}] for t in texts]
+    return [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+
+
+def run_threads(threads: int, concs: list[int], waves: int, log: Path) -> list[Cell]:
+    import torch
+
+    from specserve.config import CacheConfig, EngineConfig, SpecConfig
+    from specserve.engine.engine import Engine
+
+    texts = render(PROMPTS)
+    cells: list[Cell] = []
+    outputs: dict[tuple[str, int], dict[str, list[int]]] = {}
+    torch.set_num_threads(threads)
+    config = EngineConfig(
+        num_threads=threads, spec=SpecConfig(speculate=0), cache=CacheConfig(prefix_caching=False)
+    )
+    engine = Engine(config)
+    in_process(engine, texts[:1], 1, 1)  # warm-up
+    for conc in concs:
+        wall, runs, outputs[("in process", conc)] = in_process(engine, texts, conc, waves)
+        cells.append(summarise("in process", threads, conc, wall, runs))
+    del engine
+    torch.set_num_threads(1)  # the load generator's share of the machine
+    proc = start_server(threads, log)
+    url = f"http://127.0.0.1:{PORT}"
+    try:
+        asyncio.run(over_http(url, texts[:1], 1, 1, True))  # warm-up
+        for conc in concs:
+            for side, stream in (("HTTP streaming", True), ("HTTP non-streaming", False)):
+                wall, runs, outputs[(side, conc)] = asyncio.run(
+                    over_http(url, texts, conc, waves, stream)
+                )
+                cells.append(summarise(side, threads, conc, wall, runs))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    reference = outputs[("in process", concs[0])]
+    for key, out in outputs.items():
+        for text, ids in out.items():
+            if text in reference and ids != reference[text]:
+                raise SystemExit(f"{key}: output differs from the in-process one for {text[:40]!r}")
+    return cells
+
+
+def report(info: dict[str, Any], cells: list[Cell]) -> str:
+    from specserve.bench.machine import machine_lines, markdown_table
+
+    base = {(c.threads, c.concurrency): c for c in cells if c.side == "in process"}
+    rows = []
+    for c in cells:
+        ref = base[(c.threads, c.concurrency)]
+        rate = (lambda x: x.e2e_tok_s) if c.concurrency == 1 else (lambda x: x.aggregate_tok_s)
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        rows.append([
+            str(c.threads), str(c.concurrency), c.side, f"{c.aggregate_tok_s:.1f}",
+            f"{c.e2e_tok_s:.1f}", fmt(c.decode_tok_s), fmt(c.itl_p50_ms), fmt(c.itl_p99_ms),
+            f"{rate(c) / rate(ref):.2f}x",
+        ])  # fmt: skip
+    header = [
+        "threads", "concurrency", "side", "aggregate tok/s", "e2e tok/s per request",
+        "decode tok/s", "ITL p50 ms", "ITL p99 ms", "/ in process",
+    ]  # fmt: skip
+    return machine_lines(info) + "\n\n" + markdown_table(header, rows)
+
+
+def main() -> None:
+    from specserve.bench.machine import machine_info
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", default="1,2", help="compute threads, comma-separated")
+    p.add_argument("--concurrency", default="1,16", help="comma-separated")
+    p.add_argument("--waves", type=int, default=3, help="rounds of `concurrency` requests")
+    p.add_argument("--json", default=None)
+    p.add_argument("--logs", default="/tmp")
+    args = p.parse_args()
+    info = machine_info("scripts/bench_serving.py", sys.argv[1:])
+    concs = [int(c) for c in args.concurrency.split(",")]
+    cells = [
+        cell
+        for threads in (int(t) for t in args.threads.split(","))
+        for cell in run_threads(threads, concs, args.waves, Path(args.logs) / "bench-serving.log")
+    ]
+    print(report(info, cells))
+    if args.json:
+        data = {"machine": info, "cells": [asdict(c) for c in cells]}
+        Path(args.json).write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
