@@ -37,6 +37,7 @@ from specserve.fleet.config import (
 from specserve.fleet.flags import LIVE_FIELDS
 from specserve.fleet.ingress import FleetContexts, fleet_app
 from specserve.fleet.replica import PoolReplica
+from specserve.fleet.secrets import read_secret, write_secret
 from specserve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ logger = logging.getLogger(__name__)
 APP = "specserve-fleet"
 INGRESS = "ingress"
 POOL_ENV = "SPECSERVE_POOL"  # a pool replica's flag values, JSON
-INGRESS_ENV = "SPECSERVE_INGRESS"  # the ingress's API key and body limit, JSON
+INGRESS_ENV = "SPECSERVE_INGRESS"  # the ingress's body limit and API key file, JSON
+HEALTH_CHECK_PERIOD_S = 2
 
 
 def pool_deployment_name(pool: str) -> str:
@@ -62,7 +64,9 @@ class FleetIngress:
     """The ingress replica: `fleet_app` over the pools' handles."""
 
     def __init__(self, pools: dict[str, DeploymentHandle]) -> None:
-        self.guard = json.loads(os.environ[INGRESS_ENV])
+        guard = json.loads(os.environ[INGRESS_ENV])
+        key_file = guard.pop("api_key_file")
+        self.guard = {**guard, "api_key": None if key_file is None else read_secret(key_file)}
         self.contexts = FleetContexts(None, pools)
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -77,8 +81,12 @@ class FleetIngress:
         self.contexts.refresh()
 
     def fleet_config(self) -> dict[str, Any]:
+        """The deployed config, API key included (its user_config leaves the key out)."""
         assert self.contexts.config is not None
-        return dump(self.contexts.config)
+        raw = dump(self.contexts.config)
+        if self.guard["api_key"] is not None:
+            raw["api_key"] = self.guard["api_key"]
+        return raw
 
 
 def app_builder(args: dict[str, Any]) -> Any:
@@ -90,9 +98,11 @@ def app_builder(args: dict[str, Any]) -> Any:
     return serve.deployment(name=INGRESS)(serve.ingress()(FleetIngress)).bind(pools)
 
 
-def dump(config: FleetConfig) -> dict[str, Any]:
-    """The config as it was written (fields left out stay out, so defaults stay defaults)."""
-    raw: dict[str, Any] = config.model_dump(mode="json", exclude_unset=True)
+def dump(config: FleetConfig, secrets: bool = True) -> dict[str, Any]:
+    """The config as it was written (fields left out stay out, so defaults stay defaults);
+    `secrets=False` leaves out the API key."""
+    exclude = None if secrets else {"api_key"}
+    raw: dict[str, Any] = config.model_dump(mode="json", exclude_unset=True, exclude=exclude)
     return raw
 
 
@@ -100,11 +110,14 @@ def deploy_schema(config: FleetConfig) -> Any:
     """The `serve run`-style config of the fleet (a `ServeDeploySchema`)."""
     from ray.serve.schema import ServeDeploySchema
 
-    guard = {"api_key": config.api_key, "max_body_bytes": config.max_body_bytes}
+    # Ray logs a deployment's runtime_env and user_config: the API key travels as the path
+    # of a file only its owner reads (fleet/secrets.py), never as its value.
+    key_file = None if config.api_key is None else str(write_secret("api-key", config.api_key))
+    guard = {"api_key_file": key_file, "max_body_bytes": config.max_body_bytes}
     in_flight = sum(p.max_concurrent_requests for p in config.pools.values())
     ingress = {
         "name": INGRESS,
-        "user_config": dump(config),
+        "user_config": dump(config, secrets=False),
         "num_replicas": 1,  # request series are observed here: one ingress, one count
         "max_ongoing_requests": in_flight + 64,  # admitted per pool, plus status routes
         "ray_actor_options": {"num_cpus": 0, "runtime_env": _env(INGRESS_ENV, guard)},
@@ -132,6 +145,9 @@ def _pool_options(name: str, pool: Any) -> dict[str, Any]:
         # The engine batches and queues: let every admitted request of the pool reach it.
         "max_ongoing_requests": pool.max_concurrent_requests,
         "graceful_shutdown_timeout_s": 30,
+        # check_health fails once the engine thread died: Serve replaces the replica.
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+        "health_check_timeout_s": 30,
     }
     if pool.autoscaling is not None:
         options["autoscaling_config"] = pool.autoscaling.model_dump()

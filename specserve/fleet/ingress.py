@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +36,7 @@ from specserve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 STATE_TIMEOUT_S = 10.0  # a replica that does not report its state by then is "unreachable"
+STATE_MAX_AGE_S = 1.0  # scrapes within this with no request finished between share a broadcast
 
 
 class PoolClient:
@@ -131,6 +133,9 @@ class FleetContexts:
         self.config = config
         self.router = Router.of(config) if config is not None else None
         self.pools = {name: PoolEntry.of(PoolClient(name, h)) for name, h in handles.items()}
+        self._states_read = -STATE_MAX_AGE_S  # monotonic time of the last broadcast
+        self._states_after = -1  # requests finished through the ingress before it
+        self._states_lock = asyncio.Lock()
 
     def update(self, config: FleetConfig) -> None:
         """A new config (routes, live settings): pools describe themselves again on next use."""
@@ -140,6 +145,7 @@ class FleetContexts:
     def refresh(self) -> None:
         for entry in self.pools.values():
             entry.ctx = None
+        self._states_read = -STATE_MAX_AGE_S
 
     async def pick(self, request: Request) -> ServerContext:
         if self.router is None:
@@ -201,8 +207,34 @@ class FleetContexts:
         )
 
     async def read_states(self) -> None:
-        """Every replica's state, by broadcast to each pool (for /metrics and /info)."""
+        """Every replica's state, by broadcast to each pool (for /metrics and /info). A flood of
+        scrapes costs the replicas at most one broadcast a second: a caller reuses the last one
+        (or waits for the one running) if it is younger than STATE_MAX_AGE_S and no request
+        has finished through the ingress since it started, so a scrape right after a request
+        still counts that request."""
+        async with self._states_lock:
+            finished = sum(e.service.finished for e in self.pools.values())
+            stale = time.monotonic() - self._states_read >= STATE_MAX_AGE_S
+            if stale or finished != self._states_after:
+                self._states_read, self._states_after = time.monotonic(), finished
+                await self._broadcast_state()
 
+    async def pool_health(self) -> dict[str, int]:
+        """Per pool, its replicas that serve now (their engine thread runs)."""
+
+        async def one(entry: PoolEntry) -> int:
+            try:
+                got = await entry.client.handle.broadcast("health").results_async(
+                    timeout_s=STATE_TIMEOUT_S, return_exceptions=True
+                )
+            except Exception:  # no replica at all right now
+                return 0
+            return sum(r is True for r in got)
+
+        counts = await asyncio.gather(*(one(e) for e in self.pools.values()))
+        return dict(zip(self.pools, counts, strict=True))
+
+    async def _broadcast_state(self) -> None:
         async def one(entry: PoolEntry) -> None:
             try:
                 got = await entry.client.handle.broadcast("state").results_async(
@@ -272,8 +304,11 @@ def fleet_app(contexts: FleetContexts, guard: ServerSettings) -> FastAPI:
     app.state.fleet = contexts
 
     async def health() -> JSONResponse:
-        """200 while the ingress runs; each pool's replica count from Ray Serve's view."""
-        return JSONResponse({"status": "ok", "pools": sorted(contexts.pools)})
+        """200 while every pool has a replica that serves; else 503. Each pool's count."""
+        pools = await contexts.pool_health()
+        ok = all(pools.values())
+        body = {"status": "ok" if ok else "degraded", "pools": pools}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def info() -> FleetInfo:
         await contexts.read_states()

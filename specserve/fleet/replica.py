@@ -109,6 +109,16 @@ class PoolReplica:
         self._engine = AsyncEngine(engine)
         logger.info("pool %s: replica %d up: %s", self.pool, os.getpid(), self.config.spec)
 
+    def check_health(self) -> None:
+        """Ray Serve's periodic probe: raising marks this replica unhealthy, and Serve replaces
+        it. A replica whose engine thread died would answer every request with a 503."""
+        if self._engine is not None and not self._engine.alive:
+            raise RuntimeError(f"pool {self.pool}: the engine stopped: {self._engine.died}")
+
+    async def health(self) -> bool:
+        """Whether this replica serves now: its engine started and its step thread runs."""
+        return self._engine is not None and self._engine.alive
+
     async def describe(self) -> PoolDescription:
         await self._up.wait()
         return PoolDescription(

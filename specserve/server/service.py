@@ -90,6 +90,7 @@ class GenerationService:
         self.max_concurrent = max_concurrent
         self.retry_after_s = retry_after_s
         self.active = 0
+        self.finished = 0  # requests admitted and closed, whatever their outcome
         self.draining = False
 
     def admit(self, route: str) -> Tracked:
@@ -117,6 +118,7 @@ class GenerationService:
             return
         t.closed = True
         self.active -= 1
+        self.finished += 1
         self.metrics.in_flight.dec()
         self.metrics.count(t.route, t.outcome)
         if t.outcome == "success" and t.final is not None:

@@ -20,7 +20,7 @@ import pytest
 
 from specserve.fleet.config import FleetConfig, parse_fleet, with_changes
 from tests.fleet.conftest import LOOPY, two_pools
-from tests.server.conftest import free_port
+from tests.server.conftest import floored_env, free_port
 
 CODE, CHAT = {"x-specserve-pool": "code"}, {"x-specserve-pool": "chat"}
 
@@ -65,14 +65,34 @@ def ray_children() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_model: Path) -> Iterator[Fleet]:
+def die_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """While this file exists, an engine thread in the cluster dies after its next step."""
+    return tmp_path_factory.mktemp("hooks") / "die"
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_model: Path, die_file: Path) -> Iterator[Fleet]:
     import ray
     from ray import serve
 
     from specserve.fleet.deploy import deploy
 
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    # The cluster's workers inherit this environment: tests/hooks (engine steps of >= 5 ms, so
+    # long streams outlast what a test does meanwhile; the die file).
+    hooks = floored_env(SPECSERVE_TEST_DIE_FILE=str(die_file))
+    saved = {k: os.environ.get(k) for k in hooks}
+    os.environ.update(hooks)
+    try:
+        ray.init(
+            num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
         assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
         config = parse_fleet(two_pools(fleet_model, port=port), "test")
@@ -246,3 +266,22 @@ def test_a_killed_replica_is_replaced(fleet: Fleet) -> None:
     assert fleet.generate(CHAT)["finish_reason"] == "length"  # the other pool serves on
     wait_until("a new code replica", lambda: fleet.pids("code") not in ([], [pid]))
     assert fleet.generate(CODE)["drafted_tokens"] > 0
+
+
+def test_a_replica_whose_engine_thread_died_is_replaced(fleet: Fleet, die_file: Path) -> None:
+    [code], [chat] = fleet.pids("code"), fleet.pids("chat")
+    die_file.touch()
+    try:
+        r = httpx.post(fleet.url + "/generate", json={"inputs": "hi"}, headers=CODE, timeout=120)
+    finally:
+        die_file.unlink()
+    assert r.status_code >= 500, r.text  # its engine died under it
+    died = time.monotonic()
+    health = httpx.get(fleet.url + "/health", timeout=60)
+    assert health.status_code == 503 and health.json()["pools"]["code"] == 0, health.text
+    assert fleet.generate(CHAT)["finish_reason"] == "length"  # the other pool serves on
+    wait_until("a new code replica", lambda: fleet.pids("code") not in ([], [code]))
+    logging.getLogger(__name__).warning("replaced %.1f s after", time.monotonic() - died)
+    wait_until("/health 200", lambda: httpx.get(fleet.url + "/health", timeout=60).is_success)
+    assert fleet.generate(CODE)["drafted_tokens"] > 0
+    assert fleet.pids("chat") == [chat]

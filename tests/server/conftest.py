@@ -205,17 +205,19 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict[str, object]]:
 
 
 LONG = {"max_new_tokens": 3000, "ignore_eos": True, "speculate": 0}
-# A server whose engine steps last at least 5 ms (tests/server/step_floor): LONG then takes at
-# least 15 s on any machine, so a test can act on it while it runs.
+# A server whose engine steps last at least 5 ms (tests/hooks): LONG then takes at least 15 s
+# on any machine, so a test can act on it while it runs.
 STEP_FLOOR_S = 0.005
 
 
-def floored_env(floor_s: float = STEP_FLOOR_S) -> dict[str, str]:
-    """The environment that makes a test server's engine steps last at least `floor_s`."""
-    path = [str(Path(__file__).parent / "step_floor"), os.environ.get("PYTHONPATH", "")]
+def floored_env(floor_s: float = STEP_FLOOR_S, **hooks: str) -> dict[str, str]:
+    """The environment that makes a test process's engine steps last at least `floor_s`, plus
+    other hooks of tests/hooks/sitecustomize.py by variable name."""
+    path = [str(Path(__file__).parent.parent / "hooks"), os.environ.get("PYTHONPATH", "")]
     return {
         "PYTHONPATH": os.pathsep.join(p for p in path if p),
         "SPECSERVE_TEST_STEP_FLOOR_S": str(floor_s),
+        **hooks,
     }
 
 

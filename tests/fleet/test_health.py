@@ -1,0 +1,108 @@
+"""A fleet heals and reports: replicas whose engine died fail Ray Serve's health probe, the
+ingress's /health counts each pool's serving replicas, scrapes share one broadcast a second,
+and the API key reaches the ingress by a private file, never in what Ray logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from specserve.fleet.config import parse_fleet
+from specserve.fleet.ingress import FleetContexts, fleet_app
+from specserve.fleet.replica import PoolReplica
+from specserve.server.settings import ServerSettings
+from tests.fleet.conftest import two_pools
+
+
+class FakeHandle:
+    """A pool's Ray Serve handle: `broadcast` answers `health` with one replica's verdict."""
+
+    def __init__(self, serving: bool) -> None:
+        self.serving = serving
+        self.calls: Counter[str] = Counter()
+
+    def broadcast(self, method: str) -> Any:
+        self.calls[method] += 1
+        results: list[Any] = [self.serving] if method == "health" else []
+
+        async def results_async(timeout_s: float, return_exceptions: bool) -> list[Any]:
+            return results
+
+        return SimpleNamespace(results_async=results_async)
+
+
+def get(contexts: FleetContexts, *paths: str) -> list[httpx.Response]:
+    app = fleet_app(contexts, ServerSettings(model_id="fleet"))
+
+    async def run() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fleet") as client:
+            return [await client.get(p) for p in paths]
+
+    return asyncio.run(run())
+
+
+def test_health_is_503_while_a_pool_has_no_serving_replica(fleet_model: Path) -> None:
+    config = parse_fleet(two_pools(fleet_model), "test")
+    handles = {"code": FakeHandle(True), "chat": FakeHandle(False)}
+    [r] = get(FleetContexts(config, handles), "/health")
+    assert r.status_code == 503
+    assert r.json() == {"status": "degraded", "pools": {"code": 1, "chat": 0}}
+    handles["chat"].serving = True
+    [r] = get(FleetContexts(config, handles), "/health")
+    assert r.status_code == 200 and r.json()["pools"] == {"code": 1, "chat": 1}
+
+
+def test_scrapes_within_a_second_share_one_broadcast(fleet_model: Path) -> None:
+    config = parse_fleet(two_pools(fleet_model), "test")
+    handles = {"code": FakeHandle(True), "chat": FakeHandle(True)}
+    contexts = FleetContexts(config, handles)
+    responses = get(contexts, "/metrics", "/metrics", "/metrics")
+    assert all(r.status_code == 200 for r in responses)
+    assert handles["code"].calls["state"] == 1 and handles["chat"].calls["state"] == 1
+    contexts.pools["chat"].service.finished += 1  # a request ended: the next scrape reads anew
+    get(contexts, "/metrics", "/info")
+    assert handles["code"].calls["state"] == 2 and handles["chat"].calls["state"] == 2
+
+
+def test_a_replica_whose_engine_died_fails_the_health_probe() -> None:
+    replica = PoolReplica("code", {})
+    replica.check_health()  # not started yet: Serve waits for reconfigure, not our probe
+    replica._engine = SimpleNamespace(alive=True, died=None)  # type: ignore[assignment]
+    replica.check_health()
+    assert asyncio.run(replica.health())
+    replica._engine = SimpleNamespace(alive=False, died="RuntimeError: bug")  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="the engine stopped: RuntimeError: bug"):
+        replica.check_health()
+    assert not asyncio.run(replica.health())
+
+
+def test_the_api_key_travels_by_a_private_file(
+    fleet_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specserve.fleet.deploy import INGRESS, INGRESS_ENV, deploy_schema
+    from specserve.fleet.secrets import read_secret
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
+    key = "sk-fleet-key-0123456789"
+    config = parse_fleet({**two_pools(fleet_model), "api_key": key}, "test")
+    schema = deploy_schema(config).model_dump(mode="json")
+    assert key not in json.dumps(schema)  # what Ray writes to its logs
+    [ingress] = [d for d in schema["applications"][0]["deployments"] if d["name"] == INGRESS]
+    env = json.loads(ingress["ray_actor_options"]["runtime_env"]["env_vars"][INGRESS_ENV])
+    path = Path(env["api_key_file"])
+    assert read_secret(path) == key
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    os.chmod(path, 0o644)
+    with pytest.raises(ValueError, match="readable or writable by others"):
+        read_secret(path)
