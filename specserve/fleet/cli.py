@@ -27,6 +27,7 @@ from typing import Any
 
 from specserve.fleet.config import (
     FleetConfigError,
+    check_models,
     live_settings,
     load_fleet,
     parse_fleet,
@@ -132,6 +133,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         load_fleet(args.config)  # errors name the file
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v}
         config = parse_fleet({**raw, **overrides}, str(args.config))
+        check_models(config)
     except (OSError, FleetConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -228,6 +230,7 @@ def cmd_set(args: argparse.Namespace) -> int:
     old = current_config()
     try:
         new = with_changes(old, args.pool, changes)
+        check_models(new, [args.pool])
     except FleetConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

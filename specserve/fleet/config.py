@@ -201,6 +201,15 @@ def pool_settings(values: dict[str, Any]) -> ServerSettings:
     )
 
 
+def check_models(config: FleetConfig, pools: list[str] | None = None) -> None:
+    """FleetConfigError naming the pool whose `model` is no path on this machine: checked
+    before a deploy, so a typo fails at once instead of after its replicas fail to start."""
+    for name in config.pools if pools is None else pools:
+        model = config.pools[name].model
+        if model is not None and not Path(model).expanduser().exists():
+            raise FleetConfigError(f"pool {name!r}: model {model!r} does not exist")
+
+
 def with_changes(config: FleetConfig, pool: str, changes: dict[str, Any]) -> FleetConfig:
     """The config with `changes` applied to one pool, validated as a file would be."""
     if pool not in config.pools:

@@ -148,6 +148,9 @@ def _pool_options(name: str, pool: Any) -> dict[str, Any]:
         # check_health fails once the engine thread died: Serve replaces the replica.
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
         "health_check_timeout_s": 30,
+        # A restart (model, limits) starts each new replica before it stops an old one, so a
+        # one-replica pool keeps serving meanwhile; it needs room for one more replica.
+        "max_surge_percent": 100,
     }
     if pool.autoscaling is not None:
         options["autoscaling_config"] = pool.autoscaling.model_dump()

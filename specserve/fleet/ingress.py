@@ -116,7 +116,7 @@ class PoolEntry:
     service: GenerationService  # admission (429) across the pool's replicas
     ctx: ServerContext | None = None  # None until the pool described itself (or after refresh)
     shows_profile: bool = False
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    describing: asyncio.Future[ServerContext] | None = None  # the one describe under way
 
     @classmethod
     def of(cls, client: PoolClient) -> PoolEntry:
@@ -144,7 +144,7 @@ class FleetContexts:
 
     def refresh(self) -> None:
         for entry in self.pools.values():
-            entry.ctx = None
+            entry.ctx, entry.describing = None, None
         self._states_read = -STATE_MAX_AGE_S
 
     async def pick(self, request: Request) -> ServerContext:
@@ -173,11 +173,18 @@ class FleetContexts:
             return self.router.default_pool
 
     async def context(self, name: str) -> ServerContext:
+        """The pool's context; requests that arrive while it describes itself wait for that one
+        describe (its failure fails them all at once; the next request tries again)."""
         entry = self.pools[name]
-        async with entry.lock:
-            if entry.ctx is None:
-                entry.ctx = await self._describe(name, entry)
+        if entry.ctx is not None:
             return entry.ctx
+        if entry.describing is None or entry.describing.done():
+            entry.describing = asyncio.ensure_future(self._describe(name, entry))
+        describing = entry.describing
+        ctx = await asyncio.shield(describing)  # a waiter that goes away leaves it running
+        if entry.describing is describing:  # not refreshed meanwhile
+            entry.ctx = ctx
+        return ctx
 
     async def _describe(self, name: str, entry: PoolEntry) -> ServerContext:
         try:

@@ -106,3 +106,43 @@ def test_the_api_key_travels_by_a_private_file(
     os.chmod(path, 0o644)
     with pytest.raises(ValueError, match="readable or writable by others"):
         read_secret(path)
+
+
+def test_requests_waiting_for_a_pool_share_one_describe(fleet_model: Path) -> None:
+    """A pool that cannot describe itself fails every waiting request at once, not one after
+    another (each used to wait its turn for its own 60 s describe)."""
+    config = parse_fleet(two_pools(fleet_model), "test")
+    contexts = FleetContexts(config, {"code": FakeHandle(True), "chat": FakeHandle(True)})
+    calls = 0
+
+    async def main() -> list[BaseException | object]:
+        release = asyncio.Event()
+
+        async def describe() -> Any:
+            nonlocal calls
+            calls += 1
+            await release.wait()
+            raise RuntimeError("replica unreachable")
+
+        contexts.pools["code"].client.describe = describe  # type: ignore[method-assign]
+        waiting = [asyncio.ensure_future(contexts.context("code")) for _ in range(3)]
+        await asyncio.sleep(0)
+        release.set()
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        with pytest.raises(Exception, match="replica unreachable"):
+            await contexts.context("code")  # the next request tries again
+        return results
+
+    results = asyncio.run(main())
+    assert calls == 2
+    assert all("pool 'code' is unavailable: replica unreachable" in str(r) for r in results)
+
+
+def test_a_pool_model_that_does_not_exist_is_refused_before_deploying(fleet_model: Path) -> None:
+    from specserve.fleet.config import FleetConfigError, check_models, with_changes
+
+    config = parse_fleet(two_pools(fleet_model), "test")
+    check_models(config)
+    typo = with_changes(config, "chat", {"model": str(fleet_model) + "-typo"})
+    with pytest.raises(FleetConfigError, match="pool 'chat': model .*-typo' does not exist"):
+        check_models(typo, ["chat"])
