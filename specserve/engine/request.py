@@ -31,6 +31,9 @@ class SamplingParams:
     logprobs: int | None = None
     # Log-probabilities of the prompt's tokens (every position is then computed, none cached).
     prompt_logprobs: bool = False
+    # Isolation (vLLM's name): a request reuses cached prompt blocks, and drafts from other
+    # requests' outputs, only of requests with the same salt. None: the shared namespace.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-ROOT = 0  # the parent key of a sequence's first block
+ROOT = 0  # the parent key of a sequence's first block (no salt)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -29,6 +29,17 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 def block_hash(parent: int, tokens: tuple[int, ...]) -> int:
     return hash((parent, tokens))
+
+
+# What a block's content check compares besides its tokens: its parent block (and that block's
+# generation), or for a first block its salt.
+_Identity = tuple[int, int] | tuple[str, str] | None
+
+
+def _root(salt: str | None) -> tuple[int, _Identity]:
+    """The parent key and parent identity of a first block: its salt's, so that blocks of
+    different salts never match, by key or by the content check."""
+    return (ROOT, None) if salt is None else (hash(("salt", salt)), ("salt", salt))
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ class BlockAllocator:
         self._key: list[int | None] = [None] * num_blocks
         self._gen = [0] * num_blocks
         # block -> (parent identity (block, generation) or None, its tokens), for lookups
-        self._content: dict[int, tuple[tuple[int, int] | None, tuple[int, ...]]] = {}
+        self._content: dict[int, tuple[_Identity, tuple[int, ...]]] = {}
         self._by_key: dict[int, int] = {}
         self.hash_fn: Callable[[int, tuple[int, ...]], int] = block_hash
         self.stats = CacheStats()
@@ -110,13 +121,13 @@ class BlockAllocator:
         self.truncate(table, 0)
 
     # ------------------------------------------------------------------ prefix cache
-    def match(self, tokens: list[int], max_tokens: int) -> PrefixMatch:
+    def match(self, tokens: list[int], max_tokens: int, salt: str | None = None) -> PrefixMatch:
         """The longest cached run of whole blocks at the start of `tokens`, covering at most
-        `max_tokens` of them. Pure: takes no reference."""
+        `max_tokens` of them, cached under the same `salt`. Pure: takes no reference."""
         if not self.caching:
             return NO_MATCH
         blocks: list[int] = []
-        key, parent = ROOT, None
+        key, parent = _root(salt)
         bs = self.block_size
         for i in range(min(max_tokens, len(tokens)) // bs):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
@@ -138,19 +149,22 @@ class BlockAllocator:
             self._refs[block] += 1
             table.append(block)
 
-    def register(self, table: list[int], index: int, tokens: tuple[int, ...]) -> bool:
-        """Offer full block `table[index]`, holding `tokens`, to the cache. False when it cannot
-        be cached: its parent is not cached, or the same content is cached in another block
-        (then its successors are not cached either)."""
+    def register(
+        self, table: list[int], index: int, tokens: tuple[int, ...], salt: str | None = None
+    ) -> bool:
+        """Offer full block `table[index]`, holding `tokens`, to the cache under `salt`. False
+        when it cannot be cached: its parent is not cached, or the same content is cached in
+        another block (then its successors are not cached either)."""
         block = table[index]
         if self._key[block] is not None:
             return True  # already cached (a shared prefix block)
         parent = None if index == 0 else table[index - 1]
-        parent_key = ROOT if parent is None else self._key[parent]
+        root_key, root_identity = _root(salt)
+        parent_key = root_key if parent is None else self._key[parent]
         if parent_key is None:
             return False
         key = self.hash_fn(parent_key, tokens)
-        identity = None if parent is None else (parent, self._gen[parent])
+        identity = root_identity if parent is None else (parent, self._gen[parent])
         holder = self._by_key.get(key)
         if holder is not None:
             if self._content[holder] == (identity, tokens):

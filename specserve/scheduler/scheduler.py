@@ -211,7 +211,8 @@ class Scheduler:
         (its logits sample the next token)."""
         if seq.params.prompt_logprobs:  # its prompt's logits are wanted: compute every position
             return NO_MATCH
-        return self.allocator.match(seq.token_slice(0, seq.num_tokens), seq.num_tokens - 1)
+        tokens = seq.token_slice(0, seq.num_tokens)
+        return self.allocator.match(tokens, seq.num_tokens - 1, seq.params.cache_salt)
 
     def cache_committed(self, seq: Sequence) -> None:
         """Offer `seq`'s blocks that are now full of committed tokens to the prefix cache."""
@@ -221,7 +222,7 @@ class Scheduler:
         while seq.cached_blocks < seq.num_computed // bs:
             i = seq.cached_blocks
             tokens = tuple(seq.token_slice(i * bs, (i + 1) * bs))
-            if not self.allocator.register(seq.block_table, i, tokens):
+            if not self.allocator.register(seq.block_table, i, tokens, seq.params.cache_salt):
                 seq.cache_broken = True  # its later blocks cannot chain to this one
                 return
             seq.cached_blocks += 1

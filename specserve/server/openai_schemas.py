@@ -54,6 +54,13 @@ class SamplingFields(Strict):
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
     )
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="extension (vLLM's): reuse cached prompt prefixes and draft from other "
+        "requests' outputs only of requests with the same salt",
+    )
 
 
 class CompletionRequest(SamplingFields):

@@ -170,6 +170,7 @@ def prepare_tgi(req: GenerateRequest, encode: Encode, limits: Limits) -> Prepare
         # TGI reports every token's logprob (and the top_n_tokens alternatives)
         logprobs=check_top_logprobs(p.top_n_tokens or 0, "parameters.top_n_tokens"),
         prompt_logprobs=p.decoder_input_details,
+        cache_salt=p.cache_salt,
     )
     return Prepared(ids, params)
 
@@ -264,4 +265,5 @@ def openai_sampling(
         ignore_eos=req.ignore_eos,
         speculate=check_speculate(req.speculate, limits, "speculate"),
         logprobs=logprobs,
+        cache_salt=req.cache_salt,
     )

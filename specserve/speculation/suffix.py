@@ -15,6 +15,9 @@ token's share falls below `min_share`; each token is scored with `match_confiden
 score: continuation frequency and match length). The candidate with the larger expected
 accepted length sum_i prod_{j<=i} conf_j is proposed.
 
+A request with a `cache_salt` neither reads nor feeds the global arena: what it drafts from
+other requests would let a client test a guess of another tenant's output by its acceptance.
+
 The proposer is deterministic given what was committed before, so verification keeps greedy and
 seeded outputs identical with it on and off, across requests too.
 """
@@ -80,6 +83,8 @@ class SuffixProposer:
 
     # ---------------------------------------------------------------- internals
     def _share(self, seq: Sequence) -> None:
+        if seq.params.cache_salt is not None:  # isolated: its output stays its own
+            return
         done = self._shared.get(seq.seq_id, 0)
         if len(seq.output_ids) > done:
             self.global_index.append(seq.seq_id, seq.output_ids[done:])
@@ -97,7 +102,10 @@ class SuffixProposer:
         n = seq.num_tokens
         query = np.asarray(seq.token_slice(max(0, n - self.max_depth), n), dtype=np.int32)
         own = self._candidate(self._own_index(seq), query, k, -1)
-        shared = self._candidate(self.global_index, query, k, seq.seq_id)
+        if seq.params.cache_salt is not None:  # isolated: drafts from its own context only
+            shared = Draft([])
+        else:
+            shared = self._candidate(self.global_index, query, k, seq.seq_id)
         source, best = ("own", own) if _expected(own) >= _expected(shared) else ("shared", shared)
         if best.tokens:
             self.drafts_from[source] += 1

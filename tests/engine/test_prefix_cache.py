@@ -149,3 +149,16 @@ def test_only_committed_tokens_enter_the_cache(tiny_llama: Path) -> None:
     assert run_all(engine, [b_prompt], greedy(20)) == want
     assert engine.res.allocator.stats.hit_tokens == 7 * 4  # 7 blocks, not the 8th
     assert_no_kv_held(engine)
+
+
+def test_a_cache_salt_reuses_only_its_own_prefixes_and_changes_no_output(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama)
+    want = run_all(make_engine(tiny_llama, prefix_caching=False), [[*DOC, 1]], greedy(8))
+    stats = engine.res.allocator.stats
+    assert run_all(engine, [[*DOC, 1]], greedy(8, cache_salt="a")) == want
+    assert run_all(engine, [[*DOC, 1]], greedy(8, cache_salt="b")) == want
+    assert run_all(engine, [[*DOC, 1]], greedy(8)) == want
+    assert stats.hit_tokens == 0  # three namespaces, nothing shared between them
+    assert run_all(engine, [[*DOC, 2]], greedy(8, cache_salt="a")) != []
+    assert stats.hit_tokens == 36  # the same salt's DOC blocks
+    assert_no_kv_held(engine)

@@ -144,5 +144,5 @@ def test_a_pool_model_that_does_not_exist_is_refused_before_deploying(fleet_mode
     config = parse_fleet(two_pools(fleet_model), "test")
     check_models(config)
     typo = with_changes(config, "chat", {"model": str(fleet_model) + "-typo"})
-    with pytest.raises(FleetConfigError, match="pool 'chat': model .*-typo' does not exist"):
+    with pytest.raises(FleetConfigError, match=r"pool 'chat': model .*-typo' does not exist"):
         check_models(typo, ["chat"])

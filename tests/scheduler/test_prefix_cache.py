@@ -102,3 +102,27 @@ def test_reset_forgets_every_prefix_and_keeps_blocks_in_use() -> None:
     assert len(a) == 2 and alloc.num_used == 2 and alloc.num_free == 6
     alloc.free(a)
     assert alloc.num_free == 8
+
+
+def test_blocks_are_reused_only_under_the_same_salt() -> None:
+    alloc = BlockAllocator(16, BS, caching=True)
+    tokens = list(range(9))
+    plain = cached_sequence(alloc, tokens)
+    assert alloc.match(tokens, max_tokens=8, salt="tenant-a").blocks == []
+    salted: list[int] = []
+    alloc.grow(salted, len(tokens))
+    for i in range(2):
+        assert alloc.register(salted, i, tuple(tokens[i * BS : (i + 1) * BS]), salt="tenant-a")
+    assert alloc.match(tokens, max_tokens=8, salt="tenant-a").blocks == salted[:2]
+    assert alloc.match(tokens, max_tokens=8, salt="tenant-b").blocks == []
+    assert alloc.match(tokens, max_tokens=8).blocks == plain[:2]
+
+
+def test_a_salt_cannot_be_forged_by_a_colliding_hash() -> None:
+    alloc = BlockAllocator(16, BS, caching=True)
+    alloc.hash_fn = lambda parent, tokens: 7  # every key collides
+    salted: list[int] = []
+    alloc.grow(salted, 4)
+    assert alloc.register(salted, 0, (1, 2, 3, 4), salt="tenant-a")
+    assert alloc.match([1, 2, 3, 4, 5], max_tokens=4).blocks == []  # same key and tokens
+    assert alloc.match([1, 2, 3, 4, 5], max_tokens=4, salt="tenant-a").blocks == salted

@@ -172,3 +172,12 @@ def test_model_names() -> None:
         "SmolLM2-135M-Instruct",
     )
     assert model_names("/models/qwen.Q4_1.gguf")[1:] == ("qwen.Q4_1.gguf", "qwen.Q4_1")
+
+
+def test_cache_salt_reaches_the_engine_from_both_apis() -> None:
+    assert prepare_tgi(tgi(cache_salt="t1"), encode, LIMITS).params.cache_salt == "t1"
+    assert prepare_tgi(tgi(), encode, LIMITS).params.cache_salt is None
+    req = CompletionRequest.model_validate({"prompt": "hi", "cache_salt": "t2"})
+    assert prepare_completion(req, encode, LIMITS).params.cache_salt == "t2"
+    with pytest.raises(ValueError, match="cache_salt"):
+        CompletionRequest.model_validate({"prompt": "hi", "cache_salt": ""})

@@ -93,3 +93,24 @@ def test_release_forgets_own_context_keeps_shared_output_and_reset_clears_it() -
     p.reset()
     assert p.global_index.num_tokens == 0
     assert p.propose([seq(2, [8, 40, 41])], [2])[0].tokens == []
+
+
+def test_a_salted_request_neither_feeds_nor_reads_other_requests_outputs() -> None:
+    from dataclasses import replace
+
+    p = SuffixProposer()
+    secret = seq(1, [50, 51], output=[10, 11, 12, 13, 14, 15, 16])
+    secret.params = replace(secret.params, cache_salt="tenant-a")
+    p.sync(secret, NO_HIDDEN)
+    finish(p, secret)
+    [d] = p.propose([seq(2, [60, 61, 10, 11, 12])], [4])
+    assert d.tokens == []  # tenant a's output is not in the shared arena
+    public = seq(3, [50, 51], output=[10, 11, 12, 13, 14, 15, 16])
+    p.sync(public, NO_HIDDEN)
+    finish(p, public)
+    guess = seq(4, [60, 61, 10, 11, 12])
+    guess.params = replace(guess.params, cache_salt="tenant-b")
+    [d] = p.propose([guess], [4])
+    assert d.tokens == []  # a salted request drafts from its own context only
+    [d] = p.propose([seq(5, [60, 61, 10, 11, 12])], [4])
+    assert d.tokens == [13, 14, 15]
