@@ -33,6 +33,7 @@ from specserve.fleet.config import (
     parse_fleet,
     restart_key,
 )
+from specserve.fleet.secrets import read_secret, write_private
 
 logger = logging.getLogger("specserve.fleet")
 
@@ -93,7 +94,10 @@ def connect(address: str | None) -> None:
     """Join the Ray cluster the fleet runs in; SystemExit when there is none."""
     address = address or os.environ.get("RAY_ADDRESS")
     if address is None and address_file().is_file():
-        address = address_file().read_text().strip()
+        try:  # a file someone else wrote would send this client (and its token) elsewhere
+            address = read_secret(address_file()).strip()
+        except ValueError as exc:
+            raise SystemExit(f"error: not trusting {exc}; remove it or pass --address") from exc
         loopback_only()  # the cluster `fleet up` started here
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # with the token it saved
     if address is None:
@@ -120,7 +124,10 @@ def start_cluster(num_cpus: int | None) -> str:
     )
     address = str(ray.get_runtime_context().gcs_address)
     address_file().parent.mkdir(parents=True, exist_ok=True)
-    address_file().write_text(address)
+    write_private(address_file(), address)
+    token = Path.home() / ".ray" / "auth_token"  # Ray writes it 0644
+    if token.is_file():
+        token.chmod(0o600)
     return address
 
 

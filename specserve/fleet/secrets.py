@@ -28,7 +28,11 @@ def secrets_dir() -> Path:
 def write_secret(name: str, value: str) -> Path:
     """`value` in a 0600 file named after `name` and the value's hash; its path."""
     digest = hashlib.sha256(value.encode()).hexdigest()[:16]
-    path = secrets_dir() / f"{name}-{digest}"
+    return write_private(secrets_dir() / f"{name}-{digest}", value)
+
+
+def write_private(path: Path, value: str) -> Path:
+    """`value` in `path`, readable and writable by its owner only."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(value)
@@ -37,7 +41,8 @@ def write_secret(name: str, value: str) -> Path:
 
 
 def read_secret(path: str | Path) -> str:
-    """The secret in `path`; ValueError if another user owns it or others may read it."""
+    """The text in `path`; ValueError if another user owns it or others may read or write it
+    (a file planted or changed by someone else is not trusted)."""
     info = os.stat(path)
     if info.st_uid != os.getuid():
         raise ValueError(f"{path}: owned by uid {info.st_uid}, not by this user")
