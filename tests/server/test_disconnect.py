@@ -39,7 +39,7 @@ def test_stream_disconnect_while_speculating(
     request: pytest.FixtureRequest, proposer: str, route: str
 ) -> None:
     server: Server = request.getfixturevalue(
-        "tiny_server" if proposer == "ngram" else "draft_server"
+        "long_server" if proposer == "ngram" else "draft_server"
     )
     before = idle(server.url)
     with (
@@ -66,7 +66,7 @@ def test_non_streaming_chat_disconnect_while_speculating(
     request: pytest.FixtureRequest, proposer: str
 ) -> None:
     server: Server = request.getfixturevalue(
-        "tiny_server" if proposer == "ngram" else "draft_server"
+        "long_server" if proposer == "ngram" else "draft_server"
     )
     before = idle(server.url)
     body = {**ROUTES["/v1/chat/completions"], "stream": False}

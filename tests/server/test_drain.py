@@ -96,6 +96,6 @@ def test_dead_engine_thread_turns_health_503(tiny_model: Path) -> None:
         assert health.status_code == 503
         assert health.json() == {"status": "engine_failed", "error": "RuntimeError: loop bug"}
         started = time.monotonic()
-        r = httpx.post(server.url + "/generate", json={"inputs": "hi"}, timeout=10)
+        r = httpx.post(server.url + "/generate", json={"inputs": "hi"}, timeout=60)
         assert r.status_code == 503 and "the engine stopped" in r.json()["error"]
-        assert time.monotonic() - started < 2  # refused, not queued for nobody
+        assert time.monotonic() - started < 30  # refused, not queued for nobody (a 60 s wait)
