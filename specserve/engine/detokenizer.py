@@ -21,27 +21,40 @@ def find_stop(text: str, stops: tuple[str, ...], search_from: int) -> int | None
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of some stop string."""
+    """Length of the longest tail of `text` that is a proper prefix of some stop string.
+
+    Only the last len(s) - 1 characters can be such a tail, and it must start with s[0]; each
+    candidate start is one `startswith`. Cost: O(len(s)) per stop (worst case O(len(s)^2)
+    compared in C), whatever the length of `text`."""
     best = 0
     for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
+        if len(s) < 2:
+            continue
+        tail = text[-(len(s) - 1) :]
+        i = tail.find(s[0])
+        while i >= 0 and len(tail) - i > best:
+            if s.startswith(tail[i:]):
+                best = len(tail) - i
                 break
+            i = tail.find(s[0], i + 1)
     return best
 
 
 class IncrementalDetokenizer:
+    """Only text not yet released is kept (`text`): a stop string never starts in released text
+    (a tail that could begin one is held back), so every scan for stops covers at most the
+    longest stop's length plus the new token's text, however long the output grows."""
+
     # Tokens decoded before the new ones, so that merges and leading spaces decode correctly.
     CONTEXT = 4
 
     def __init__(self, tokenizer: Decoder, stops: tuple[str, ...] = ()) -> None:
         self.tokenizer = tokenizer
         self.stops = stops
+        self.longest = max((len(s) for s in stops), default=0)
         self.ids: list[int] = []
-        self.text = ""  # all stable output text so far (before any stop string)
-        self.emitted = 0  # characters of `text` already released
-        self._prefix = 0  # ids[_prefix:_read] decode to the tail of `text`
+        self.text = ""  # stable output text not yet released (before any stop string)
+        self._prefix = 0  # ids[_prefix:_read] decode to the text before the new tokens
         self._read = 0
         self.stopped = False
 
@@ -57,8 +70,7 @@ class IncrementalDetokenizer:
         self._prefix = max(0, len(self.ids) - self.CONTEXT)
         self._read = len(self.ids)
         if self.stops:
-            longest = max(len(s) for s in self.stops)
-            hit = find_stop(self.text, self.stops, old_len - longest + 1)
+            hit = find_stop(self.text, self.stops, old_len - self.longest + 1)
             if hit is not None:
                 self.text = self.text[:hit]
                 self.stopped = True
@@ -79,6 +91,5 @@ class IncrementalDetokenizer:
 
     def _release(self, final: bool) -> str:
         end = len(self.text) if final else len(self.text) - held_back(self.text, self.stops)
-        out = self.text[self.emitted : end] if end > self.emitted else ""
-        self.emitted = max(self.emitted, end)
+        out, self.text = self.text[:end], self.text[end:]
         return out

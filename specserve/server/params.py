@@ -21,7 +21,7 @@ from specserve.server.openai_schemas import (
     SamplingFields,
 )
 from specserve.server.schemas import GenerateParameters, GenerateRequest
-from specserve.server.settings import MAX_TOP_LOGPROBS, Limits
+from specserve.server.settings import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, Limits
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 Encode = Callable[[str], list[int]]
@@ -96,6 +96,12 @@ def check_stop(stops: list[str], limits: Limits, field: str) -> tuple[str, ...]:
         )
     if any(not s for s in stops):
         raise invalid(field, "stop sequences must be non-empty")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise invalid(
+            field,
+            f"stop sequences must be at most {MAX_STOP_CHARS} characters; got one of {longest}",
+        )
     return tuple(stops)
 
 

@@ -50,6 +50,8 @@ def model_names(model_id: str) -> tuple[str, ...]:
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
+# Longest stop string, in characters: every output token costs a scan of this many.
+MAX_STOP_CHARS = 256
 
 
 @dataclass(frozen=True)
