@@ -4,6 +4,9 @@ An emitted token's log-probability is the target's own at that position, under t
 the sampler draws from there (`processed_logits`: penalties, temperature, top-k, top-p; removed
 tokens are -inf), from the same pass that verified it. A prompt token's is the model's raw
 log-softmax at the position before it.
+
+Every value is at least LOGPROB_FLOOR: a token top-k/top-p removed has -inf, which JSON cannot
+carry; as vLLM, it is reported as -9999.0 (the list keeps the length the request asked for).
 """
 
 from __future__ import annotations
@@ -54,9 +57,13 @@ def prompt_logprobs(
     return [entry(lp[i], t, 0) for i, t in enumerate(next_tokens)]
 
 
+LOGPROB_FLOOR = -9999.0
+
+
 def entry(lp: torch.Tensor, token: int, top: int) -> TokenLogprob:  # lp: [vocab]
     best: tuple[tuple[int, float], ...] = ()
     if top:
         values, ids = lp.topk(min(top, lp.numel()))
+        values = values.clamp(min=LOGPROB_FLOOR)
         best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-    return TokenLogprob(token, float(lp[token]), best)
+    return TokenLogprob(token, max(float(lp[token]), LOGPROB_FLOOR), best)

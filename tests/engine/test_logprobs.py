@@ -97,3 +97,38 @@ def test_logprobs_are_the_models_own(tiny_llama: Path) -> None:
     got_prompt = [e.logprob for e in prompt_lps[1:]]  # type: ignore[union-attr]
     torch.testing.assert_close(torch.tensor(got_prompt), torch.tensor(want_prompt), atol=1e-4,
                                rtol=0)  # fmt: skip
+
+
+def test_removed_tokens_are_reported_at_the_floor_not_minus_inf() -> None:
+    from specserve.engine.logprobs import LOGPROB_FLOOR, emitted_logprobs
+    from specserve.runner.sampler import SampleRow
+
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])  # [1, vocab]
+    row = SampleRow(SamplingParams(temperature=1.0, top_k=2, seed=0), [], 0)
+    (e,) = emitted_logprobs(logits, [row], [4], top=5)
+    assert e.logprob == LOGPROB_FLOOR == -9999.0
+    assert [lp for _, lp in e.top][2:] == [LOGPROB_FLOOR] * 3
+    assert all(lp > LOGPROB_FLOOR for _, lp in e.top[:2])
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-45, 5e-324])
+def test_tiny_temperatures_sample_without_nan(temperature: float) -> None:
+    from specserve.runner.sampler import SampleRow, sample_row
+
+    logits = torch.tensor([30.0, -30.0, 29.0, 0.0])  # [vocab]
+    row = SampleRow(SamplingParams(temperature=temperature, seed=1), [], 0)
+    s = sample_row(logits, row)
+    assert s.token == 0 and s.logprob == 0.0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": float("inf")},
+        {"temperature": float("nan")},
+        {"repetition_penalty": float("inf")},
+    ],
+)
+def test_sampling_params_refuse_non_finite_values(fields: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        SamplingParams(**fields)  # type: ignore[arg-type]
