@@ -54,6 +54,7 @@ class Tracked:
     outcome: str = "cancelled"  # until the engine says otherwise
     first_token: float | None = None
     closed: bool = False
+    slots: int = 1  # of --max-concurrent-requests: one per choice
     choices: list[Choice] = field(default_factory=lambda: [Choice()])
 
     @property
@@ -92,14 +93,22 @@ class GenerationService:
         self.active = 0
         self.draining = False
 
-    def admit(self, route: str) -> Tracked:
+    def admit(self, route: str, slots: int = 1) -> Tracked:
+        """Take `slots` of --max-concurrent-requests (a request for n choices takes n) before
+        any work is done on the request: 429 when they are not free."""
+        if slots > self.max_concurrent:
+            raise invalid(
+                "n",
+                f"must be <= {self.max_concurrent} (--max-concurrent-requests): "
+                f"each choice takes a slot; got {slots}",
+            )
         retry = {"Retry-After": str(self.retry_after_s)}
         if self.draining:
             raise ApiError(503, "the server is shutting down", ErrorKind.UNAVAILABLE, None, retry)
         if not self.engine.alive:
             why = f"the engine stopped: {self.engine.died or 'shut down'}"
             raise ApiError(503, why, ErrorKind.UNAVAILABLE, None, retry)
-        if self.active >= self.max_concurrent:
+        if self.active + slots > self.max_concurrent:
             raise ApiError(
                 429,
                 f"too many requests in flight: the limit is {self.max_concurrent} "
@@ -108,15 +117,15 @@ class GenerationService:
                 None,
                 retry,
             )
-        self.active += 1
+        self.active += slots
         self.metrics.in_flight.inc()
-        return Tracked(route, time.monotonic())
+        return Tracked(route, time.monotonic(), slots=slots)
 
     def close(self, t: Tracked) -> None:
         if t.closed:
             return
         t.closed = True
-        self.active -= 1
+        self.active -= t.slots
         self.metrics.in_flight.dec()
         self.metrics.count(t.route, t.outcome)
         if t.outcome == "success" and t.final is not None:
