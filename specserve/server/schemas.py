@@ -21,23 +21,29 @@ FinishReasonTGI = Literal["length", "eos_token", "stop_sequence"]
 
 def check_unicode(value: Any) -> Any:
     """`value` as is; ValueError if a string in it (or in its lists and dict keys) holds a lone
-    surrogate (JSON may spell one, "\\ud800"; UTF-8 cannot encode it, so no tokenizer can)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            bad = value[exc.start]
-            raise ValueError(
-                f"must be valid Unicode: lone surrogate U+{ord(bad):04X} at index {exc.start}"
-            ) from None
-    elif isinstance(value, list | tuple):
-        for item in value:
-            check_unicode(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_unicode(key)
-            check_unicode(item)
+    surrogate (JSON may spell one, "\\ud800"; UTF-8 cannot encode it, so no tokenizer can).
+    Iterative: a value nested as deep as the JSON parser allows never overflows the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_string(item)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
     return value
+
+
+def _check_string(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        raise ValueError(
+            f"must be valid Unicode: lone surrogate U+{ord(bad):04X} at index {exc.start}"
+        ) from None
 
 
 class UnicodeChecked(BaseModel):
