@@ -32,8 +32,7 @@ def _check_private(path: str, st: os.stat_result) -> None:
         raise ValueError(f"--api-key-file {path}: not a regular file")
     if st.st_uid != os.getuid():
         raise ValueError(
-            f"--api-key-file {path}: owned by uid {st.st_uid}, not by this user "
-            f"(uid {os.getuid()})"
+            f"--api-key-file {path}: owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
         )
     if st.st_mode & 0o077:
         mode = stat.S_IMODE(st.st_mode)
