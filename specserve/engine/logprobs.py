@@ -11,6 +11,7 @@ carry; as vLLM, it is reported as -9999.0 (the list keeps the length the request
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,12 +50,25 @@ def span_logprobs(
     )
 
 
+# Hidden states [rows, hidden] -> logits [rows, vocab] (the model's head).
+LogitsOf = Callable[[torch.Tensor], torch.Tensor]
+# Prompt rows turned into logits at once: a prefill chunk of 2048 rows would otherwise hold
+# [2048, vocab] logits plus their log-softmax (2 x 384 MiB on a 49k vocabulary).
+PROMPT_LOGPROB_ROWS = 64
+
+
+@torch.inference_mode()
 def prompt_logprobs(
-    logits: torch.Tensor,  # [n, vocab]: rows of prompt positions p .. p + n - 1
+    hidden: torch.Tensor,  # [n, hidden]: final states of prompt positions p .. p + n - 1
     next_tokens: list[int],  # [n]: prompt tokens at positions p + 1 .. p + n
+    logits_of: LogitsOf,
+    rows: int = PROMPT_LOGPROB_ROWS,
 ) -> list[TokenLogprob]:
-    lp = logits.float().log_softmax(-1)
-    return [entry(lp[i], t, 0) for i, t in enumerate(next_tokens)]
+    out: list[TokenLogprob] = []
+    for a in range(0, len(next_tokens), rows):
+        lp = logits_of(hidden[a : a + rows]).float().log_softmax(-1)  # [<= rows, vocab]
+        out += [entry(lp[i], t, 0) for i, t in enumerate(next_tokens[a : a + rows])]
+    return out
 
 
 LOGPROB_FLOOR = -9999.0

@@ -132,3 +132,42 @@ def test_tiny_temperatures_sample_without_nan(temperature: float) -> None:
 def test_sampling_params_refuse_non_finite_values(fields: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="finite"):
         SamplingParams(**fields)  # type: ignore[arg-type]
+
+
+def test_prompt_logprobs_of_a_long_prefill_come_a_few_rows_at_a_time(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 200-token prompt prefilled in one chunk: the head turns at most PROMPT_LOGPROB_ROWS
+    rows into logits at once (never [200, vocab] plus its log-softmax), with the same values."""
+    from specserve.engine.logprobs import PROMPT_LOGPROB_ROWS
+
+    prompt = (LOOPY[0] * 20)[:200]
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True, prompt_logprobs=True)
+    engine = make_engine(tiny_llama, num_blocks=128, max_batch_tokens=256)
+    model = engine.res.model
+    real = model.logits
+    head_rows: list[int] = []
+
+    def counted(hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden]
+        head_rows.append(hidden.shape[0])
+        return real(hidden)
+
+    monkeypatch.setattr(model, "logits", counted)
+    _, _, [prompt_lps] = run(engine, [prompt], params)
+    assert max(head_rows) <= PROMPT_LOGPROB_ROWS < len(prompt)
+    assert isinstance(prompt_lps, list) and len(prompt_lps) == len(prompt)
+    with torch.inference_mode():
+        logp = engine.res.model.logits(hidden_states(engine, prompt)).float().log_softmax(-1)
+    want = [float(logp[i - 1, prompt[i]]) for i in range(1, len(prompt))]
+    got = [e.logprob for e in prompt_lps[1:]]  # type: ignore[union-attr]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
+    assert_no_kv_held(engine)
+
+
+def hidden_states(engine: Engine, ids: list[int]) -> torch.Tensor:
+    """[len(ids), hidden]: the final states of a fresh one-chunk prefill of `ids`."""
+    from specserve.runner.model_runner import ModelRunner, RunItem
+
+    model = engine.res.model
+    runner = ModelRunner(model, 64, 4, torch.device("cpu"))
+    return runner.run([RunItem(ids, 0, list(range(64)), len(ids))]).hidden
