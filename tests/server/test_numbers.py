@@ -90,3 +90,11 @@ def test_repetition_penalty_is_bounded(tiny_server: Server) -> None:
         tiny_server.url + "/v1/completions", json={"prompt": "hi", "repetition_penalty": 1e9}
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty"
+
+
+def test_info_numbers_are_finite(tiny_server: Server) -> None:
+    httpx.post(tiny_server.url + "/generate", json={"inputs": "hi", "parameters": {
+        "max_new_tokens": 8, "top_k": 2, "details": True}})  # fmt: skip
+    r = httpx.get(tiny_server.url + "/info")
+    assert r.status_code == 200, r.text
+    assert all(math.isfinite(x) for x in numbers(r.json()))
