@@ -80,13 +80,7 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
         "require 'Authorization: Bearer <key>' on every route except /health and /metrics",
         str,
     ),
-    (
-        "--api-key-file",
-        "API_KEY_FILE",
-        None,
-        "read --api-key from this file (mode 600), so that it is on no command line",
-        str,
-    ),
+    ("--api-key-file", "API_KEY_FILE", None, "read --api-key from a file (mode 600)", str),
     (
         "--max-body-bytes",
         "MAX_BODY_BYTES",

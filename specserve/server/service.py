@@ -1,11 +1,11 @@
 """Runs admitted requests through the backend (`server/backend.py`): admission, timing,
 outcome, disconnects.
 
-Life of one request here: `admit()` takes a slot (or raises 429/503) and returns a `Tracked`;
+Life of one request here: `admit()` takes its slots (or raises 429/503) and returns a `Tracked`;
 `run()` streams the engine's outputs while recording latencies; whatever way the request ends
 (finished, failed, client gone), `Tracked.close()` runs exactly once and frees the slot.
 Leaving `run()` early closes the engine iterator, which aborts the request and frees its KV.
-A request for n choices (`run_choices`) is n engine requests under one slot: choice i has its
+A request for n choices (`run_choices`) is n engine requests taking n slots: choice i has its
 own seed (`SamplingParams.for_choice`), and choices 1.. wait for choice 0's prompt to be
 computed so that they share its cached blocks.
 """
@@ -94,14 +94,10 @@ class GenerationService:
         self.draining = False
 
     def admit(self, route: str, slots: int = 1) -> Tracked:
-        """Take `slots` of --max-concurrent-requests (a request for n choices takes n) before
-        any work is done on the request: 429 when they are not free."""
+        """Take `slots` (one per choice) before any work on the request: 429 if not free."""
         if slots > self.max_concurrent:
-            raise invalid(
-                "n",
-                f"must be <= {self.max_concurrent} (--max-concurrent-requests): "
-                f"each choice takes a slot; got {slots}",
-            )
+            why = f"must be <= {self.max_concurrent} (--max-concurrent-requests); got {slots}"
+            raise invalid("n", why)
         retry = {"Retry-After": str(self.retry_after_s)}
         if self.draining:
             raise ApiError(503, "the server is shutting down", ErrorKind.UNAVAILABLE, None, retry)
