@@ -62,7 +62,7 @@ def encodes(app: tuple[ThreadServer, ServerContext], monkeypatch: pytest.MonkeyP
     prompt_tokenizer = getattr(ctx, "prompt_tokenizer", ctx.tokenizer)
     tokenizers = {id(t): t for t in (ctx.tokenizer, prompt_tokenizer)}
     for tok in tokenizers.values():
-        for name in ("encode", "apply_chat_template", "__call__"):
+        for name in ("encode", "apply_chat_template"):
             monkeypatch.setattr(tok, name, spy(getattr(tok, name)))
     return calls
 
