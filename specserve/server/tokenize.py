@@ -3,7 +3,9 @@
 `/tokenize` with TGI's body (`inputs`) answers TGI's list of tokens with character offsets; with
 vLLM's (`prompt`, or chat `messages` rendered by the model's template) it answers vLLM's
 `{count, max_model_len, tokens}`. Either way the ids are what a generation request with the
-same input would be fed. `/detokenize` (vLLM's) turns ids back into text.
+same input would be fed. `/detokenize` (vLLM's) turns ids back into text. Both are admitted as
+generation requests are (429 when the server is saturated) and run in a worker thread with the
+backend's prompt tokenizer, never under the lock of the engine's.
 """
 
 from __future__ import annotations
@@ -110,8 +112,12 @@ def _with_offsets(ctx: Ctx, text: str) -> list[TgiToken]:
 
 @router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, ctx: Ctx) -> DetokenizeResponse:
-    """The text of token ids."""
+    """The text of token ids (admitted as /tokenize is, decoded off the loop)."""
     vocab = ctx.limits.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise invalid("tokens", f"token ids must be in [0, {vocab})")
-    return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens))
+    tracked = ctx.service.admit("/detokenize")
+    text = await prepared(ctx.service, tracked, lambda: ctx.prompt_tokenizer.decode(body.tokens))
+    tracked.outcome = "success"
+    ctx.service.close(tracked)
+    return DetokenizeResponse(prompt=text)

@@ -32,6 +32,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "/v1/completions": {"prompt": BIG},
     "/v1/chat/completions": CHAT,
     "/tokenize": {"prompt": BIG},
+    "/detokenize": {"tokens": [5] * 300_000},
 }
 
 
@@ -90,6 +91,8 @@ def test_prompts_are_tokenised_in_a_worker_thread_without_the_engine_lock(
         for body in ({"inputs": "hello"}, {"prompt": "hello"}, {"messages": HI}):
             r = httpx.post(server.url + "/tokenize", json=body, timeout=30)
             assert r.status_code == 200, r.text
+        r = httpx.post(server.url + "/detokenize", json={"tokens": [5, 6]}, timeout=30)
+        assert r.status_code == 200, r.text
     assert encodes and server.thread.name not in encodes
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
     assert r.status_code == 200 and server.thread.name not in encodes
