@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from specserve.server.admission import prepared
 from specserve.server.caps import check_prompt_chars
-from specserve.server.context import Ctx
+from specserve.server.context import Ctx, route_label
 from specserve.server.errors import invalid
 from specserve.server.openai_api import chat_encoder
 from specserve.server.openai_schemas import ChatMessage
@@ -76,7 +76,7 @@ async def tokenize(body: TokenizeRequest, ctx: Ctx) -> list[TgiToken] | VllmToke
         raise invalid("add_special_tokens", "only false (the chat template adds its own)")
     if not body.add_generation_prompt:
         raise invalid("add_generation_prompt", "only true (as a chat request renders it)")
-    tracked = ctx.service.admit("/tokenize")
+    tracked = ctx.service.admit(route_label("/tokenize"))  # counted as "other"
     result = await prepared(ctx.service, tracked, lambda: _tokenize(ctx, body))
     tracked.outcome = "success"
     ctx.service.close(tracked)
@@ -116,7 +116,7 @@ async def detokenize(body: DetokenizeRequest, ctx: Ctx) -> DetokenizeResponse:
     vocab = ctx.limits.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise invalid("tokens", f"token ids must be in [0, {vocab})")
-    tracked = ctx.service.admit("/detokenize")
+    tracked = ctx.service.admit(route_label("/detokenize"))
     text = await prepared(ctx.service, tracked, lambda: ctx.prompt_tokenizer.decode(body.tokens))
     tracked.outcome = "success"
     ctx.service.close(tracked)
