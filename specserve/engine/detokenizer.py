@@ -14,34 +14,74 @@ class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def find_stop(text: str, stops: tuple[str, ...], search_from: int) -> int | None:
-    """Index of the earliest stop string occurrence starting at or after `search_from`."""
-    hits = [i for s in stops if (i := text.find(s, max(0, search_from))) >= 0]
-    return min(hits) if hits else None
+def failure(s: str) -> list[int]:
+    """KMP failure function: f[i] = length of the longest proper prefix of s[: i + 1] that is
+    also a suffix of it."""
+    f = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = f[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        f[i] = k
+    return f
 
 
-def held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
+class StopMatcher:
+    """Knuth-Morris-Pratt over every stop string at once, fed one character at a time.
+
+    state[k] is the length of the longest suffix of the text fed so far that is a prefix of
+    stop k. Each character moves it up by at most one and each failure step down by at least
+    one, so feeding n characters costs O(n x stops) amortised, however long the text before.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.fail = [failure(s) for s in stops]
+        self.state = [0] * len(stops)
+
+    def feed(self, text: str) -> int | None:
+        """Consume `text`. The first stop to complete (the longest of those completing at the
+        same character): where it starts, as an index into `text` (negative: it began in
+        text fed before), or None. After a hit the rest of `text` is not consumed."""
+        for i, c in enumerate(text):
+            hit = None
+            for k, s in enumerate(self.stops):
+                q = self.state[k]
+                while q and s[q] != c:
+                    q = self.fail[k][q - 1]
+                if s[q] == c:
+                    q += 1
+                if q == len(s):
+                    hit = min(hit, i + 1 - q) if hit is not None else i + 1 - q
+                    q = self.fail[k][q - 1]
+                self.state[k] = q
+            if hit is not None:
+                return hit
+        return None
+
+    @property
+    def held(self) -> int:
+        """Length of the longest tail fed so far that is a proper prefix of some stop."""
+        return max(self.state, default=0)
 
 
 class IncrementalDetokenizer:
+    """Only text not yet released is kept (`text`): a stop string never starts in released text
+    (a tail that could begin one is held back), and stops are matched character by character
+    (`StopMatcher`), so a token costs the same at any output length."""
+
     # Tokens decoded before the new ones, so that merges and leading spaces decode correctly.
     CONTEXT = 4
 
     def __init__(self, tokenizer: Decoder, stops: tuple[str, ...] = ()) -> None:
         self.tokenizer = tokenizer
         self.stops = stops
+        self.matcher = StopMatcher(stops)
         self.ids: list[int] = []
-        self.text = ""  # all stable output text so far (before any stop string)
-        self.emitted = 0  # characters of `text` already released
-        self._prefix = 0  # ids[_prefix:_read] decode to the tail of `text`
+        self.text = ""  # stable output text not yet released (before any stop string)
+        self._prefix = 0  # ids[_prefix:_read] decode to the text before the new tokens
         self._read = 0
         self.stopped = False
 
@@ -53,16 +93,15 @@ class IncrementalDetokenizer:
         if full.endswith("\ufffd") or len(full) <= len(prev):
             return self._release(final=False)
         old_len = len(self.text)
-        self.text += full[len(prev) :]
+        new = full[len(prev) :]
+        self.text += new
         self._prefix = max(0, len(self.ids) - self.CONTEXT)
         self._read = len(self.ids)
-        if self.stops:
-            longest = max(len(s) for s in self.stops)
-            hit = find_stop(self.text, self.stops, old_len - longest + 1)
-            if hit is not None:
-                self.text = self.text[:hit]
-                self.stopped = True
-                return self._release(final=True)
+        hit = self.matcher.feed(new)
+        if hit is not None:
+            self.text = self.text[: old_len + hit]
+            self.stopped = True
+            return self._release(final=True)
         return self._release(final=False)
 
     def flush(self) -> str:
@@ -78,7 +117,6 @@ class IncrementalDetokenizer:
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
-        end = len(self.text) if final else len(self.text) - held_back(self.text, self.stops)
-        out = self.text[self.emitted : end] if end > self.emitted else ""
-        self.emitted = max(self.emitted, end)
+        end = len(self.text) if final else max(0, len(self.text) - self.matcher.held)
+        out, self.text = self.text[:end], self.text[end:]
         return out

@@ -215,10 +215,11 @@ class Engine:
             seq = w.seq
             fed = seq.token_slice(seq.num_computed, seq.num_computed + w.num_tokens)
             extra = drafts[seq.seq_id].tokens if seq.seq_id in drafts else []
-            n_logits = self._live[seq.request_id].prompt_rows(w) + (
-                1 + len(extra) if w.samples else 0
+            n_logits = 1 + len(extra) if w.samples else 0
+            prompt_rows = self._live[seq.request_id].prompt_rows(w)
+            items.append(
+                RunItem(fed + extra, seq.num_computed, seq.block_table, n_logits, prompt_rows)
             )
-            items.append(RunItem(fed + extra, seq.num_computed, seq.block_table, n_logits))
         return items
 
     def _verify_and_commit(
@@ -226,7 +227,7 @@ class Engine:
     ) -> None:
         """Each sampling sequence verifies and commits alone: a non-finite logits row or an
         exception fails that request only (see `engine/verification.py`)."""
-        run = take_prompt_rows(work, drafts, run, self._live)
+        take_prompt_rows(work, run, self._live, self.res.model.logits)
         for w in work:
             if not w.samples:
                 w.seq.num_computed += w.num_tokens

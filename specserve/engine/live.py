@@ -8,11 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from specserve.engine.detokenizer import IncrementalDetokenizer
-from specserve.engine.logprobs import prompt_logprobs
+from specserve.engine.logprobs import LogitsOf, prompt_logprobs
 from specserve.engine.request import RequestOutput, Sequence, TokenLogprob
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import SeqWork
-from specserve.speculation.proposer import Draft
 
 
 @dataclass
@@ -73,34 +72,27 @@ class Live:
             return 0
         return w.num_tokens - (1 if w.samples else 0)
 
-    def add_prompt_logprobs(self, logits: torch.Tensor) -> None:  # [n, vocab], n = prompt_rows
+    def add_prompt_logprobs(self, hidden: torch.Tensor, logits_of: LogitsOf) -> None:
         """Log-probabilities of the prompt tokens that rows computed from num_computed on
-        predict; positions already recorded (a recompute after preemption) are kept."""
+        predict (hidden: [n, hidden], n = prompt_rows); positions already recorded (a recompute
+        after preemption) are kept."""
         seq = self.seq
         lps = self.prompt_logprobs = self.prompt_logprobs or [None]
         first = seq.num_computed + 1  # the prompt position the first row predicts
-        new = prompt_logprobs(logits, seq.token_slice(first, first + logits.shape[0]))
+        n = hidden.shape[0]
+        new = prompt_logprobs(hidden, seq.token_slice(first, first + n), logits_of)
         lps += new[len(lps) - first :] if len(lps) > first else new
 
 
 def take_prompt_rows(
-    work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput, live: dict[str, Live]
-) -> RunOutput:
-    """Hand each prompt_logprobs sequence its prompt rows; the rows left are those the sampler
-    reads (each sampling sequence's last 1 + k), in order."""
-    counts = [live[w.seq.request_id].prompt_rows(w) for w in work]
-    if not any(counts):
-        return run
-    keep: list[int] = []
+    work: list[SeqWork], run: RunOutput, live: dict[str, Live], logits_of: LogitsOf
+) -> None:
+    """Hand each prompt_logprobs sequence its prompt rows' hidden states (`run.hidden_only`,
+    in the order of `work`)."""
     row = 0
-    for w, n in zip(work, counts, strict=True):
+    for w in work:
+        n = live[w.seq.request_id].prompt_rows(w)
         if n:
-            live[w.seq.request_id].add_prompt_logprobs(run.logits[row : row + n])
+            assert run.hidden_only is not None
+            live[w.seq.request_id].add_prompt_logprobs(run.hidden_only[row : row + n], logits_of)
             row += n
-        if w.samples:
-            draft = drafts.get(w.seq.seq_id)
-            span = 1 + (len(draft.tokens) if draft else 0)
-            keep += range(row, row + span)
-            row += span
-    index = torch.tensor(keep, dtype=torch.long, device=run.logits.device)
-    return RunOutput(run.logits[index], run.hidden[index])

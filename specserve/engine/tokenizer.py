@@ -10,6 +10,7 @@ a long prompt), so neither side waits long.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from typing import Any
@@ -63,3 +64,10 @@ class LockedTokenizer:
 def locked(tokenizer: Any) -> LockedTokenizer:
     """`tokenizer` behind a lock (itself if it already is)."""
     return tokenizer if isinstance(tokenizer, LockedTokenizer) else LockedTokenizer(tokenizer)
+
+
+def private_copy(tokenizer: Any) -> LockedTokenizer:
+    """A deep copy behind a lock of its own: for work (encoding a long prompt in a worker
+    thread) that must neither wait for nor hold the lock the engine's detokenizer takes."""
+    inner = tokenizer.inner if isinstance(tokenizer, LockedTokenizer) else tokenizer
+    return LockedTokenizer(copy.deepcopy(inner))

@@ -1,8 +1,11 @@
 """Compile a kernel's C file with the system compiler on first use, cache it, load it.
 
 Each kernel module (`ggml.py`, `attention.py`) names its source, flags and the CPU features
-those flags assume. The shared object lands in the specserve cache under a name keyed by the
-source, the flags, the compiler and the CPU; the compile has a timeout. A machine that lacks
+those flags assume. The shared object lands in the specserve cache (`kernels/`, 0700) under a
+name keyed by the source, the flags, the compiler and the CPU; the compile has a timeout.
+Beside it goes the sha256 of what was built; a cached library is loaded only if it and that
+record are regular files of this user that nobody else may write, and its bytes still hash to
+the record. Anything else (a planted or damaged file) is rebuilt, never loaded. A machine that lacks
 the features or a working compiler gets None and one log line saying why, and the caller runs
 its torch path instead.
 
@@ -23,6 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch  # noqa: F401  (loaded before any kernel: its libgomp is the one they share)
+
+from specserve.models.hashing import (
+    private_dir,
+    read_json_object,
+    sha256_file,
+    untrusted_reason,
+    write_json_atomically,
+)
 
 # -ffp-contract=off: an a * b + c stays two roundings, as torch's elementwise ops round it;
 # the kernels write their FMAs explicitly where they want them.
@@ -92,8 +103,24 @@ def cache_key(spec: KernelSource, compiler_id: str) -> str:
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
+def record_path(target: Path) -> Path:
+    """Where the sha256 of a built library is kept."""
+    return target.with_name(target.name + ".sha256.json")
+
+
+def untrusted_library(target: Path) -> str | None:
+    """Why the cached library must not be loaded (None: it may): see the module docstring."""
+    if not target.exists() and not target.is_symlink():
+        return "not built yet"
+    reason = untrusted_reason(target) or untrusted_reason(record_path(target))
+    if reason is not None:
+        return reason
+    if read_json_object(record_path(target)).get("sha256") != sha256_file(target):
+        return "its bytes differ from the build's record"
+    return None
+
+
 def _compile(spec: KernelSource, compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         staged = Path(tmp) / target.name
         try:
@@ -106,6 +133,10 @@ def _compile(spec: KernelSource, compiler: str, target: Path) -> None:
             )
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"compiling took over {COMPILE_TIMEOUT_S:.0f} s") from exc
+        staged.chmod(0o700)
+        write_json_atomically(record_path(target), {"sha256": sha256_file(staged)})
+        if target.is_symlink() or target.is_dir():
+            target.unlink()  # os.replace would write through neither
         os.replace(staged, target)  # appears complete or not at all
 
 
@@ -119,9 +150,12 @@ def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
 
     try:
         compiler = _compiler()
-        target = default_cache_dir() / "kernels"
+        target = private_dir(default_cache_dir() / "kernels")
         target /= f"{spec.source.stem}-{cache_key(spec, _compiler_id(compiler))}.so"
-        if not target.is_file():
+        why = untrusted_library(target)
+        if why is not None:
+            if why != "not built yet":
+                logger.warning("%s: rebuilding %s: %s", spec.label, target, why)
             _compile(spec, compiler, target)
         return ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:

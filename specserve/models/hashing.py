@@ -1,7 +1,10 @@
-"""File digests remembered across restarts, and atomic JSON writes.
+"""File digests remembered across restarts, atomic JSON writes, and the checks that let a cache
+trust only what it wrote itself.
 
 Hashing a 500 MB checkpoint takes seconds, so a digest is kept in `<cache>/file-hashes.json`
-keyed by (resolved path, size, mtime) and recomputed only when one of those changes.
+keyed by (resolved path, size, mtime) and recomputed only when one of those changes. Cache
+directories are made 0700 (`private_dir`): a file in one, owned by this user and writable by
+nobody else (`untrusted_reason`), was written by this user.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,7 +46,7 @@ def cached_sha256(path: Path, cache_dir: Path) -> str:
     index = {k: v for k, v in index.items() if Path(k).is_file()}
     index[key] = {**stamp, "sha256": digest}
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(cache_dir)
         write_json_atomically(index_path, index)
     except OSError:
         logger.warning("could not update the hash index %s", index_path)
@@ -67,3 +71,69 @@ def write_json_atomically(path: Path, payload: Any) -> None:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only this user may use (created 0700, tightened to 0700 if looser);
+    OSError if it is not a directory this user owns."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise OSError(f"cache directory {path} is not a directory owned by this user")
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def untrusted_reason(path: Path) -> str | None:
+    """Why a cached file must not be used as is (None: it may be): not a regular file (a
+    symlink included), owned by another user, or writable by group or others."""
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}, not this user"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+SEAL_FILE = "specserve-complete.json"
+
+
+def seal(directory: Path, cache_dir: Path | None = None) -> None:
+    """Record every file of (flat) `directory` with its sha256: it is complete as written.
+    With `cache_dir`, digests come through its index (`cached_sha256`)."""
+    names = sorted(p.name for p in directory.iterdir() if p.name != SEAL_FILE)
+    files = {
+        name: sha256_file(directory / name)
+        if cache_dir is None
+        else cached_sha256(directory / name, cache_dir)
+        for name in names
+    }
+    write_json_atomically(directory / SEAL_FILE, {"files": files})
+
+
+def unsealed_reason(directory: Path, cache_dir: Path) -> str | None:
+    """Why `directory` is not as `seal` left it (None: it is): no seal, a file added, missing
+    or changed (rehashed when its size or mtime moves), or one `untrusted_reason` refuses."""
+    reason = untrusted_reason(directory / SEAL_FILE)
+    if reason is not None:
+        return f"{SEAL_FILE}: {reason}"
+    files = read_json_object(directory / SEAL_FILE).get("files")
+    if not isinstance(files, dict):
+        return f"{SEAL_FILE} lists no files"
+    present = {p.name for p in directory.iterdir()} - {SEAL_FILE}
+    if present != set(files):
+        return f"files not as sealed: {sorted(present ^ set(files))}"
+    for name, digest in sorted(files.items()):
+        path = directory / name
+        reason = untrusted_reason(path)
+        if reason is not None:
+            return f"{name}: {reason}"
+        if cached_sha256(path, cache_dir) != digest:
+            return f"{name}: its bytes differ from the seal"
+    return None

@@ -6,6 +6,10 @@ in `cache_dir/gguf-<sha256[:16]>/`; that directory only ever appears complete, b
 under a temporary name in the same cache directory and renamed into place. Beside the float32
 weights goes `ggml_blocks.safetensors`: the Q4_1/Q8_0 tensors in their block format, for the CPU
 block kernels (see models/gguf_blocks.py).
+
+The cache directory is 0700, and a cached model is used only as this process sealed it
+(`hashing.seal`: every file with its sha256, written once the files are): a directory without
+the seal, with a file added, missing, changed or writable by others, is rebuilt.
 """
 
 from __future__ import annotations
@@ -21,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from specserve.models.gguf_blocks import BLOCKS_FILE, REFUSED_FILE, write_blocks
-from specserve.models.hashing import cached_sha256, read_json_object, write_json_atomically
+from specserve.models.hashing import (
+    SEAL_FILE,
+    cached_sha256,
+    private_dir,
+    read_json_object,
+    seal,
+    unsealed_reason,
+    write_json_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +129,19 @@ def _resolve_gguf(path: Path, cache_dir: Path) -> Path:
         raise ModelLoadError(
             f"{path} is not a valid GGUF file: starts with {magic!r}, expected {GGUF_MAGIC!r}"
         )
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(cache_dir)
     target = cache_dir / f"gguf-{cached_sha256(path, cache_dir)[:16]}"
-    if (target / "config.json").is_file():
+    why = unsealed_reason(target, cache_dir) if target.exists() else "not built yet"
+    if why is None:
         logger.debug("using cached dequantised model %s for %s", target, path)
     else:
+        if target.exists():
+            logger.warning("rebuilding the cached model %s: %s", target, why)
+            shutil.rmtree(target)
         _dequantise(path, target)
+        why = unsealed_reason(target, cache_dir)  # and remembers its digests for later starts
+        if why is not None:
+            raise ModelLoadError(f"the cached model {target} is not as it was written: {why}")
     _keep_blocks(path, target)
     return target
 
@@ -141,11 +160,13 @@ def _keep_blocks(path: Path, target: Path) -> None:
         )  # fmt: skip
         return
     try:
-        write_blocks(path, target)
+        if not write_blocks(path, target):
+            return
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
         logger.warning("not keeping GGUF blocks of %s: %s; running float32 weights", path, reason)
         write_json_atomically(refused, {"reason": reason})
+    seal(target, target.parent)  # with the new file: the directory is complete again
 
 
 def _dequantise(gguf_path: Path, target: Path) -> None:
@@ -154,8 +175,9 @@ def _dequantise(gguf_path: Path, target: Path) -> None:
     start = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=".tmp-gguf-", dir=target.parent))
     try:
-        staging.chmod(0o755)
+        staging.chmod(0o700)
         _convert_gguf(gguf_path, staging)
+        seal(staging)
         _publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -167,7 +189,7 @@ def _publish(staging: Path, target: Path) -> None:
         os.replace(staging, target)
     except OSError:
         # A concurrent process published first; its copy is identical (same file hash).
-        if not (target / "config.json").is_file():
+        if not (target / SEAL_FILE).is_file():
             raise
 
 

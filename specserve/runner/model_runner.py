@@ -24,12 +24,16 @@ class RunItem:
     start: int
     block_table: list[int]  # covers start + len(token_ids) positions
     num_logits: int  # logits for the last `num_logits` fed positions (0 = none)
+    # The `hidden_rows` positions just before those: their final-normed states only, which the
+    # caller turns into logits a few rows at a time (no [rows, vocab] tensor for all of them).
+    hidden_rows: int = 0
 
 
 @dataclass(frozen=True)
 class RunOutput:
     logits: torch.Tensor  # [sum(num_logits), vocab] float32
     hidden: torch.Tensor  # [sum(num_logits), hidden]: final-normed states of the same rows
+    hidden_only: torch.Tensor | None = None  # [sum(hidden_rows), hidden]; None: none asked
 
 
 class ModelRunner:
@@ -64,11 +68,14 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         logit_rows: list[int] = []
+        hidden_rows: list[int] = []
         for item in items:
             n = len(item.token_ids)
             ids += item.token_ids
             positions += range(item.start, item.start + n)
-            logit_rows += range(len(ids) - item.num_logits, len(ids))
+            first_logit = len(ids) - item.num_logits
+            hidden_rows += range(first_logit - item.hidden_rows, first_logit)
+            logit_rows += range(first_logit, len(ids))
         build = build_ragged_metadata if self.ragged else build_metadata
         meta = build(
             q_lens=[len(i.token_ids) for i in items],
@@ -83,4 +90,7 @@ class ModelRunner:
             torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_layers, meta
         )
         rows = hidden[torch.tensor(logit_rows, dtype=torch.long, device=dev)]
-        return RunOutput(logits=self.model.logits(rows).float(), hidden=rows)
+        only = (
+            hidden[torch.tensor(hidden_rows, dtype=torch.long, device=dev)] if hidden_rows else None
+        )
+        return RunOutput(logits=self.model.logits(rows).float(), hidden=rows, hidden_only=only)

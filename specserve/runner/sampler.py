@@ -75,6 +75,11 @@ def apply_repetition_penalty(logits: torch.Tensor, history: list[int], penalty: 
     logits[idx] = torch.where(seen > 0, seen / penalty, seen * penalty)
 
 
+# Temperatures in (0, MIN_TEMPERATURE) act as MIN_TEMPERATURE (vLLM's floor): float32 logits
+# divided by a tinier one overflow to inf, and inf - inf is NaN. The pick is the same argmax.
+MIN_TEMPERATURE = 1e-2
+
+
 def processed_logits(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
     """[V] -> [V] float32: penalties, temperature, top-k and top-p (removed tokens are -inf)."""
     p = row.params
@@ -82,7 +87,7 @@ def processed_logits(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
     apply_repetition_penalty(out, row.history, p.repetition_penalty)
     if p.greedy:
         return out
-    out /= p.temperature
+    out /= max(p.temperature, MIN_TEMPERATURE)
     if 0 < p.top_k < out.numel():
         kth = torch.topk(out, p.top_k).values[-1]
         out[out < kth] = float("-inf")

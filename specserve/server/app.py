@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.tokenizer import private_copy
 from specserve.server import openai_api, tgi, tokenize
 from specserve.server.backend import LocalBackend
 from specserve.server.context import Contexts, Ctx, OneContext, ServerContext
@@ -41,7 +42,7 @@ def create_app(
     engine = async_engine.engine
     limits = async_engine.run_locked(lambda e: Limits.from_engine(e, settings))
     metrics = ServerMetrics(lambda: [({}, async_engine.run_locked(snapshot))])
-    backend = LocalBackend(async_engine)
+    backend = LocalBackend(async_engine, private_copy(engine.tokenizer))
     service = GenerationService(
         backend, metrics, settings.max_concurrent_requests, settings.retry_after_s
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.request import RequestOutput, SamplingParams
 
 
@@ -62,19 +63,22 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class LocalBackend:
-    """The engine in this process, stepped by the AsyncEngine's thread."""
+    """The engine in this process, stepped by the AsyncEngine's thread. Prompts are encoded
+    (in the routes' worker threads) by `prompt_tokenizer`, a copy of the engine's with its own
+    lock, so that a long prompt never holds the lock the engine's detokenizer takes."""
 
     async_engine: AsyncEngine
+    prompt_tokenizer: Any
 
     @property
     def tokenizer(self) -> Any:
         return self.async_engine.engine.tokenizer
 
     def encode(self, text: str) -> list[int]:
-        return self.async_engine.engine.encode(text)
+        return encode_text(self.prompt_tokenizer, text)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.async_engine.engine.encode_chat(messages)
+        return encode_messages(self.prompt_tokenizer, messages)
 
     def generate(
         self,

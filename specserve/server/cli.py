@@ -32,6 +32,7 @@ from specserve.cli_flags import add_flag, add_switch
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
+from specserve.server.keyfile import api_key
 from specserve.server.provenance import ProfileChoice, Provenance, load_choice, review
 from specserve.server.service import GenerationService
 from specserve.server.settings import ServerSettings
@@ -79,6 +80,7 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
         "require 'Authorization: Bearer <key>' on every route except /health and /metrics",
         str,
     ),
+    ("--api-key-file", "API_KEY_FILE", None, "read --api-key from a file (mode 600)", str),
     (
         "--max-body-bytes",
         "MAX_BODY_BYTES",
@@ -144,7 +146,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_input_tokens=args.max_input_tokens,
             max_concurrent_requests=args.max_concurrent_requests,
             max_choices=args.max_choices,
-            api_key=args.api_key,
+            api_key=api_key(args.api_key, args.api_key_file),
             max_body_bytes=args.max_body_bytes,
         )
     except ValueError as exc:

@@ -43,6 +43,12 @@ class ServerContext:
     def tokenizer(self) -> Any:
         return self.backend.tokenizer
 
+    @property
+    def prompt_tokenizer(self) -> Any:
+        """The tokenizer to encode prompts with off the event loop: the backend's own copy where
+        it has one (`serve`), else its tokenizer (a fleet ingress's, which no engine shares)."""
+        return getattr(self.backend, "prompt_tokenizer", self.tokenizer)
+
     def encode(self, text: str) -> list[int]:
         """As the engine encodes a text prompt (no special tokens added)."""
         return self.backend.encode(text)

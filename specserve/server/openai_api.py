@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from specserve.engine.request import RequestOutput, TokenLogprob
+from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.errors import ApiError, ErrorKind, error_body
 from specserve.server.openai_logprobs import chat_logprobs, completion_logprobs
@@ -39,7 +40,13 @@ from specserve.server.openai_schemas import (
     ModelList,
     Usage,
 )
-from specserve.server.params import Prepared, check_model, prepare_chat, prepare_completion
+from specserve.server.params import (
+    Prepared,
+    check_choices,
+    check_model,
+    prepare_chat,
+    prepare_completion,
+)
 from specserve.server.service import Tracked
 from specserve.server.sse import EventStream, sse
 
@@ -101,10 +108,12 @@ async def model(model_id: str, ctx: Ctx) -> ModelCard:
 async def completions(
     body: CompletionRequest, request: Request, ctx: Ctx
 ) -> CompletionResponse | EventStream:
-    prep = prepare_completion(body, ctx.encode, ctx.limits)
+    tracked = ctx.service.admit("/v1/completions", check_choices(body.n, ctx.limits))
+    prep = await prepared(
+        ctx.service, tracked, lambda: prepare_completion(body, ctx.encode, ctx.limits)
+    )
     rid, created, model = new_id("cmpl"), int(time.time()), ctx.settings.model_id
     top = prep.params.logprobs
-    tracked = ctx.service.admit("/v1/completions")
 
     def logprobs(entries: list[TokenLogprob], offset: int = 0) -> CompletionLogprobs | None:
         return None if top is None else completion_logprobs(ctx.tokenizer, entries, top, offset)
@@ -147,10 +156,12 @@ async def completions(
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, ctx: Ctx
 ) -> ChatCompletionResponse | EventStream:
-    prep = prepare_chat(body, chat_encoder(ctx), ctx.limits)
+    tracked = ctx.service.admit("/v1/chat/completions", check_choices(body.n, ctx.limits))
+    prep = await prepared(
+        ctx.service, tracked, lambda: prepare_chat(body, chat_encoder(ctx), ctx.limits)
+    )
     rid, created, model = new_id("chatcmpl"), int(time.time()), ctx.settings.model_id
     wants_logprobs = prep.params.logprobs is not None
-    tracked = ctx.service.admit("/v1/chat/completions")
 
     def logprobs(entries: list[TokenLogprob]) -> ChatLogprobs | None:
         return chat_logprobs(ctx.tokenizer, entries) if wants_logprobs else None

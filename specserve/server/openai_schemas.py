@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.server.schemas import U64_MAX, Strict, UnicodeChecked
+from specserve.server.schemas import MAX_REPETITION_PENALTY, U64_MAX, Strict, UnicodeChecked
 
 FinishReasonOpenAI = Literal["stop", "length"]
 
@@ -49,7 +49,9 @@ class SamplingFields(Strict):
     user: str | None = None
     # Extensions.
     top_k: int | None = Field(default=None, ge=0, description="extension: 0 = off")
-    repetition_penalty: float | None = Field(default=None, gt=0, description="extension")
+    repetition_penalty: float | None = Field(
+        default=None, gt=0, le=MAX_REPETITION_PENALTY, description="extension; at most 100"
+    )
     speculate: int | None = Field(
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
     )

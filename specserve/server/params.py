@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.engine.request import SamplingParams
+from specserve.server.caps import check_prompt_chars, check_reply_work
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.openai_schemas import (
     ChatCompletionRequest,
@@ -21,7 +22,7 @@ from specserve.server.openai_schemas import (
     SamplingFields,
 )
 from specserve.server.schemas import GenerateParameters, GenerateRequest
-from specserve.server.settings import MAX_TOP_LOGPROBS, Limits
+from specserve.server.settings import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, Limits
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 Encode = Callable[[str], list[int]]
@@ -96,6 +97,12 @@ def check_stop(stops: list[str], limits: Limits, field: str) -> tuple[str, ...]:
         )
     if any(not s for s in stops):
         raise invalid(field, "stop sequences must be non-empty")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise invalid(
+            field,
+            f"stop sequences must be at most {MAX_STOP_CHARS} characters; got one of {longest}",
+        )
     return tuple(stops)
 
 
@@ -136,9 +143,13 @@ def fresh_seed() -> int:
 
 
 # ------------------------------------------------------------------------------------- TGI
-def prepare_tgi(req: GenerateRequest, encode: Encode, limits: Limits) -> Prepared:
+def prepare_tgi(
+    req: GenerateRequest, encode: Encode, limits: Limits, stream: bool = False
+) -> Prepared:
     p = req.parameters
     _tgi_unsupported(p)
+    if p.truncate is None:
+        check_prompt_chars(len(req.inputs), limits, "inputs")
     ids = encode(req.inputs)
     if p.truncate is not None:
         if p.truncate > limits.max_input_tokens:
@@ -154,6 +165,8 @@ def prepare_tgi(req: GenerateRequest, encode: Encode, limits: Limits) -> Prepare
         limits,
         "parameters.max_new_tokens",
     )
+    if p.details and not stream:
+        check_reply_work(1, max_new, p.top_n_tokens or 0, "parameters.max_new_tokens")
     # As TGI: any warper (temperature != 1, top_k, top_p < 1) turns sampling on.
     warpers = p.temperature not in (None, 1.0) or p.top_k is not None or p.top_p not in (None, 1.0)
     sampling = p.do_sample or warpers
@@ -196,10 +209,14 @@ def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -
         if len(prompt) != 1:
             raise invalid("prompt", f"only one prompt per request is supported; got {len(prompt)}")
         prompt = prompt[0]
+    if isinstance(prompt, str):
+        check_prompt_chars(len(prompt), limits, "prompt")
     ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     check_prompt(ids, limits, "prompt")
     max_new = resolve_max_new(req.max_tokens, None, len(ids), limits, "max_tokens")
     logprobs = None if req.logprobs is None else check_top_logprobs(req.logprobs, "logprobs")
+    if logprobs is not None and not req.stream:
+        check_reply_work(req.n, max_new, logprobs, "logprobs")
     return Prepared(ids, openai_sampling(req, max_new, limits, logprobs))
 
 
@@ -217,7 +234,9 @@ def prepare_chat(
     require_default("tool_choice", req.tool_choice, (None, "none"), 'only "none"')
     fmt = (req.response_format or {}).get("type", "text")
     require_default("response_format", fmt, ("text",), 'only {"type": "text"}')
-    ids = encode_chat(message_dicts(req.messages))
+    messages = message_dicts(req.messages)
+    check_prompt_chars(sum(len(m["content"]) for m in messages), limits, "messages")
+    ids = encode_chat(messages)
     check_prompt(ids, limits, "messages")
     both = req.max_tokens is not None and req.max_completion_tokens is not None
     if both and req.max_tokens != req.max_completion_tokens:
@@ -229,6 +248,8 @@ def prepare_chat(
     asked = req.max_completion_tokens or req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     max_new = resolve_max_new(asked, None, len(ids), limits, field)
+    if logprobs is not None and not req.stream:
+        check_reply_work(req.n, max_new, logprobs, "top_logprobs")
     return Prepared(ids, openai_sampling(req, max_new, limits, logprobs))
 
 

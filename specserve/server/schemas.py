@@ -13,29 +13,37 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 U64_MAX = 2**64 - 1
+# Above this a penalty only pushes seen tokens' logits towards 0 and -inf.
+MAX_REPETITION_PENALTY = 100.0
 
 FinishReasonTGI = Literal["length", "eos_token", "stop_sequence"]
 
 
 def check_unicode(value: Any) -> Any:
     """`value` as is; ValueError if a string in it (or in its lists and dict keys) holds a lone
-    surrogate (JSON may spell one, "\\ud800"; UTF-8 cannot encode it, so no tokenizer can)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            bad = value[exc.start]
-            raise ValueError(
-                f"must be valid Unicode: lone surrogate U+{ord(bad):04X} at index {exc.start}"
-            ) from None
-    elif isinstance(value, list | tuple):
-        for item in value:
-            check_unicode(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_unicode(key)
-            check_unicode(item)
+    surrogate (JSON may spell one, "\\ud800"; UTF-8 cannot encode it, so no tokenizer can).
+    Iterative: a value nested as deep as the JSON parser allows never overflows the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_string(item)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
     return value
+
+
+def _check_string(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        raise ValueError(
+            f"must be valid Unicode: lone surrogate U+{ord(bad):04X} at index {exc.start}"
+        ) from None
 
 
 class UnicodeChecked(BaseModel):
@@ -51,7 +59,7 @@ class Strict(UnicodeChecked):
     """Request models reject unknown fields (a typo must not pass silently) and, as the OpenAI
     API does, values of the wrong JSON type: `true` or `"5"` is not an integer."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class GenerateParameters(Strict):
@@ -71,13 +79,17 @@ class GenerateParameters(Strict):
     max_new_tokens: int | None = Field(
         default=None, ge=1, description="default: 100, capped by the context left after the prompt"
     )
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    repetition_penalty: float | None = Field(
+        default=None, gt=0, le=MAX_REPETITION_PENALTY, description="at most 100"
+    )
     return_full_text: bool | None = Field(
         default=None, description="prepend the prompt to the output"
     )
     seed: int | None = Field(default=None, ge=0, le=U64_MAX)
     stop: list[str] = Field(default_factory=list, description="stop sequences (at most 4)")
-    temperature: float | None = Field(default=None, gt=0)
+    temperature: float | None = Field(
+        default=None, gt=0, description="> 0; below 0.01 it acts as 0.01 (as vLLM)"
+    )
     top_k: int | None = Field(default=None, gt=0)
     top_n_tokens: int | None = Field(
         default=None, ge=0, description="the most likely tokens at each position (at most 20)"

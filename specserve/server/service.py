@@ -1,11 +1,11 @@
 """Runs admitted requests through the backend (`server/backend.py`): admission, timing,
 outcome, disconnects.
 
-Life of one request here: `admit()` takes a slot (or raises 429/503) and returns a `Tracked`;
+Life of one request here: `admit()` takes its slots (or raises 429/503) and returns a `Tracked`;
 `run()` streams the engine's outputs while recording latencies; whatever way the request ends
 (finished, failed, client gone), `Tracked.close()` runs exactly once and frees the slot.
 Leaving `run()` early closes the engine iterator, which aborts the request and frees its KV.
-A request for n choices (`run_choices`) is n engine requests under one slot: choice i has its
+A request for n choices (`run_choices`) is n engine requests taking n slots: choice i has its
 own seed (`SamplingParams.for_choice`), and choices 1.. wait for choice 0's prompt to be
 computed so that they share its cached blocks.
 """
@@ -54,6 +54,7 @@ class Tracked:
     outcome: str = "cancelled"  # until the engine says otherwise
     first_token: float | None = None
     closed: bool = False
+    slots: int = 1  # of --max-concurrent-requests: one per choice
     choices: list[Choice] = field(default_factory=lambda: [Choice()])
 
     @property
@@ -93,14 +94,18 @@ class GenerationService:
         self.finished = 0  # requests admitted and closed, whatever their outcome
         self.draining = False
 
-    def admit(self, route: str) -> Tracked:
+    def admit(self, route: str, slots: int = 1) -> Tracked:
+        """Take `slots` (one per choice) before any work on the request: 429 if not free."""
+        if slots > self.max_concurrent:
+            why = f"must be <= {self.max_concurrent} (--max-concurrent-requests); got {slots}"
+            raise invalid("n", why)
         retry = {"Retry-After": str(self.retry_after_s)}
         if self.draining:
             raise ApiError(503, "the server is shutting down", ErrorKind.UNAVAILABLE, None, retry)
         if not self.engine.alive:
             why = f"the engine stopped: {self.engine.died or 'shut down'}"
             raise ApiError(503, why, ErrorKind.UNAVAILABLE, None, retry)
-        if self.active >= self.max_concurrent:
+        if self.active + slots > self.max_concurrent:
             raise ApiError(
                 429,
                 f"too many requests in flight: the limit is {self.max_concurrent} "
@@ -109,15 +114,15 @@ class GenerationService:
                 None,
                 retry,
             )
-        self.active += 1
+        self.active += slots
         self.metrics.in_flight.inc()
-        return Tracked(route, time.monotonic())
+        return Tracked(route, time.monotonic(), slots=slots)
 
     def close(self, t: Tracked) -> None:
         if t.closed:
             return
         t.closed = True
-        self.active -= 1
+        self.active -= t.slots
         self.finished += 1
         self.metrics.in_flight.dec()
         self.metrics.count(t.route, t.outcome)

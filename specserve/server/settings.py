@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from specserve.engine.engine import Engine
 
@@ -49,7 +50,15 @@ def model_names(model_id: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """Most characters one token decodes to (its vocabulary string is at least as long: a
+    byte-level token spells each byte as one character)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)
+
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
+# Longest stop string, in characters: every output token costs a scan of this many.
+MAX_STOP_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,8 @@ class Limits:
     model_names: tuple[str, ...] = ()  # names `model` may take (any case); () = any
     max_choices: int = 1  # OpenAI `n`
     max_input_reason: str = "--max-input-tokens"  # which bound sets max_input_tokens
+    # Longest prompt text in characters (the context window x the longest token); None = any.
+    max_prompt_chars: int | None = None
 
     @property
     def max_request_tokens(self) -> int:
@@ -91,4 +102,5 @@ class Limits:
             vocab_size=engine.res.model.arch.vocab_size,
             model_names=model_names(settings.model_id),
             max_choices=settings.max_choices,
+            max_prompt_chars=total * longest_token_chars(engine.tokenizer),
         )

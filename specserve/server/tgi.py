@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from specserve.engine.request import RequestOutput, TokenLogprob
+from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.errors import ApiError, error_body
 from specserve.server.params import Prepared, prepare_tgi
@@ -81,8 +82,8 @@ async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> JSONRes
 async def _generate(
     body: GenerateRequest, request: Request, ctx: Ctx, route: str
 ) -> tuple[GenerateResponse, dict[str, str]]:
-    prep = prepare_tgi(body, ctx.encode, ctx.limits)
     tracked = ctx.service.admit(route)
+    prep = await prepared(ctx.service, tracked, lambda: prepare_tgi(body, ctx.encode, ctx.limits))
     result = await ctx.service.collect(request, tracked, prep, new_id("gen"))
     elapsed_ms = int((time.monotonic() - tracked.arrival) * 1000)
     n = len(result.token_ids)
@@ -136,12 +137,14 @@ def _prefill(
 @router.post("/generate_stream", response_model=None, responses={**_SSE, **_ERRORS})
 async def generate_stream(body: GenerateRequest, ctx: Ctx) -> EventStream:
     """Stream one TGI token event per generated token; the last carries the text and details."""
-    return _stream(body, ctx, "/generate_stream")
+    return await _stream(body, ctx, "/generate_stream")
 
 
-def _stream(body: GenerateRequest, ctx: ServerContext, route: str) -> EventStream:
-    prep = prepare_tgi(body, ctx.encode, ctx.limits)
+async def _stream(body: GenerateRequest, ctx: ServerContext, route: str) -> EventStream:
     tracked = ctx.service.admit(route)
+    prep = await prepared(
+        ctx.service, tracked, lambda: prepare_tgi(body, ctx.encode, ctx.limits, stream=True)
+    )
     return EventStream(_events(ctx, body, prep, tracked), lambda: ctx.service.close(tracked))
 
 
@@ -207,6 +210,6 @@ async def compat_generate(
 ) -> JSONResponse | EventStream:
     req = GenerateRequest(inputs=body.inputs, parameters=body.parameters)
     if body.stream:
-        return _stream(req, ctx, "/")
+        return await _stream(req, ctx, "/")
     response, headers = await _generate(req, request, ctx, "/")
     return JSONResponse([response.model_dump(mode="json")], headers=headers)

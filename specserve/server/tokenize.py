@@ -3,7 +3,9 @@
 `/tokenize` with TGI's body (`inputs`) answers TGI's list of tokens with character offsets; with
 vLLM's (`prompt`, or chat `messages` rendered by the model's template) it answers vLLM's
 `{count, max_model_len, tokens}`. Either way the ids are what a generation request with the
-same input would be fed. `/detokenize` (vLLM's) turns ids back into text.
+same input would be fed. `/detokenize` (vLLM's) turns ids back into text. Both are admitted as
+generation requests are (429 when the server is saturated) and run in a worker thread with the
+backend's prompt tokenizer, never under the lock of the engine's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field, model_validator
 
-from specserve.server.context import Ctx
+from specserve.server.admission import prepared
+from specserve.server.caps import check_prompt_chars
+from specserve.server.context import Ctx, route_label
 from specserve.server.errors import invalid
 from specserve.server.openai_api import chat_encoder
 from specserve.server.openai_schemas import ChatMessage
@@ -66,25 +70,38 @@ class DetokenizeResponse(BaseModel):
 
 @router.post("/tokenize", response_model=list[TgiToken] | VllmTokens)
 async def tokenize(body: TokenizeRequest, ctx: Ctx) -> list[TgiToken] | VllmTokens:
-    """Token ids of a prompt, as a generation request with it would be fed."""
+    """Token ids of a prompt, as a generation request with it would be fed. Admitted as a
+    generation request is (429 when the server is saturated), then tokenised off the loop."""
     if body.add_special_tokens:
         raise invalid("add_special_tokens", "only false (the chat template adds its own)")
     if not body.add_generation_prompt:
         raise invalid("add_generation_prompt", "only true (as a chat request renders it)")
+    tracked = ctx.service.admit(route_label("/tokenize"))  # counted as "other"
+    result = await prepared(ctx.service, tracked, lambda: _tokenize(ctx, body))
+    tracked.outcome = "success"
+    ctx.service.close(tracked)
+    return result
+
+
+def _tokenize(ctx: Ctx, body: TokenizeRequest) -> list[TgiToken] | VllmTokens:
     if body.inputs is not None:
+        check_prompt_chars(len(body.inputs), ctx.limits, "inputs")
         return _with_offsets(ctx, body.inputs)
     if body.prompt is not None:
+        check_prompt_chars(len(body.prompt), ctx.limits, "prompt")
         ids = ctx.encode(body.prompt)
     else:
         assert body.messages is not None
-        ids = chat_encoder(ctx)(message_dicts(body.messages))
+        messages = message_dicts(body.messages)
+        check_prompt_chars(sum(len(m["content"]) for m in messages), ctx.limits, "messages")
+        ids = chat_encoder(ctx)(messages)
     return VllmTokens(count=len(ids), max_model_len=ctx.limits.max_total_tokens, tokens=ids)
 
 
 def _with_offsets(ctx: Ctx, text: str) -> list[TgiToken]:
     """Each token with its [start, stop) characters in `text` (the tokenizer's own offsets)."""
     ids = ctx.encode(text)
-    enc = ctx.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    enc = ctx.prompt_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if list(enc["input_ids"]) != ids:  # a tokenizer whose plain call differs: no offsets
         raise invalid("inputs", "this model's tokenizer gives no character offsets")
     return [
@@ -95,8 +112,12 @@ def _with_offsets(ctx: Ctx, text: str) -> list[TgiToken]:
 
 @router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, ctx: Ctx) -> DetokenizeResponse:
-    """The text of token ids."""
+    """The text of token ids (admitted as /tokenize is, decoded off the loop)."""
     vocab = ctx.limits.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise invalid("tokens", f"token ids must be in [0, {vocab})")
-    return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens))
+    tracked = ctx.service.admit(route_label("/detokenize"))
+    text = await prepared(ctx.service, tracked, lambda: ctx.prompt_tokenizer.decode(body.tokens))
+    tracked.outcome = "success"
+    ctx.service.close(tracked)
+    return DetokenizeResponse(prompt=text)

@@ -97,3 +97,77 @@ def test_logprobs_are_the_models_own(tiny_llama: Path) -> None:
     got_prompt = [e.logprob for e in prompt_lps[1:]]  # type: ignore[union-attr]
     torch.testing.assert_close(torch.tensor(got_prompt), torch.tensor(want_prompt), atol=1e-4,
                                rtol=0)  # fmt: skip
+
+
+def test_removed_tokens_are_reported_at_the_floor_not_minus_inf() -> None:
+    from specserve.engine.logprobs import LOGPROB_FLOOR, emitted_logprobs
+    from specserve.runner.sampler import SampleRow
+
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])  # [1, vocab]
+    row = SampleRow(SamplingParams(temperature=1.0, top_k=2, seed=0), [], 0)
+    (e,) = emitted_logprobs(logits, [row], [4], top=5)
+    assert e.logprob == LOGPROB_FLOOR == -9999.0
+    assert [lp for _, lp in e.top][2:] == [LOGPROB_FLOOR] * 3
+    assert all(lp > LOGPROB_FLOOR for _, lp in e.top[:2])
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-45, 5e-324])
+def test_tiny_temperatures_sample_without_nan(temperature: float) -> None:
+    from specserve.runner.sampler import SampleRow, sample_row
+
+    logits = torch.tensor([30.0, -30.0, 29.0, 0.0])  # [vocab]
+    row = SampleRow(SamplingParams(temperature=temperature, seed=1), [], 0)
+    s = sample_row(logits, row)
+    assert s.token == 0 and s.logprob == 0.0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": float("inf")},
+        {"temperature": float("nan")},
+        {"repetition_penalty": float("inf")},
+    ],
+)
+def test_sampling_params_refuse_non_finite_values(fields: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        SamplingParams(**fields)  # type: ignore[arg-type]
+
+
+def test_prompt_logprobs_of_a_long_prefill_come_a_few_rows_at_a_time(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 200-token prompt prefilled in one chunk: the head turns at most PROMPT_LOGPROB_ROWS
+    rows into logits at once (never [200, vocab] plus its log-softmax), with the same values."""
+    from specserve.engine.logprobs import PROMPT_LOGPROB_ROWS
+
+    prompt = (LOOPY[0] * 20)[:200]
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True, prompt_logprobs=True)
+    engine = make_engine(tiny_llama, num_blocks=128, max_batch_tokens=256)
+    model = engine.res.model
+    real = model.logits
+    head_rows: list[int] = []
+
+    def counted(hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden]
+        head_rows.append(hidden.shape[0])
+        return real(hidden)
+
+    monkeypatch.setattr(model, "logits", counted)
+    _, _, [prompt_lps] = run(engine, [prompt], params)
+    assert max(head_rows) <= PROMPT_LOGPROB_ROWS < len(prompt)
+    assert isinstance(prompt_lps, list) and len(prompt_lps) == len(prompt)
+    with torch.inference_mode():
+        logp = engine.res.model.logits(hidden_states(engine, prompt)).float().log_softmax(-1)
+    want = [float(logp[i - 1, prompt[i]]) for i in range(1, len(prompt))]
+    got = [e.logprob for e in prompt_lps[1:]]  # type: ignore[union-attr]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
+    assert_no_kv_held(engine)
+
+
+def hidden_states(engine: Engine, ids: list[int]) -> torch.Tensor:
+    """[len(ids), hidden]: the final states of a fresh one-chunk prefill of `ids`."""
+    from specserve.runner.model_runner import ModelRunner, RunItem
+
+    model = engine.res.model
+    runner = ModelRunner(model, 64, 4, torch.device("cpu"))
+    return runner.run([RunItem(ids, 0, list(range(64)), len(ids))]).hidden

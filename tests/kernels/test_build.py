@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import stat
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,45 @@ def test_missing_kernels_skip_or_fail_where_expected(
         monkeypatch.setenv(name, value)
     with pytest.raises(outcome):
         require(lambda: None, "GGUF block kernels")
+
+
+def test_a_planted_or_tampered_library_is_rebuilt_not_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.kernels.expect import require
+
+    require(attention.library, "paged attention kernels")
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    (tmp_path / "kernels").mkdir(mode=0o755)
+    compiles: list[Path] = []
+    real = build._compile
+
+    def counted(spec: build.KernelSource, compiler: str, target: Path) -> None:
+        compiles.append(target)
+        real(spec, compiler, target)
+
+    monkeypatch.setattr(build, "_compile", counted)
+
+    def load() -> bytes:
+        with caplog.at_level(logging.WARNING, logger="specserve.kernels.attention"):
+            assert build.load(attention.KERNEL, attention.logger) is not None, caplog.text
+        (so,) = tmp_path.glob("kernels/*.so")
+        assert build.untrusted_library(so) is None
+        return so.read_bytes()
+
+    built = load()
+    assert len(compiles) == 1
+    assert stat.S_IMODE((tmp_path / "kernels").stat().st_mode) == 0o700
+    assert load() == built and len(compiles) == 1  # trusted: loaded from the cache
+    so = compiles[0]
+    tampers = [
+        ("differ from the build's record", lambda: so.write_bytes(b"planted, not a library")),
+        ("writable by group or others", lambda: so.chmod(0o777)),
+        ("cannot stat", lambda: build.record_path(so).unlink()),
+        ("not a regular file", lambda: (so.unlink(), so.symlink_to(tmp_path / "elsewhere.so"))),
+    ]
+    for i, (why, tamper) in enumerate(tampers, start=2):
+        tamper()
+        caplog.clear()
+        assert load() == built and len(compiles) == i
+        assert "rebuilding" in caplog.text and why in caplog.text, caplog.text

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -217,12 +219,72 @@ def test_losing_a_conversion_race_is_harmless(
     def convert_while_another_process_wins(gguf_path: Path, out_dir: Path) -> None:
         target.mkdir()
         (target / "config.json").write_text('{"winner": true}')
+        hashing.seal(target)  # the winner completed its copy
         (out_dir / "config.json").write_text("{}")
 
     monkeypatch.setattr(loader, "_convert_gguf", convert_while_another_process_wins)
     assert resolve_model_dir(str(gguf), cache) == target
     assert json.loads((target / "config.json").read_text()) == {"winner": True}
     assert _cache_entries(cache) == [target.name]
+
+
+def test_cache_directory_is_private(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(loader, "_convert_gguf", _fake_convert([]))
+    gguf = _write_fake_gguf(tmp_path / "tiny.gguf")
+    fresh, loose = tmp_path / "a" / "cache", tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    for cache in (fresh, loose):
+        target = resolve_model_dir(str(gguf), cache)
+        assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+        assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize(
+    ("tamper", "why"),
+    [
+        (lambda d: (d / WEIGHTS_FILE).write_bytes(b"other weights"), "differ from the seal"),
+        (lambda d: (d / WEIGHTS_FILE).unlink(), "files not as sealed"),
+        (lambda d: (d / "planted.py").write_text("x = 1"), "files not as sealed"),
+        (lambda d: (d / "config.json").chmod(0o666), "writable by group or others"),
+        (lambda d: (d / hashing.SEAL_FILE).unlink(), "cannot stat"),
+    ],
+)
+def test_a_tampered_cached_model_is_rebuilt(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    tamper: Callable[[Path], object],
+    why: str,
+) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(loader, "_convert_gguf", _fake_convert(calls))
+    gguf = _write_fake_gguf(tmp_path / "tiny.gguf")
+    cache = tmp_path / "cache"
+    target = resolve_model_dir(str(gguf), cache)
+    tamper(target)
+    with caplog.at_level(logging.WARNING, logger="specserve.models.loader"):
+        assert resolve_model_dir(str(gguf), cache) == target
+    assert len(calls) == 2 and why in caplog.text, caplog.text
+    assert (target / WEIGHTS_FILE).read_bytes() == b"weights"
+    assert not (target / "planted.py").exists()
+    assert hashing.unsealed_reason(target, cache) is None
+
+
+def test_a_planted_directory_is_not_trusted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A directory of the expected name with a config.json (what was enough before) and no
+    seal of ours is rebuilt."""
+    calls: list[Path] = []
+    monkeypatch.setattr(loader, "_convert_gguf", _fake_convert(calls))
+    gguf = _write_fake_gguf(tmp_path / "tiny.gguf")
+    cache = tmp_path / "cache"
+    target = cache / f"gguf-{hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]}"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text('{"planted": true}')
+    (target / WEIGHTS_FILE).write_bytes(b"planted weights")
+    assert resolve_model_dir(str(gguf), cache) == target
+    assert len(calls) == 1 and (target / WEIGHTS_FILE).read_bytes() == b"weights"
 
 
 # --- the embedded model (real conversion) -----------------------------------------------------

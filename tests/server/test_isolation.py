@@ -68,14 +68,14 @@ def test_handler_exception_fails_only_that_request(
     inproc: tuple[ThreadServer, ServerContext], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, ctx = inproc
-    real = ctx.async_engine.engine.encode_chat
+    real = ctx.encode_chat
 
     def flaky(messages: list[dict[str, str]]) -> list[int]:
         if "BOOM" in messages[-1]["content"]:
             raise RuntimeError("injected fault")
         return real(messages)
 
-    monkeypatch.setattr(ctx.async_engine.engine, "encode_chat", flaky)
+    monkeypatch.setattr(ctx, "encode_chat", flaky)
     url = server.url + "/v1/chat/completions"
     r = httpx.post(url, json={"messages": [{"role": "user", "content": "BOOM"}]})
     assert r.status_code == 500
