@@ -9,6 +9,10 @@ on a small KV pool (288 tokens for 8 concurrent requests of up to 112), so preem
 Requests are drawn from a seeded mix: every generation route of both APIs, streaming or not,
 greedy or sampled, speculation on or off (`speculate: 0`), about 10 % cut off (a stream closed
 mid-way, a non-streaming client that gives up) and about 1 % invalid (each must get a 4xx).
+With SPECSERVE_SOAK_ABUSE=1 about 3 % more are abuse: four 256-character stop strings on a long
+reply, top-k with top_n_tokens (-inf log-probabilities), 2 MB prompts, /tokenize of 200 kB,
+`grammar` nested 900 deep; each must get a 200 or a 4xx. The summary reports the ordinary
+streams' inter-token gaps (p50, p99), to compare with a soak without abuse.
 Afterwards: no 5xx at all (none is injected here), every valid request answered 200, 0 KV
 blocks held (target and draft), nothing in flight, the server's RSS flat within 5 % over the
 last half, and greedy probes answered the same at the end as at the start, with and without
@@ -36,6 +40,7 @@ from tests.tiny import noisy_copy
 
 pytestmark = pytest.mark.slow
 REQUESTS = int(os.environ.get("SPECSERVE_SOAK_REQUESTS", "10000"))
+ABUSE = os.environ.get("SPECSERVE_SOAK_ABUSE", "0") == "1"
 CONCURRENCY = int(os.environ.get("SPECSERVE_SOAK_CONCURRENCY", "8"))
 WORDS = [
     "def",
@@ -64,12 +69,15 @@ class Shot:
     cut_after: int | None  # events read before closing (streams), or None
     give_up_s: float | None  # client timeout for a non-streaming request that gives up
     invalid: bool
+    abuse: bool = False  # 200 or 4xx, never 5xx; not an ordinary request
 
 
 def make_shot(i: int) -> Shot:
     rng = random.Random(i)
     if rng.random() < 0.01:
         return _invalid(rng)
+    if ABUSE and rng.random() < 0.03:
+        return _abuse(rng)
     route = rng.choice(["/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"])
     stream = route == "/generate_stream" or (route.startswith("/v1/") and rng.random() < 0.5)
     text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))
@@ -117,6 +125,32 @@ def _invalid(rng: random.Random) -> Shot:
     return Shot(route, body, False, None, None, invalid=True)
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"type": "json", "value": {}}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _abuse(rng: random.Random) -> Shot:
+    stops = ["".join(rng.choice("xyz") for _ in range(256)) for _ in range(4)]
+    long_stops = {"max_new_tokens": 48, "ignore_eos": True, "stop": stops}
+    route, body, stream = rng.choice(
+        [
+            ("/generate_stream", {"inputs": "def add", "parameters": long_stops}, True),
+            (
+                "/generate",
+                {"inputs": "hi", "parameters": {"top_k": 2, "top_n_tokens": 5, "details": True}},
+                False,
+            ),
+            ("/generate", {"inputs": "x " * 1_000_000}, False),  # a 2 MB prompt
+            ("/tokenize", {"inputs": "word " * 40_000}, False),
+            ("/generate", {"inputs": "hi", "parameters": {"grammar": _nested(900)}}, False),
+        ]
+    )
+    return Shot(route, body, stream, None, None, invalid=False, abuse=True)
+
+
 @dataclass
 class Tally:
     statuses: Counter[int] = field(default_factory=Counter)  # every response that started
@@ -124,6 +158,8 @@ class Tally:
     gave_up: int = 0  # non-streaming clients that timed out (no status)
     invalid_not_4xx: list[str] = field(default_factory=list)
     valid_not_200: list[str] = field(default_factory=list)
+    abuse: Counter[int] = field(default_factory=Counter)  # statuses of the abuse requests
+    gaps: list[float] = field(default_factory=list)  # ordinary streams' inter-event seconds
     rss: list[int] = field(default_factory=list)  # kB, sampled as requests complete
 
 
@@ -135,9 +171,13 @@ async def fire(client: httpx.AsyncClient, url: str, shot: Shot, tally: Tally) ->
             async with client.stream(
                 "POST", url + shot.route, content=content, headers=headers
             ) as r:
-                status, seen = r.status_code, 0
+                status, seen, last = r.status_code, 0, None
                 async for line in r.aiter_lines():
-                    seen += line.startswith("data:")
+                    if line.startswith("data:"):
+                        seen, now = seen + 1, time.perf_counter()
+                        if last is not None and not shot.abuse and shot.cut_after is None:
+                            tally.gaps.append(now - last)
+                        last = now
                     if shot.cut_after is not None and seen >= shot.cut_after:
                         tally.cut_streams += 1
                         break  # the client goes away mid-stream
@@ -153,6 +193,11 @@ async def fire(client: httpx.AsyncClient, url: str, shot: Shot, tally: Tally) ->
         tally.gave_up += 1
         return
     tally.statuses[status] += 1
+    if shot.abuse:
+        tally.abuse[status] += 1
+        if not (status == 200 or 400 <= status < 500):
+            tally.valid_not_200.append(f"abuse {shot.route} -> {status}")
+        return
     if shot.invalid and not 400 <= status < 500:
         tally.invalid_not_4xx.append(f"{shot.route} {shot.body!r} -> {status}")
     if not shot.invalid and status != 200:
@@ -202,6 +247,7 @@ def soak_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     flags = ["--model", str(tiny_model), "--proposer", "draft", "--draft-model", str(draft)]
     flags += ["--speculate", "3", "--max-total-tokens", "1024", "--kv-cache-bytes", "300kB"]
     flags += ["--max-concurrent-requests", str(4 * CONCURRENCY), "--max-input-tokens", "64"]
+    flags += ["--max-body-bytes", "4000000"]  # 2 MB prompts get past the body limit
     log = tmp_path_factory.mktemp("logs") / "soak-server.log"
     server = start_server(flags, log, env={"OMP_NUM_THREADS": "1"})
     yield server
@@ -218,8 +264,13 @@ def test_soak(soak_server: Server) -> None:
     after_metrics = idle(url)  # 0 target and draft blocks, nothing in flight
     assert probes(url) == before
     half = tally.rss[len(tally.rss) // 2 :]
+    gaps = sorted(tally.gaps)
     summary = {
         "requests": REQUESTS,
+        "abuse": dict(tally.abuse),
+        "ordinary_itl_ms_p50_p99": [
+            round(1000 * gaps[int(q * (len(gaps) - 1))], 2) for q in (0.5, 0.99)
+        ],
         "concurrency": CONCURRENCY,
         "seconds": round(seconds, 1),
         "statuses": dict(tally.statuses),
