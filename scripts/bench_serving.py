@@ -154,22 +154,13 @@ async def over_http(url: str, texts: list[str], conc: int, waves: int, stream: b
 
 
 def start_server(threads: int, log: Path) -> subprocess.Popen[bytes]:
+    from scripts.bench_llamacpp import serve
+
     cmd = [
         sys.executable, "-m", "specserve.cli", "serve", "--port", str(PORT), "--num-threads",
         str(threads), "--speculate", "0", "--no-prefix-caching", "--max-concurrent-requests", "64",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited early; see {log}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"the server did not answer /health; see {log}")
+    return serve(cmd, f"http://127.0.0.1:{PORT}", log)
 
 
 def render(texts: list[str]) -> list[str]:

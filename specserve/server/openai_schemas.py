@@ -13,7 +13,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.server.schemas import MAX_REPETITION_PENALTY, U64_MAX, Strict, UnicodeChecked
+from specserve.server.schemas import (
+    MAX_REPETITION_PENALTY,
+    U64_MAX,
+    Strict,
+    UnicodeChecked,
+    cache_salt_field,
+)
 
 FinishReasonOpenAI = Literal["stop", "length"]
 
@@ -56,13 +62,7 @@ class SamplingFields(Strict):
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
     )
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
-    cache_salt: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="extension (vLLM's): reuse cached prompt prefixes and draft from other "
-        "requests' outputs only of requests with the same salt",
-    )
+    cache_salt: str | None = cache_salt_field()
 
 
 class CompletionRequest(SamplingFields):

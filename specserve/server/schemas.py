@@ -46,6 +46,17 @@ def _check_string(value: str) -> None:
         ) from None
 
 
+def cache_salt_field() -> Any:
+    """The `cache_salt` extension of both APIs."""
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="extension (vLLM's): reuse cached prompt prefixes and draft from other "
+        "requests' outputs only of requests with the same salt",
+    )
+
+
 class UnicodeChecked(BaseModel):
     """Every string field must be encodable as UTF-8 (see `check_unicode`)."""
 
@@ -106,13 +117,7 @@ class GenerateParameters(Strict):
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
     )
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
-    cache_salt: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="extension (vLLM's): reuse cached prompt prefixes and draft from other "
-        "requests' outputs only of requests with the same salt",
-    )
+    cache_salt: str | None = cache_salt_field()
     model: str | None = Field(
         default=None, description="extension: a fleet routes by it (`serve` ignores it)"
     )
