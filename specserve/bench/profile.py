@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from specserve.models.hashing import cached_sha256
-from specserve.models.loader import default_cache_dir
 from specserve.models.registry import weight_files
+from specserve.storage import default_cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from specserve.fleet.config import (
     parse_fleet,
     restart_key,
 )
-from specserve.fleet.secrets import read_secret, write_private
+from specserve.storage import default_cache_dir, read_private, write_private
 
 logger = logging.getLogger("specserve.fleet")
 
@@ -78,8 +78,6 @@ def add_fleet_parser(subparsers: Any) -> None:
 
 # ---------------------------------------------------------------------------- the cluster
 def address_file() -> Path:
-    from specserve.models.loader import default_cache_dir
-
     return default_cache_dir() / "fleet-address"
 
 
@@ -95,7 +93,7 @@ def connect(address: str | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     if address is None and address_file().is_file():
         try:  # a file someone else wrote would send this client (and its token) elsewhere
-            address = read_secret(address_file()).strip()
+            address = read_private(address_file(), "fleet address file").strip()
         except ValueError as exc:
             raise SystemExit(f"error: not trusting {exc}; remove it or pass --address") from exc
         loopback_only()  # the cluster `fleet up` started here

@@ -28,12 +28,12 @@ from pathlib import Path
 import torch  # noqa: F401  (loaded before any kernel: its libgomp is the one they share)
 
 from specserve.models.hashing import (
-    private_dir,
     read_json_object,
     sha256_file,
     untrusted_reason,
     write_json_atomically,
 )
+from specserve.storage import default_cache_dir, private_dir
 
 # -ffp-contract=off: an a * b + c stays two roundings, as torch's elementwise ops round it;
 # the kernels write their FMAs explicitly where they want them.
@@ -146,8 +146,6 @@ def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
     if missing:
         logger.info("%s off: CPU lacks %s", spec.label, ", ".join(missing))
         return None
-    from specserve.models.loader import default_cache_dir
-
     try:
         compiler = _compiler()
         target = private_dir(default_cache_dir() / "kernels")

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from specserve.storage import private_dir
+
 logger = logging.getLogger(__name__)
 
 INDEX_FILE = "file-hashes.json"
@@ -71,18 +73,6 @@ def write_json_atomically(path: Path, payload: Any) -> None:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
-
-
-def private_dir(path: Path) -> Path:
-    """`path` as a directory only this user may use (created 0700, tightened to 0700 if looser);
-    OSError if it is not a directory this user owns."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise OSError(f"cache directory {path} is not a directory owned by this user")
-    if st.st_mode & 0o077:
-        path.chmod(0o700)
-    return path
 
 
 def untrusted_reason(path: Path) -> str | None:

@@ -28,12 +28,12 @@ from specserve.models.gguf_blocks import BLOCKS_FILE, REFUSED_FILE, write_blocks
 from specserve.models.hashing import (
     SEAL_FILE,
     cached_sha256,
-    private_dir,
     read_json_object,
     seal,
     unsealed_reason,
     write_json_atomically,
 )
+from specserve.storage import default_cache_dir, private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +67,6 @@ def embedded_default_gguf() -> Path:
     if not path.is_file():
         raise ModelLoadError(f"default model file is missing: {path}; reinstall: {_INSTALL_HINT}")
     return path
-
-
-def default_cache_dir() -> Path:
-    """`$SPECSERVE_CACHE` if set, else `~/.cache/specserve`."""
-    env = os.environ.get("SPECSERVE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specserve"
 
 
 def resolve_model_dir(model: str | None, cache_dir: Path | None = None) -> Path:

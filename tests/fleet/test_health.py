@@ -104,7 +104,7 @@ def test_the_api_key_travels_by_a_private_file(
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     os.chmod(path, 0o644)
-    with pytest.raises(ValueError, match="readable or writable by others"):
+    with pytest.raises(ValueError, match="group or others may access it"):
         read_secret(path)
 
 

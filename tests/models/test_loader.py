@@ -28,10 +28,10 @@ from specserve.models.loader import (
     GGUF_MAGIC,
     WEIGHTS_FILE,
     ModelLoadError,
-    default_cache_dir,
     embedded_default_gguf,
     resolve_model_dir,
 )
+from specserve.storage import default_cache_dir
 
 torch.set_num_threads(1)
 
