@@ -17,6 +17,7 @@ import random
 
 from specserve.bench.code_edits import CodeEdit, plan_edits, stdlib_sources
 from specserve.bench.workload_items import MAX_PROMPT_CHARS, ChatMessage, WorkloadItem
+from specserve.bench.workload_text import article_entities, data_file
 
 TURNS = 3  # turns per code-edit conversation
 FILE_ASK = "Make no other changes. Output the full updated file in a single ```python code block."
@@ -65,9 +66,7 @@ _REPHRASE = ("Quick question about these documents: ", "I was asked this too, pl
 
 def _document_sets(rng: random.Random) -> list[list[tuple[int, str]]]:
     """Disjoint sets of Lee articles that fit one prompt together with a question."""
-    from specserve.bench.workloads import _data_file
-
-    path = _data_file("gensim", "test/test_data/lee_background.cor")
+    path = data_file("gensim", "test/test_data/lee_background.cor")
     lines = path.read_text(encoding="utf-8").splitlines()
     articles = [(k, a.strip()) for k, a in enumerate(lines) if 400 < len(a.strip()) < 1400]
     rng.shuffle(articles)
@@ -82,8 +81,6 @@ def _document_sets(rng: random.Random) -> list[list[tuple[int, str]]]:
 
 
 def _questions(docs: list[tuple[int, str]], rng: random.Random) -> list[str]:
-    from specserve.bench.workloads import article_entities
-
     pool = []
     for j, (_, text) in enumerate(docs, start=1):
         pool.append(f"Summarise document [{j}] in two sentences.")

