@@ -3,7 +3,7 @@
 # attention, suffix/scored drafts, KV pressure, the soak, serve against a fleet (mixed traffic).
 # Needs a quiet machine: every part compares configurations side by side in one run.
 # Usage: bash scripts/run_benchmarks.sh
-#        [engine|baseline|spec|goodput|policy|attention|suffix|cache|kv|soak|fleet|all]
+#        [engine|baseline|serving|spec|goodput|policy|attention|suffix|cache|kv|soak|fleet|all]
 #        [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,20 @@ if [[ $what == baseline || $what == all ]]; then
     --only ours --json "$out/engine-base.json"
   python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --only ours \
     --json "$out/engine-head.json"
+  git worktree remove --force "$tree"
+fi
+
+if [[ $what == serving || $what == all ]]; then
+  # The serving path against the engine in process (issue 21): this tree, then SERVING_BASE_REV
+  # (before the hand-over fix) from a throwaway worktree, each side of each run in one process
+  # after the other. Neither sets OMP_WAIT_POLICY: both sides run with the same environment.
+  PYTHONPATH=. python scripts/bench_serving.py --threads 1,2 --concurrency 1,16 \
+    --json "$out/serving.json" | tee "$out/serving.md"
+  base="${SERVING_BASE_REV:-6178f74}"
+  tree=$(mktemp -d)
+  git worktree add --detach "$tree" "$base" >/dev/null
+  (cd "$tree" && PYTHONPATH=. python "$OLDPWD/scripts/bench_serving.py" --threads 2 \
+    --concurrency 1,16 --json "$OLDPWD/$out/serving-base.json") | tee "$out/serving-base.md"
   git worktree remove --force "$tree"
 fi
 
@@ -150,6 +164,11 @@ fi
 if [[ $what == soak || $what == all ]]; then
   SPECSERVE_SOAK_REQUESTS="${SOAK_REQUESTS:-10000}" SPECSERVE_SOAK_OUT="$out/soak.json" \
     python -m pytest -m slow tests/server/test_soak.py -s -q | tee "$out/soak.txt"
+  # The same soak with ~3 % abuse mixed in (long stops, -inf logprobs, 2 MB prompts, /tokenize
+  # floods, nested JSON): compare its ordinary streams' ITL with the run above.
+  SPECSERVE_SOAK_ABUSE=1 SPECSERVE_SOAK_REQUESTS="${SOAK_REQUESTS:-10000}" \
+    SPECSERVE_SOAK_OUT="$out/soak-abuse.json" \
+    python -m pytest -m slow tests/server/test_soak.py -s -q | tee "$out/soak-abuse.txt"
 fi
 
 if [[ $what == fleet || $what == all ]]; then
