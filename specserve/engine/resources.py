@@ -65,7 +65,11 @@ def load_resources(config: EngineConfig) -> EngineResources:
     model_dir = resolve_model_dir(config.model)
     started = time.perf_counter()
     model = build_model(
-        model_dir, device, _DTYPES[config.dtype], gguf_blocks=not config.dense_weights
+        model_dir,
+        device,
+        _DTYPES[config.dtype],
+        gguf_blocks=not config.dense_weights,
+        numerics=config.numerics,
     )
     tokenizer = load_tokenizer(model_dir)
     draft = load_draft(config, model, tokenizer, device)

@@ -123,7 +123,8 @@ static float dot_q8_scalar(int kind, const uint8_t* wrow, const block_q8a* a, in
 static inline __attribute__((always_inline)) void dot_q8_avx2(
     int kind, int rows, const uint8_t* wrow, const block_q8a* a, int64_t nb, float* out) {
     __m256 acc[Q8_MAX_TILE_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    float summ[Q8_MAX_TILE_ROWS];  // the Q4_1 offsets, as q4_1_offsets sums them
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), summ[r] = 0.0f;
     const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
     const int64_t bb = kind == KIND_Q4_1 ? 20 : 34;
     for (int64_t blk = 0; blk < nb; blk++) {
@@ -131,6 +132,7 @@ static inline __attribute__((always_inline)) void dot_q8_avx2(
         __builtin_prefetch(b + PREFETCH_AHEAD);
         const __m256 dw = _mm256_set1_ps(q8_half(b));
         __m256i wu, ws = _mm256_setzero_si256();  // unsigned operand; sign source (Q8_0)
+        const float mw = kind == KIND_Q4_1 ? q8_half(b + 2) : 0.0f;
         if (kind == KIND_Q4_1) {
             const __m128i q = _mm_loadu_si128((const __m128i*)(b + 4));
             wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), nibble);
@@ -145,8 +147,8 @@ static inline __attribute__((always_inline)) void dot_q8_avx2(
             const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, aq), ones);
             const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d));
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
+            if (kind == KIND_Q4_1) summ[r] = fmaf(mw, ab->s, summ[r]);
         }
     }
-    for (int r = 0; r < rows; r++)
-        out[r] = hsum(acc[r]) + (kind == KIND_Q4_1 ? q4_1_offsets(wrow, a + r * nb, nb) : 0.0f);
+    for (int r = 0; r < rows; r++) out[r] = hsum(acc[r]) + summ[r];
 }
