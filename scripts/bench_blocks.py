@@ -1,8 +1,10 @@
 """All of the embedded model's projections at M activation rows: GGUF blocks against float32.
 
 For each M, one pass over the 211 projection matrices of SmolLM2-135M (every layer's q/k/v,
-o, gate/up, down, and the tied lm_head) three ways, side by side:
-- blocks: the block kernel on the Q4_1/Q8_0 rows (`BlockLinear`'s path up to DIRECT_MAX_ROWS);
+o, gate/up, down, and the tied lm_head) four ways, side by side:
+- q8: the block kernel in the q8 numerics (`--numerics q8`, the default; every M): each
+  activation row quantised to int8 per 32 values, integer dot products;
+- blocks: the block kernel in float32 (`--numerics exact` up to DIRECT_MAX_ROWS);
 - decode + mm: decode each matrix to float32, then MKL (`BlockLinear`'s path above it);
 - dense: MKL on float32 weights kept in memory (`--dense-weights`).
 The matrices are not fused here (q, k, v separately), so absolute times are a little above the
@@ -10,6 +12,7 @@ engine's; the ratios are what matters.
 
 Usage (repo root, after the default model has been loaded once so its cache exists):
     PYTHONPATH=. python scripts/bench_blocks.py [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
+        [--scalar]  (--scalar: the q8 column on the scalar reference instead of AVX2)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -46,6 +50,11 @@ def on_blocks(items: Items, xs: dict[int, torch.Tensor]) -> None:
         ggml.matmul(xs[w.shape[1]], rows, kind)
 
 
+def on_q8(items: Items, xs: dict[int, torch.Tensor]) -> None:
+    for kind, rows, w in items:
+        ggml.matmul(xs[w.shape[1]], rows, kind, q8=True)
+
+
 def decoded(items: Items, xs: dict[int, torch.Tensor]) -> None:
     for kind, rows, w in items:
         F.linear(xs[w.shape[1]], ggml.dequantize(rows, kind, w.shape[1]))
@@ -61,6 +70,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", default="1,2,3,4,5,6,8,16,24,32,64")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--scalar", action="store_true", help="q8 on the scalar reference")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model_dir(None)
@@ -72,17 +82,18 @@ def main() -> None:
     print(f"{len(blocks)} matrices, {sum(b.numel() for _, b in blocks.values()) / 2**20:.0f} MiB "
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
           f"{args.threads} threads; best of {args.repeats} (ms per pass)\n")  # fmt: skip
-    print("| M | blocks | decode + mm | dense | blocks / M=1 | dense / M=1 | dense / blocks |")
-    print("|---|---|---|---|---|---|---|")
+    print("| M | q8 | blocks | decode + mm | dense | q8 / M=1 | blocks / M=1 | blocks / q8 |")
+    print("|---|---|---|---|---|---|---|---|")
     first: tuple[float, float] | None = None
     items = [(kind, rows, dense[name]) for name, (kind, rows) in blocks.items()]
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in dense.values()}}
-        passes = [partial(fn, items, xs) for fn in (on_blocks, decoded, on_dense)]
-        t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats) for fn in passes)
-        first = first or (t_b, t_f)
-        print(f"| {m} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | {t_b / first[0]:.2f} | "
-              f"{t_f / first[1]:.2f} | {t_f / t_b:.2f} |")  # fmt: skip
+        passes = [partial(fn, items, xs) for fn in (on_q8, on_blocks, decoded, on_dense)]
+        with ggml.scalar_q8() if args.scalar else nullcontext():
+            t_q, t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats) for fn in passes)
+        first = first or (t_q, t_b)
+        print(f"| {m} | {t_q:.1f} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | {t_q / first[0]:.2f} | "
+              f"{t_b / first[1]:.2f} | {t_b / t_q:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -183,7 +183,9 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
         case 1: dot_q8_avx2(KIND, 1, row, a, nb, out); break;      \
         case 2: dot_q8_avx2(KIND, 2, row, a, nb, out); break;      \
         case 3: dot_q8_avx2(KIND, 3, row, a, nb, out); break;      \
-        default: dot_q8_avx2(KIND, 4, row, a, nb, out); break;     \
+        case 4: dot_q8_avx2(KIND, 4, row, a, nb, out); break;      \
+        case 5: dot_q8_avx2(KIND, 5, row, a, nb, out); break;      \
+        default: dot_q8_avx2(KIND, 6, row, a, nb, out); break;     \
     }
     if (kind == KIND_Q4_1) Q8_ROWS(KIND_Q4_1) else Q8_ROWS(KIND_Q8_0)
 #undef Q8_ROWS
