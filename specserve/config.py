@@ -101,8 +101,8 @@ class EngineConfig:
     device: str = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     # GGUF models on CPU keep their Q4_1/Q8_0 weights as blocks and run the block kernels
-    # (same numbers up to float32 summation order, ~5x fewer bytes per token). True runs the
-    # float32 weights dequantised at load instead.
+    # (in `numerics`, ~5x fewer bytes per token). True runs the float32 weights dequantised at
+    # load instead.
     dense_weights: bool = False
     # Arithmetic of the block kernels (no effect on dense weights). Each row's result is
     # independent of the rows beside it in "q8"; in "exact" up to 24 rows a step.

@@ -19,7 +19,7 @@ from specserve.engine.request import SamplingParams
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models import block_linear
-from specserve.models.block_linear import BlockEmbedding, BlockLinear
+from specserve.models.block_linear import BlockEmbedding, BlockLinear, block_numerics
 from specserve.models.gguf_blocks import (
     BLOCKS_FILE,
     _f32_bound,
@@ -133,6 +133,7 @@ def test_engine_on_blocks_gives_the_dense_engine_tokens(tmp_path: Path, tied: bo
         assert model.embed_tokens.blocks.data_ptr() == model.lm_head.blocks.data_ptr()
     dense = build_model(model_dir, CPU, gguf_blocks=False)
     assert not isinstance(dense.layers[0].qkv_proj, BlockLinear)
+    assert (block_numerics(model), block_numerics(dense)) == ("exact", None)  # /info's
 
     prompts = mixed_prompts(6)
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)
