@@ -127,7 +127,9 @@ def load_draft(
         return None
     assert spec.draft_model is not None  # SpecConfig requires it with proposer 'draft'
     dtype = _DTYPES[config.dtype]
-    return load_draft_model(spec.draft_model, target.arch.vocab_size, tokenizer, device, dtype)
+    return load_draft_model(
+        spec.draft_model, target.arch.vocab_size, tokenizer, device, dtype, config.numerics
+    )
 
 
 def largest_step(config: EngineConfig) -> int:
