@@ -54,7 +54,7 @@ static void quantize_block_scalar(const float* x, block_q8a* b) {
     q8_scales(amax, &d, &id);
     int32_t sum = 0;
     for (int j = 0; j < QK; j++) {
-        b->qs[j] = (int8_t)nearbyintf(x[j] * id);  // default mode: round half to even
+        b->qs[j] = (int8_t)__builtin_roundevenf(x[j] * id);  // whatever the rounding mode
         sum += b->qs[j];
     }
     b->d = d;
