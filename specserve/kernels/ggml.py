@@ -1,4 +1,4 @@
-"""CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`, `q8_dot.h`), built on first use.
+"""CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`, `q8_*.h`), built on first use.
 
 Two numerics: exact (float32 products on the blocks expanded to float32) and q8 (activations
 quantised per row to 8 bits per 32 values, integer dot products; `q8=True`).
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 KERNEL = build.KernelSource(
     _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
-    (_HERE / "simd.h", _HERE / "q8_dot.h"),
+    (_HERE / "simd.h", _HERE / "q8_dot.h", _HERE / "q8_matmul.h"),
 )  # fmt: skip
 QK = 32  # weights per block
 Q8A_BYTES = 40  # a quantised activation block: float32 d, float32 s, 32 int8

@@ -156,3 +156,42 @@ static inline __attribute__((always_inline)) void dot_q8_avx2(
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) out[r] = hsum(acc[r]) + summ[r];
 }
+
+// AVX2: COLS weight rows (w + c * row_bytes) . one activation row. One row alone is bound by the
+// latency of its accumulator's FMA chain; COLS independent outputs keep the FMA units busy.
+// out[c] as dot_q8_scalar computes it (dw * da is the same product as in dot_q8_avx2).
+#define Q8_MAX_TILE_COLS 4
+static inline __attribute__((always_inline)) void dot_q8_avx2_cols(
+    int kind, int cols, const uint8_t* w, int64_t row_bytes, const block_q8a* a, int64_t nb,
+    float* out) {
+    __m256 acc[Q8_MAX_TILE_COLS];
+    float summ[Q8_MAX_TILE_COLS];
+#pragma GCC unroll 4
+    for (int c = 0; c < cols; c++) acc[c] = _mm256_setzero_ps(), summ[c] = 0.0f;
+    const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
+    const int64_t bb = kind == KIND_Q4_1 ? 20 : 34;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const __m256i aq = _mm256_loadu_si256((const __m256i*)a[blk].qs);
+        const __m256 da = _mm256_broadcast_ss(&a[blk].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < cols; c++) {
+            const uint8_t* b = w + c * row_bytes + blk * bb;
+            __builtin_prefetch(b + PREFETCH_AHEAD);
+            __m256i wu, q = aq;
+            if (kind == KIND_Q4_1) {
+                const __m128i p = _mm_loadu_si128((const __m128i*)(b + 4));
+                wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), nibble);
+            } else {
+                const __m256i ws = _mm256_loadu_si256((const __m256i*)(b + 2));
+                wu = _mm256_sign_epi8(ws, ws);
+                q = _mm256_sign_epi8(aq, ws);
+            }
+            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, q), ones);
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(q8_half(b)), da);
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[c]);
+            if (kind == KIND_Q4_1) summ[c] = fmaf(q8_half(b + 2), a[blk].s, summ[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < cols; c++) out[c] = hsum(acc[c]) + summ[c];
+}
