@@ -1,5 +1,5 @@
 // The q8 matmul (see q8_dot.h for the arithmetic): which path runs, quantising activation rows,
-// and who computes which output (chunks of rows, groups of weight rows, tiles, threads) --
+// and who computes which output (chunks of rows, tiles of rows, threads) --
 // never how: each output is dot_q8_scalar's sequence of operations whatever M is.
 // Included once, by ggml_blocks.c, after q8_dot.h and store().
 
@@ -53,58 +53,27 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
     return rows;
 }
 
-// The last activation row of a chunk (M = 1 in decode) against `cols` weight rows at once.
-static void q8_cols(int kind, int cols, const uint8_t* w, int64_t row_bytes, const block_q8a* a,
-                    int64_t nb, float* out) {
-#define Q8_COLS(KIND)                                                      \
-    switch (cols) {                                                        \
-        case 1: dot_q8_avx2_cols(KIND, 1, w, row_bytes, a, nb, out); break; \
-        case 2: dot_q8_avx2_cols(KIND, 2, w, row_bytes, a, nb, out); break; \
-        case 3: dot_q8_avx2_cols(KIND, 3, w, row_bytes, a, nb, out); break; \
-        default: dot_q8_avx2_cols(KIND, 4, w, row_bytes, a, nb, out); break; \
-    }
-    if (kind == KIND_Q4_1) Q8_COLS(KIND_Q4_1) else Q8_COLS(KIND_Q8_0)
-#undef Q8_COLS
-}
-
-// y[m .. m + rows)[n0 .. n0 + cols) for activation rows a[m ..] (left of them in the chunk);
-// returns rows. A lone row takes the weight rows together, more rows take them one by one.
-static int64_t q8_group(int kind, int64_t n0, int cols, int64_t m, int64_t left,
-                        const uint8_t* w, int64_t rb, const block_q8a* a, int64_t nb, float* y,
-                        int64_t N, const float* bias, const float* res) {
-    float dots[Q8_MAX_TILE_COLS * Q8_MAX_TILE_ROWS];
-    int rows = 1;
-    if (q8_avx2 && left == 1) {
-        q8_cols(kind, cols, w + n0 * rb, rb, a + m * nb, nb, dots);
-        for (int c = 0; c < cols; c++) store(y, bias, res, m * N + n0 + c, n0 + c, dots[c]);
-        return 1;
-    }
-    for (int c = 0; c < cols; c++) {
-        float* out = dots + c * Q8_MAX_TILE_ROWS;
-        rows = q8_tile(kind, left, w + (n0 + c) * rb, a + m * nb, nb, out);
-        for (int r = 0; r < rows; r++) store(y, bias, res, (m + r) * N + n0 + c, n0 + c, out[r]);
-    }
-    return rows;
-}
-
 // Activation rows per pass over W: their Q8A blocks stay in cache while W streams once per
-// chunk. Chunks, tiles, groups and threads only decide who computes an output, never how.
+// chunk. Chunks, tiles and threads only decide who computes an output, never how. Weight rows
+// go one at a time: each streams from memory as one sequence (with its prefetch), which beats
+// taking several at once to overlap their FMA chains (measured on the whole model, M = 1).
 #define Q8_CHUNK_ROWS 64
 
 // y [M, N] = a @ W^T (+ bias) (+ res), a the Q8A rows of the activations.
 static void matmul_q8(int kind, const block_q8a* a, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* bias, const float* res) {
     const int64_t nb = K / QK, rb = nb * block_bytes(kind);
-    const int64_t groups = (N + Q8_MAX_TILE_COLS - 1) / Q8_MAX_TILE_COLS;
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {
         const int64_t m1 = M - m0 < Q8_CHUNK_ROWS ? M : m0 + Q8_CHUNK_ROWS;
 #pragma omp for schedule(static)
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t n0 = g * Q8_MAX_TILE_COLS;
-            const int cols = N - n0 < Q8_MAX_TILE_COLS ? (int)(N - n0) : Q8_MAX_TILE_COLS;
-            for (int64_t m = m0; m < m1;)
-                m += q8_group(kind, n0, cols, m, m1 - m, w, rb, a, nb, y, N, bias, res);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t m = m0; m < m1;) {
+                float dots[Q8_MAX_TILE_ROWS];
+                const int rows = q8_tile(kind, m1 - m, w + n * rb, a + m * nb, nb, dots);
+                for (int r = 0; r < rows; r++) store(y, bias, res, (m + r) * N + n, n, dots[r]);
+                m += rows;
+            }
         }
     }
 }
