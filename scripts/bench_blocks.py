@@ -1,15 +1,25 @@
 """All of the embedded model's projections at M activation rows: GGUF blocks against float32.
 
 For each M, one pass over the 211 projection matrices of SmolLM2-135M (every layer's q/k/v,
-o, gate/up, down, and the tied lm_head) three ways, side by side:
-- blocks: the block kernel on the Q4_1/Q8_0 rows (`BlockLinear`'s path up to DIRECT_MAX_ROWS);
+o, gate/up, down, and the tied lm_head) four ways, side by side:
+- q8: the block kernel in the q8 numerics (`--numerics q8`, the default; every M): each
+  activation row quantised to int8 per 32 values, integer dot products;
+- blocks: the block kernel in float32 (`--numerics exact` up to DIRECT_MAX_ROWS);
 - decode + mm: decode each matrix to float32, then MKL (`BlockLinear`'s path above it);
 - dense: MKL on float32 weights kept in memory (`--dense-weights`).
 The matrices are not fused here (q, k, v separately), so absolute times are a little above the
 engine's; the ratios are what matters.
 
+With --decode N, instead: batch-1 greedy decode of N tokens in process (the `LLM` class, the
+embedded model, speculation off) in each numerics, tok/s after the first token, best of
+--repeats.
+
 Usage (repo root, after the default model has been loaded once so its cache exists):
     PYTHONPATH=. python scripts/bench_blocks.py [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
+        [--scalar] [--cpu-clock] [--decode 128]
+--scalar: the q8 column on the scalar reference instead of AVX2. --cpu-clock: time by the
+process's CPU time instead of the wall clock (on a shared machine, with --threads 1, it leaves
+out the time other processes held the core).
 """
 
 from __future__ import annotations
@@ -17,24 +27,28 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from specserve.config import EngineConfig, Numerics
 from specserve.kernels import ggml
 from specserve.models.gguf_blocks import load_blocks
 from specserve.models.loader import resolve_model_dir
 
 
-def best_of(fn: Callable[[], None], repeats: int) -> float:
+def best_of(
+    fn: Callable[[], None], repeats: int, clock: Callable[[], float] = time.perf_counter
+) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = clock()
         fn()
-        times.append(time.perf_counter() - started)
+        times.append(clock() - started)
     return min(times)
 
 
@@ -44,6 +58,11 @@ Items = list[tuple[ggml.BlockKind, torch.Tensor, torch.Tensor]]  # kind, blocks,
 def on_blocks(items: Items, xs: dict[int, torch.Tensor]) -> None:
     for kind, rows, w in items:
         ggml.matmul(xs[w.shape[1]], rows, kind)
+
+
+def on_q8(items: Items, xs: dict[int, torch.Tensor]) -> None:
+    for kind, rows, w in items:
+        ggml.matmul(xs[w.shape[1]], rows, kind, q8=True)
 
 
 def decoded(items: Items, xs: dict[int, torch.Tensor]) -> None:
@@ -56,13 +75,45 @@ def on_dense(items: Items, xs: dict[int, torch.Tensor]) -> None:
         F.linear(xs[w.shape[1]], w)
 
 
+def decode_rate(numerics: Numerics, tokens: int, threads: int, repeats: int) -> float:
+    """Best batch-1 greedy decode rate (tok/s after the first token) over `repeats` runs."""
+    from specserve import LLM
+    from specserve.engine.request import SamplingParams
+
+    llm = LLM(config=EngineConfig(numerics=numerics, num_threads=threads))
+    engine = llm.engine
+    prompt = engine.encode_chat(
+        [{"role": "user", "content": "Tell me a story about a lighthouse."}]
+    )
+    params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+    llm.generate([prompt], SamplingParams(max_new_tokens=8))  # warm-up
+    rates = []
+    for _ in range(repeats):
+        engine.add_request(prompt, params)
+        engine.step()  # prefill and the first token
+        started, produced = time.perf_counter(), 1
+        while engine.has_work():
+            produced += sum(len(out.new_token_ids) for out in engine.step())
+        rates.append((produced - 1) / (time.perf_counter() - started))
+    return max(rates)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", default="1,2,3,4,5,6,8,16,24,32,64")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--scalar", action="store_true", help="q8 on the scalar reference")
+    p.add_argument("--cpu-clock", action="store_true", help="time by process CPU time")
+    p.add_argument("--decode", type=int, default=0, help="tokens of batch-1 decode instead")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.decode:
+        modes: tuple[Numerics, ...] = ("q8", "exact")
+        for numerics in modes:
+            tps = decode_rate(numerics, args.decode, args.threads, args.repeats)
+            print(f"{numerics}: {tps:.1f} tok/s batch-1 decode, {args.threads} threads")
+        return
     model_dir = resolve_model_dir(None)
     blocks = load_blocks(model_dir)
     if not blocks or ggml.library() is None:
@@ -71,18 +122,21 @@ def main() -> None:
         dense = {name: f.get_tensor(name) for name in blocks}
     print(f"{len(blocks)} matrices, {sum(b.numel() for _, b in blocks.values()) / 2**20:.0f} MiB "
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
-          f"{args.threads} threads; best of {args.repeats} (ms per pass)\n")  # fmt: skip
-    print("| M | blocks | decode + mm | dense | blocks / M=1 | dense / M=1 | dense / blocks |")
-    print("|---|---|---|---|---|---|---|")
+          f"{args.threads} threads; best of {args.repeats} (ms per pass, "
+          f"{'CPU time' if args.cpu_clock else 'wall clock'})\n")  # fmt: skip
+    print("| M | q8 | blocks | decode + mm | dense | q8 / M=1 | blocks / M=1 | blocks / q8 |")
+    print("|---|---|---|---|---|---|---|---|")
     first: tuple[float, float] | None = None
     items = [(kind, rows, dense[name]) for name, (kind, rows) in blocks.items()]
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in dense.values()}}
-        passes = [partial(fn, items, xs) for fn in (on_blocks, decoded, on_dense)]
-        t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats) for fn in passes)
-        first = first or (t_b, t_f)
-        print(f"| {m} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | {t_b / first[0]:.2f} | "
-              f"{t_f / first[1]:.2f} | {t_f / t_b:.2f} |")  # fmt: skip
+        passes = [partial(fn, items, xs) for fn in (on_q8, on_blocks, decoded, on_dense)]
+        with ggml.scalar_q8() if args.scalar else nullcontext():
+            clock = time.process_time if args.cpu_clock else time.perf_counter
+            t_q, t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats, clock) for fn in passes)
+        first = first or (t_q, t_b)
+        print(f"| {m} | {t_q:.1f} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | {t_q / first[0]:.2f} | "
+              f"{t_b / first[1]:.2f} | {t_b / t_q:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

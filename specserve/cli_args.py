@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from specserve.cli_flags import add_flag, add_switch
 from specserve.config import (
     ATTENTION_IMPLS,
+    NUMERICS,
     POLICIES,
     PROPOSERS,
     CacheConfig,
@@ -148,6 +149,19 @@ def add_runtime_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | No
     )
     add_flag(
         p,
+        "--numerics",
+        "NUMERICS",
+        "q8",
+        "arithmetic of a GGUF model's block kernels. q8: each activation row quantised to int8 "
+        "per 32 values, integer dot products (llama.cpp's numerics, fastest); exact: blocks "
+        "expanded to float32, float32 products (HF transformers' outputs up to summation "
+        "order). Either way a row's result does not depend on the rows beside it (exact: up "
+        "to 24 rows a step); no effect with --dense-weights or non-GGUF models",
+        choices=NUMERICS,
+        environ=environ,
+    )
+    add_flag(
+        p,
         "--attention",
         "ATTENTION",
         "auto",
@@ -249,6 +263,7 @@ def engine_config(args: argparse.Namespace, resolve_speculate: bool = True) -> E
         model=args.model,
         device=args.device,
         dense_weights=args.dense_weights,
+        numerics=args.numerics,
         attention=args.attention,
         num_threads=args.num_threads,
         max_model_len=args.max_total_tokens,

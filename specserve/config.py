@@ -13,6 +13,11 @@ POLICIES: tuple[str, ...] = ("static", "adaptive")
 # padded reference; "reference": always the padded gather + SDPA path (for comparisons).
 AttentionImpl = Literal["auto", "reference"]
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference")
+# How GGUF block weights multiply (docs/design: "Numerics"). "q8": each activation row quantised
+# per 32 values to int8, integer dot products (llama.cpp's arithmetic); "exact": blocks expanded
+# to float32, float32 products (HF transformers' numbers up to summation order).
+Numerics = Literal["q8", "exact"]
+NUMERICS: tuple[str, ...] = ("q8", "exact")
 
 
 @dataclass(frozen=True)
@@ -96,9 +101,12 @@ class EngineConfig:
     device: str = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     # GGUF models on CPU keep their Q4_1/Q8_0 weights as blocks and run the block kernels
-    # (same numbers up to float32 summation order, ~5x fewer bytes per token). True runs the
-    # float32 weights dequantised at load instead.
+    # (in `numerics`, ~5x fewer bytes per token). True runs the float32 weights dequantised at
+    # load instead.
     dense_weights: bool = False
+    # Arithmetic of the block kernels (no effect on dense weights). Each row's result is
+    # independent of the rows beside it in "q8"; in "exact" up to 24 rows a step.
+    numerics: Numerics = "q8"
     attention: AttentionImpl = "auto"
     # Intra-op threads for torch; None leaves torch's default.
     num_threads: int | None = None
@@ -113,6 +121,8 @@ class EngineConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
 
     def __post_init__(self) -> None:
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {self.attention!r}")
         if self.num_threads is not None and self.num_threads < 1:

@@ -68,3 +68,20 @@ def test_readme_and_help_agree_on_proposer_auto() -> None:
     assert "auto (the draft model if --draft-model is given, else Medusa heads" in str(action.help)
     row = next(line for line in README.read_text().splitlines() if "`--proposer auto" in line)
     assert row.index("draft model") < row.index("Medusa") < row.index("n-gram"), row
+
+
+def test_numerics_flag_env_and_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specserve.cli_args import engine_config
+    from specserve.config import EngineConfig
+
+    monkeypatch.delenv("NUMERICS", raising=False)
+    args = build_parser().parse_args(["generate", "hi"])
+    assert engine_config(args, resolve_speculate=False).numerics == "q8"  # the default
+    monkeypatch.setenv("NUMERICS", "exact")
+    args = build_parser().parse_args(["generate", "hi"])
+    assert engine_config(args, resolve_speculate=False).numerics == "exact"
+    args = build_parser().parse_args(["generate", "hi", "--numerics", "q8"])
+    assert args.numerics == "q8"  # the flag beats the env form
+    assert re.search(r"--numerics \S+ .*?\[env: NUMERICS; default: q8\]", _help("serve"))
+    with pytest.raises(ValueError, match="numerics must be one of"):
+        EngineConfig(numerics="fp8")  # type: ignore[arg-type]

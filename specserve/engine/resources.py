@@ -65,7 +65,11 @@ def load_resources(config: EngineConfig) -> EngineResources:
     model_dir = resolve_model_dir(config.model)
     started = time.perf_counter()
     model = build_model(
-        model_dir, device, _DTYPES[config.dtype], gguf_blocks=not config.dense_weights
+        model_dir,
+        device,
+        _DTYPES[config.dtype],
+        gguf_blocks=not config.dense_weights,
+        numerics=config.numerics,
     )
     tokenizer = load_tokenizer(model_dir)
     draft = load_draft(config, model, tokenizer, device)
@@ -123,7 +127,9 @@ def load_draft(
         return None
     assert spec.draft_model is not None  # SpecConfig requires it with proposer 'draft'
     dtype = _DTYPES[config.dtype]
-    return load_draft_model(spec.draft_model, target.arch.vocab_size, tokenizer, device, dtype)
+    return load_draft_model(
+        spec.draft_model, target.arch.vocab_size, tokenizer, device, dtype, config.numerics
+    )
 
 
 def largest_step(config: EngineConfig) -> int:

@@ -1,4 +1,7 @@
-"""CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`), built on first use.
+"""CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`, `q8_*.h`), built on first use.
+
+Two numerics: exact (float32 products on the blocks expanded to float32) and q8 (activations
+quantised per row to 8 bits per 32 values, integer dot products; `q8=True`).
 
 Nothing here is required: `library()` returns None (and says why once in the log) when the CPU
 lacks AVX2/FMA/F16C or no compiler works, and callers then run on dequantised float32 weights.
@@ -8,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
@@ -18,11 +23,13 @@ from specserve.kernels import build
 
 logger = logging.getLogger(__name__)
 
+_HERE = Path(__file__).parent
 KERNEL = build.KernelSource(
-    Path(__file__).with_name("ggml_blocks.c"), build.AVX2_FLAGS, build.AVX2_CPU,
-    "GGUF block kernels", (Path(__file__).with_name("simd.h"),),
+    _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
+    (_HERE / "simd.h", _HERE / "q8_dot.h", _HERE / "q8_matmul.h"),
 )  # fmt: skip
 QK = 32  # weights per block
+Q8A_BYTES = 40  # a quantised activation block: float32 d, float32 s, 32 int8
 
 
 class BlockKind(IntEnum):
@@ -51,8 +58,12 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_dequantize.argtypes = [c_int, ptr, ptr, i64, i64, c_int]
     lib.ggml_dequantize.restype = None
     lib.ggml_matmul_fused.argtypes = [c_int, ptr, ptr, ptr, i64, i64, i64, c_int]
-    lib.ggml_matmul_fused.argtypes += [ptr, ctypes.c_float, c_int, ptr, ptr]
+    lib.ggml_matmul_fused.argtypes += [ptr, ctypes.c_float, c_int, ptr, ptr, c_int]
     lib.ggml_matmul_fused.restype = c_int
+    lib.ggml_quantize_q8.argtypes = [ptr, ptr, i64, i64, c_int]
+    lib.ggml_quantize_q8.restype = None
+    lib.ggml_q8_path.argtypes = [c_int]
+    lib.ggml_q8_path.restype = c_int
     return lib
 
 
@@ -78,21 +89,32 @@ def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> Non
 
 
 def matmul(
-    x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, threads: int | None = None
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    kind: BlockKind,
+    threads: int | None = None,
+    q8: bool = False,
 ) -> torch.Tensor:
-    """x [M, K] float32 @ W^T -> [M, N], W given as blocks [N, row_bytes]."""
+    """x [M, K] float32 @ W^T -> [M, N], W given as blocks [N, row_bytes]; q8: in the q8
+    numerics (x quantised per row and 32-value block, integer dot products)."""
     check_blocks(blocks, kind, x.shape[-1])
-    return matmul_checked(x, blocks, kind, threads)
+    return matmul_checked(x, blocks, kind, threads, q8)
 
 
 def matmul_checked(
-    x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, threads: int | None = None
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    kind: BlockKind,
+    threads: int | None = None,
+    q8: bool = False,
 ) -> torch.Tensor:
     """`matmul` for blocks that passed `check_blocks` for x's width once, at construction: the
     per-step path, where re-checking the weights costs more than the call itself."""
     lib = _require()
     if x.dtype != torch.float32:
         raise ValueError(f"activations must be float32, got {x.dtype}")
+    if q8:
+        return matmul_fused(x, blocks, kind, x.shape[-1], threads=threads, q8=True)
     x = x.contiguous()
     out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
     lib.ggml_matmul(
@@ -117,6 +139,8 @@ def matmul_fused(
     swiglu: bool = False,  # input = silu(x[:, :K]) * x[:, K:]
     bias: torch.Tensor | None = None,  # [N]
     residual: torch.Tensor | None = None,  # [M, N] float32 contiguous, added to the output
+    threads: int | None = None,
+    q8: bool = False,  # the q8 numerics: the (normed / gated) input rows quantised to Q8A
 ) -> torch.Tensor:  # [M, N]
     """`matmul` with the projection's neighbours fused in (see ggml_matmul_fused in the C file):
     one call instead of a norm, a gate, a bias add and a residual add."""
@@ -131,8 +155,8 @@ def matmul_fused(
     norm_w, eps = (norm[0].contiguous(), norm[1]) if norm is not None else (None, 0.0)
     rc = lib.ggml_matmul_fused(
         kind, x.data_ptr(), blocks.data_ptr(), out.data_ptr(), x.shape[0], blocks.shape[0],
-        in_features, torch.get_num_threads(), _ptr(norm_w), eps, int(swiglu), _ptr(bias),
-        _ptr(residual),
+        in_features, threads or torch.get_num_threads(), _ptr(norm_w), eps, int(swiglu),
+        _ptr(bias), _ptr(residual), int(q8),
     )  # fmt: skip
     if rc != 0:
         raise MemoryError("block kernel could not allocate its input buffer")
@@ -157,3 +181,31 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch
         torch.get_num_threads(),
     )
     return out
+
+
+def quantize_q8(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 -> its Q8A blocks as bytes [M, K/32 * 40] (for tests; see q8_dot.h)."""
+    lib = _require()
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % QK:
+        raise ValueError(f"activations must be float32 [M, 32 n], got {x.dtype} {list(x.shape)}")
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], x.shape[1] // QK * Q8A_BYTES, dtype=torch.uint8)
+    lib.ggml_quantize_q8(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], 1)
+    return out
+
+
+def q8_path() -> str:
+    """Which q8 kernels run: "avx2" (picked from CPUID at load) or "scalar" (the reference)."""
+    return "avx2" if _require().ggml_q8_path(-1) else "scalar"
+
+
+@contextmanager
+def scalar_q8() -> Iterator[None]:
+    """Run the q8 kernels on their scalar reference inside the block (tests, benchmarks; not
+    thread-safe: the choice is process-wide)."""
+    lib = _require()
+    lib.ggml_q8_path(1)
+    try:
+        yield
+    finally:
+        lib.ggml_q8_path(0)

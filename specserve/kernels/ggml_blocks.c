@@ -1,4 +1,6 @@
-// Matrix products on GGUF block-quantised weights, computed in float32 (AVX2 + FMA + F16C).
+// Matrix products on GGUF block-quantised weights (AVX2 + FMA + F16C), in two numerics:
+// "exact" (below: blocks expanded to float32, float32 products) and "q8" (q8_dot.h: activations
+// quantised to 8 bits per 32 values, integer dot products; q8_matmul.h: the driver).
 //
 // A weight matrix W [N, K] is stored as llama.cpp stores it: each row is K/32 blocks.
 //   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes of nibbles; w[j] = d * q[j] + m, where q[j] is
@@ -59,6 +61,8 @@ static inline __attribute__((always_inline)) void expand(int kind, const uint8_t
 }
 
 static inline int64_t block_bytes(int kind) { return kind == KIND_Q4_1 ? 20 : 34; }
+
+#include "q8_dot.h"
 
 
 // y = dot (+ bias) (+ residual), rounded in that order, as x @ W^T + b then r + y would be.
@@ -138,46 +142,63 @@ void ggml_matmul(int kind, const float* x, const uint8_t* w, float* y, int64_t M
     else matmul_impl(KIND_Q8_0, x, w, y, M, N, K, threads, 0, 0);
 }
 
+#include "q8_matmul.h"
+
+// One input row of a fused projection (see ggml_matmul_fused), RMSNorm'd or gated.
+static void prepare_row(const float* x, float* o, int64_t K, const float* norm_w, float eps,
+                        int swiglu) {
+    if (swiglu) {
+        // silu(a) = a / (1 + e^-a), e^x by simd.h's polynomial (within 2 ulp of expf)
+        const __m256 one = _mm256_set1_ps(1.0f);
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m256 a = _mm256_loadu_ps(x + k);
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), a));
+            const __m256 silu = _mm256_div_ps(a, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(silu, _mm256_loadu_ps(x + K + k)));
+        }
+        return;
+    }
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+        const __m256 v = _mm256_loadu_ps(x + k);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    const float inv = 1.0f / sqrtf(hsum(acc) / (float)K + eps);
+    for (int64_t k = 0; k < K; k++) o[k] = (x[k] * inv) * norm_w[k];
+}
+
 // A decoder's projection with what surrounds it fused in, so one call replaces the several
 // framework calls of the unfused form:
 //   input  x [M, K]:  norm_w given: x * (1 / sqrt(mean(x^2) + eps)) * norm_w  (RMSNorm)
 //          x [M, 2K]: swiglu: silu(x[:, :K]) * x[:, K:]                    (gated MLP)
 //   output y [M, N] = input @ W^T (+ bias[n]) (+ res[M, N]); res may be y itself.
+// q8: the input rows are quantised to Q8A and multiplied in integers; else float32.
 // Elementwise steps round as the unfused float32 forms do; the RMSNorm mean and the products
 // are summed in another order (float32 summation-order differences only).
 int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* norm_w, float eps,
-                      int swiglu, const float* bias, const float* res) {
-    float* in = malloc(sizeof(float) * M * K);
-    if (!in) return -1;
-    for (int64_t m = 0; m < M; m++) {
-        float* o = in + m * K;
-        if (swiglu) {
-            const float* g = x + m * 2 * K;
-            // silu(a) = a / (1 + e^-a), e^x by simd.h's polynomial (within 2 ulp of expf)
-            const __m256 one = _mm256_set1_ps(1.0f);
-            for (int64_t k = 0; k < K; k += 8) {
-                const __m256 a = _mm256_loadu_ps(g + k);
-                const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), a));
-                const __m256 silu = _mm256_div_ps(a, _mm256_add_ps(one, e));
-                _mm256_storeu_ps(o + k, _mm256_mul_ps(silu, _mm256_loadu_ps(g + K + k)));
-            }
-        } else if (norm_w) {
-            const float* r = x + m * K;
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t k = 0; k < K; k += 8) {
-                const __m256 v = _mm256_loadu_ps(r + k);
-                acc = _mm256_fmadd_ps(v, v, acc);
-            }
-            const float inv = 1.0f / sqrtf(hsum(acc) / (float)K + eps);
-            for (int64_t k = 0; k < K; k++) o[k] = (r[k] * inv) * norm_w[k];
-        } else {
-            for (int64_t k = 0; k < K; k++) o[k] = x[m * K + k];
-        }
+                      int swiglu, const float* bias, const float* res, int q8) {
+    float* in = (swiglu || norm_w) ? malloc(sizeof(float) * M * K) : 0;
+    block_q8a* a = q8 ? malloc(sizeof(block_q8a) * M * (K / QK)) : 0;
+    if ((!in && (swiglu || norm_w)) || (!a && q8)) {
+        free(in);
+        free(a);
+        return -1;
     }
-    if (kind == KIND_Q4_1) matmul_impl(KIND_Q4_1, in, w, y, M, N, K, threads, bias, res);
-    else matmul_impl(KIND_Q8_0, in, w, y, M, N, K, threads, bias, res);
+#pragma omp parallel for schedule(static) num_threads(threads) if (in && M >= 16)
+    for (int64_t m = 0; m < (in ? M : 0); m++)
+        prepare_row(x + m * (swiglu ? 2 * K : K), in + m * K, K, norm_w, eps, swiglu);
+    const float* src = in ? in : x;
+    if (q8) {
+        ggml_quantize_q8(src, a, M, K, threads);
+        matmul_q8(kind, a, w, y, M, N, K, threads, bias, res);
+    } else if (kind == KIND_Q4_1) {
+        matmul_impl(KIND_Q4_1, src, w, y, M, N, K, threads, bias, res);
+    } else {
+        matmul_impl(KIND_Q8_0, src, w, y, M, N, K, threads, bias, res);
+    }
     free(in);
+    free(a);
     return 0;
 }
 

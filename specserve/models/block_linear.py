@@ -6,27 +6,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.config import Numerics
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models.llama import LlamaForCausalLM, RMSNorm
 
-# Above this many rows (a prefill chunk, a large batch) decoding the weights once and calling the
-# dense GEMM beats re-expanding every block per group of rows: scripts/bench_blocks.py, whose
-# results are in docs/benchmarks.md (the two meet near 32 rows on 2 AVX2 cores).
+# Exact numerics only: above this many rows (a prefill chunk, a large batch) decoding the weights
+# once and calling the dense GEMM beats re-expanding every block per group of rows:
+# scripts/bench_blocks.py, whose results are in docs/benchmarks.md (the two meet near 32 rows on
+# 2 AVX2 cores). The GEMM sums in another order, so a row's exact result can change when its
+# step holds more than this many rows. q8 runs the block kernel for every M.
 DIRECT_MAX_ROWS = 24
 
 
 class BlockLinear(nn.Module):
-    """y = x @ W^T (+ bias) with W held as GGUF blocks [out_features, row_bytes] (CPU, float32)."""
+    """y = x @ W^T (+ bias) with W held as GGUF blocks [out_features, row_bytes] (CPU, float32),
+    in `numerics` (config.Numerics): q8 or exact."""
 
     blocks: torch.Tensor
 
     def __init__(
-        self, blocks: torch.Tensor, kind: BlockKind, in_features: int, bias: torch.Tensor | None
+        self,
+        blocks: torch.Tensor,
+        kind: BlockKind,
+        in_features: int,
+        bias: torch.Tensor | None,
+        numerics: Numerics = "q8",
     ) -> None:
         super().__init__()
         ggml.check_blocks(blocks, kind, in_features)
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
+        self.numerics = numerics
         self.register_buffer("blocks", blocks)
         self.bias = (
             None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
@@ -37,10 +47,18 @@ class BlockLinear(nn.Module):
         """The float32 weights, decoded on each access (for one-off uses such as gathering rows)."""
         return ggml.dequantize(self.blocks, self.kind, self.in_features)
 
+    @property
+    def q8(self) -> bool:
+        return self.numerics == "q8"
+
+    def on_blocks(self, rows: int) -> bool:
+        """Whether `rows` rows run the block kernel (always in q8; else the decode + GEMM)."""
+        return self.q8 or rows <= DIRECT_MAX_ROWS
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] <= DIRECT_MAX_ROWS:
-            y = ggml.matmul_checked(rows, self.blocks, self.kind)
+        if self.on_blocks(rows.shape[0]):
+            y = ggml.matmul_checked(rows, self.blocks, self.kind, q8=self.q8)
         else:
             y = F.linear(rows, self.weight)
         if self.bias is not None:
@@ -54,17 +72,27 @@ class BlockLinear(nn.Module):
         swiglu: bool,
         residual: torch.Tensor | None,  # [M, out]
     ) -> torch.Tensor | None:
-        """`project`'s one-call form; None above DIRECT_MAX_ROWS rows (decode + GEMM wins)."""
-        if x.dim() != 2 or x.shape[0] > DIRECT_MAX_ROWS:
+        """`project`'s one-call form; None where the block kernel does not run (`on_blocks`)."""
+        if x.dim() != 2 or not self.on_blocks(x.shape[0]):
             return None
         return ggml.matmul_fused(
             x, self.blocks, self.kind, self.in_features,
             norm=(norm.weight, norm.eps) if norm is not None else None, swiglu=swiglu,
             bias=self.bias, residual=residual.contiguous() if residual is not None else None,
+            q8=self.q8,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"{self.kind.name}, in_features={self.in_features}, out_features={self.out_features}"
+        return (
+            f"{self.kind.name}, {self.numerics}, in_features={self.in_features}, "
+            f"out_features={self.out_features}"
+        )
+
+
+def block_numerics(model: nn.Module) -> Numerics | None:
+    """The numerics `model`'s block projections run in; None when it has none."""
+    found = {m.numerics for m in model.modules() if isinstance(m, BlockLinear)}
+    return found.pop() if len(found) == 1 else None
 
 
 def block_kinds(model: nn.Module) -> list[str]:
@@ -108,11 +136,13 @@ def _fused(
 
 
 def attach_blocks(
-    model: LlamaForCausalLM, blocks: dict[str, tuple[BlockKind, torch.Tensor]]
+    model: LlamaForCausalLM,
+    blocks: dict[str, tuple[BlockKind, torch.Tensor]],
+    numerics: Numerics = "q8",
 ) -> set[str]:
-    """Swap in block layers wherever all of a layer's weights have blocks of one kind. Called
-    before the float32 weights load; returns the checkpoint names covered, which the loader
-    then skips."""
+    """Swap in block layers (multiplying in `numerics`) wherever all of a layer's weights have
+    blocks of one kind. Called before the float32 weights load; returns the checkpoint names
+    covered, which the loader then skips."""
     covered: set[str] = set()
 
     def swap(owner: nn.Module, attr: str, names: list[str]) -> None:
@@ -124,7 +154,7 @@ def attach_blocks(
         shape = (linear.out_features, kind.row_bytes(linear.in_features))
         if tuple(rows.shape) != shape:
             raise ValueError(f"GGUF blocks for {names[0]} do not match the layer's shape")
-        setattr(owner, attr, BlockLinear(rows, kind, linear.in_features, linear.bias))
+        setattr(owner, attr, BlockLinear(rows, kind, linear.in_features, linear.bias, numerics))
         covered.update(names)
 
     for i, layer in enumerate(model.layers):

@@ -116,12 +116,16 @@ def write_blocks(gguf_path: Path, model_dir: Path) -> bool:
 
 
 def check_matmul(
-    model_dir: Path, blocks: dict[str, tuple[BlockKind, torch.Tensor]], rows: int = 8
+    model_dir: Path,
+    blocks: dict[str, tuple[BlockKind, torch.Tensor]],
+    rows: int = 8,
+    q8: bool = False,
 ) -> str | None:
     """Multiply random activations with a sample of each matrix's block rows through the kernel
     and against its float32 rows from the checkpoint; None if every product agrees to within
-    float32 summation error, else what differs. Decoding was checked when the blocks were
-    written; this checks the product this machine's compiled kernel computes, at start-up."""
+    float32 summation error (with `q8`, the q8 product too, within its quantisation error),
+    else what differs. Decoding was checked when the blocks were written; this checks the
+    product this machine's compiled kernel computes, at start-up."""
     gen = torch.Generator().manual_seed(0)
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as dense:
         for name, (kind, all_rows) in blocks.items():
@@ -129,14 +133,39 @@ def check_matmul(
             weight = dense.get_slice(name)[:n]  # [n, K] float32
             x = torch.randn(9, weight.shape[1], generator=gen)  # 9: both row-tile paths
             # One thread: a few rows gain nothing from more, and a busy machine stalls them.
-            got = ggml.matmul(x, all_rows[:n].contiguous(), kind, threads=1)
+            sample = all_rows[:n].contiguous()
+            got = ggml.matmul(x, sample, kind, threads=1)
             want = x @ weight.T
-            # |sum error| <= K * eps * sum |x w| for float32 summation in any order.
-            bound = weight.shape[1] * 2.0**-23 * (x.abs() @ weight.abs().T) + 1e-30
-            if not bool(((got - want).abs() <= bound).all()):
-                worst = float(((got - want).abs() / bound).max())
-                return f"{name}: block kernel product off by {worst:.3g}x the float32 bound"
+            problem = _off_bound(f"{name}: block kernel", got, want, _f32_bound(x, weight))
+            if problem is None and q8:
+                got = ggml.matmul(x, sample, kind, threads=1, q8=True)
+                bound = _q8_bound(x, weight) + _f32_bound(x, weight)
+                problem = _off_bound(f"{name}: q8 block kernel", got, want, bound, "q8")
+            if problem is not None:
+                return problem
     return None
+
+
+def _f32_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [M, N]
+    """|sum error| <= K * eps * sum |x w| for float32 summation in any order."""
+    return weight.shape[1] * 2.0**-23 * (x.abs() @ weight.abs().T) + 1e-30
+
+
+def _q8_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [M, N]
+    """Quantising x per 32-value block moves each value by at most amax / 254 (half a step of
+    amax / 127): |q8 error| <= sum_j amax_blk(j) / 254 * |w_j|, plus float32 rounding."""
+    m, k = x.shape
+    step = x.abs().view(m, k // ggml.QK, ggml.QK).amax(-1) / 254  # [M, K / 32]
+    return (step.repeat_interleave(ggml.QK, dim=1) @ weight.abs().T) * (1 + 1e-5)
+
+
+def _off_bound(
+    what: str, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, kind: str = "float32"
+) -> str | None:
+    if bool(((got - want).abs() <= bound).all()):
+        return None
+    worst = float(((got - want).abs() / bound).max())
+    return f"{what} product off by {worst:.3g}x the {kind} bound"
 
 
 def load_blocks(model_dir: Path) -> dict[str, tuple[BlockKind, torch.Tensor]]:

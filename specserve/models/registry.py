@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from specserve.config import Numerics
 from specserve.kernels import ggml
 from specserve.models.block_linear import attach_blocks
 from specserve.models.gguf_blocks import BLOCKS_FILE, check_matmul, load_blocks
@@ -51,12 +52,13 @@ def build_model(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     gguf_blocks: bool = True,
+    numerics: Numerics = "q8",
 ) -> LlamaForCausalLM:
     """Instantiate the decoder for `model_dir` and load its safetensors weights.
 
     With `gguf_blocks`, a model converted from GGUF that runs on the CPU in float32 takes its
     projections and embeddings as the stored Q4_1/Q8_0 blocks when the kernels build; their
-    float32 copies are then never read.
+    float32 copies are then never read. The block projections multiply in `numerics`.
     """
     cfg = read_config(model_dir)
     cls = model_class(cfg)
@@ -72,13 +74,13 @@ def build_model(
     on_cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if gguf_blocks and on_cpu_fp32 and ggml.library() is not None:
         blocks = load_blocks(model_dir)
-        problem = check_matmul(model_dir, blocks) if blocks else None
+        problem = check_matmul(model_dir, blocks, q8=numerics == "q8") if blocks else None
         if problem is not None:
             logger.warning("GGUF block kernels off, running float32 weights: %s", problem)
             model.block_kernel_fallback = problem
         elif blocks:
-            covered = attach_blocks(model, blocks)
-            logger.info("%d weight tensors run as GGUF blocks", len(covered))
+            covered = attach_blocks(model, blocks, numerics)
+            logger.info("%d weight tensors run as GGUF blocks (%s)", len(covered), numerics)
     model.load_hf_weights(_iter_safetensors(model_dir, dtype, skip=covered))
     return model.eval()
 

@@ -10,7 +10,7 @@ import torch
 
 from specserve import __version__
 from specserve.engine.engine import Engine
-from specserve.models.block_linear import block_kinds
+from specserve.models.block_linear import block_kinds, block_numerics
 from specserve.runner.cost import LiveCost
 from specserve.server.context import Ctx
 from specserve.server.info_schemas import (
@@ -74,6 +74,7 @@ def engine_info(
         model_id=s.model_id,
         model_dtype=cfg.dtype,
         model_weight_blocks=block_kinds(res.model),
+        model_numerics=block_numerics(res.model),
         model_block_kernel_fallback=res.model.block_kernel_fallback,
         attention="ragged" if res.runner.ragged else "reference",
         model_device_type=res.device.type,

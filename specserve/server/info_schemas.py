@@ -142,6 +142,12 @@ class Info(BaseModel):
         description="GGUF block formats the weights run as (float32 compute); empty: plain "
         "model_dtype weights",
     )
+    model_numerics: Literal["q8", "exact"] | None = Field(
+        default=None,
+        description="arithmetic of the block weights (--numerics): q8, activations quantised "
+        "to int8 per 32 values and integer dot products (llama.cpp's numerics); exact, float32 "
+        "products (HF transformers' numbers up to summation order); null: no block weights",
+    )
     model_block_kernel_fallback: str | None = Field(
         default=None,
         description="why the model's GGUF blocks are not used (the block kernels failed their "

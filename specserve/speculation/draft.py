@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from specserve.config import Numerics
 from specserve.engine.request import SamplingParams, Sequence
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
@@ -234,8 +235,10 @@ def load_draft_model(
     target_tokenizer: Any,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
+    numerics: Numerics = "q8",
 ) -> LlamaForCausalLM:
-    """Resolve, check against the target, then build the draft model."""
+    """Resolve, check against the target, then build the draft model (GGUF blocks multiplying
+    in the target's `numerics`)."""
     # Imported here: resources imports this module to build the proposer.
     from specserve.engine.resources import load_tokenizer
 
@@ -244,7 +247,7 @@ def load_draft_model(
     arch = model_class(cfg).arch_from_hf(cfg)
     draft_tokenizer = load_tokenizer(draft_dir)
     check_compatible(arch.vocab_size, target_vocab_size, draft_tokenizer, target_tokenizer)
-    return build_model(draft_dir, device, dtype)
+    return build_model(draft_dir, device, dtype, numerics=numerics)
 
 
 def check_compatible(

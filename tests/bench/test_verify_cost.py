@@ -103,7 +103,7 @@ def test_random_model_matches_hf_and_is_reused(tiny_random: Path) -> None:
     assert shapes["model.embed_tokens.weight"] == (49152, 576)
     assert sum(torch.Size(s).numel() for s in shapes.values()) == 134_515_008
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_random)).float().eval()
-    ours = build_model(tiny_random, CPU)
+    ours = build_model(tiny_random, CPU, numerics="exact")  # HF parity: float32 arithmetic
     ids = list(range(3, 23))
     runner = ModelRunner(ours, 8, 4, CPU)
     got = runner.run([RunItem(ids, 0, list(range(5)), len(ids))]).logits

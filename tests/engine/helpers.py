@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.config import CacheConfig, EngineConfig, Numerics, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 
@@ -20,6 +20,7 @@ def make_engine(
     device: str = "cpu",
     dense_weights: bool = False,
     prefix_caching: bool = True,
+    numerics: Numerics = "q8",
     **spec: object,
 ) -> Engine:
     return Engine(
@@ -27,6 +28,7 @@ def make_engine(
             model=str(model_dir) if model_dir else None,
             device=device,
             dense_weights=dense_weights,
+            numerics=numerics,
             cache=CacheConfig(
                 block_size=block_size, num_blocks=num_blocks, prefix_caching=prefix_caching
             ),

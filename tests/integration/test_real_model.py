@@ -1,4 +1,5 @@
-"""The embedded SmolLM2 model: parity with HF transformers, and lossless n-gram speculation."""
+"""The embedded SmolLM2 model: parity with HF transformers (exact numerics), sensible greedy text
+and lossless n-gram speculation on the default q8 numerics."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from functools import cache
 import pytest
 import torch
 
+from specserve.config import Numerics
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 from specserve.engine.resources import EngineResources
@@ -23,11 +25,13 @@ QUESTIONS = [
 
 
 @cache
-def base_engine() -> Engine:
-    return make_engine(None, num_blocks=512, block_size=16, max_batch_tokens=1024)
+def base_engine(numerics: Numerics = "q8") -> Engine:
+    return make_engine(
+        None, num_blocks=512, block_size=16, max_batch_tokens=1024, numerics=numerics
+    )
 
 
-def engine_with(speculate: int, num_blocks: int = 512) -> Engine:
+def engine_with(speculate: int, num_blocks: int = 512, numerics: Numerics = "q8") -> Engine:
     """A fresh engine reusing the loaded model (only the KV pool and proposer differ)."""
     from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
     from specserve.engine.resources import make_policy, make_proposer
@@ -35,8 +39,9 @@ def engine_with(speculate: int, num_blocks: int = 512) -> Engine:
     from specserve.scheduler.kv_blocks import BlockAllocator
     from specserve.scheduler.scheduler import Scheduler
 
-    base = base_engine().res
+    base = base_engine(numerics).res
     config = EngineConfig(
+        numerics=numerics,
         cache=CacheConfig(block_size=16, num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_batch_tokens=1024),
         spec=SpecConfig(speculate=speculate),
@@ -67,15 +72,28 @@ def prompts() -> list[list[int]]:
 
 def test_default_model_runs_on_gguf_blocks_where_the_kernels_build() -> None:
     from specserve.kernels import ggml
-    from specserve.models.block_linear import BlockLinear, block_kinds
+    from specserve.models.block_linear import BlockLinear, block_kinds, block_numerics
     from tests.kernels.expect import require
 
     require(ggml.library, "GGUF block kernels")  # without them the parity test covers dense
     model = base_engine().res.model
-    assert model.block_kernel_fallback is None  # the start-up product check passed
+    assert model.block_kernel_fallback is None  # the start-up product checks passed
     assert all(isinstance(layer.gate_up_proj, BlockLinear) for layer in model.layers)
     assert isinstance(model.lm_head, BlockLinear)  # Q8_0 token embeddings, tied
     assert block_kinds(model) == ["Q4_1", "Q8_0"]
+    assert block_numerics(model) == "q8"  # the default
+
+
+def test_q8_greedy_answers_sensibly() -> None:
+    """q8 is another numeric than HF's: SmolLM2-135M's greedy answer to the France question
+    moves (to "L'Étoile, la Marseillaise, ..."; a float64 emulation of the same quantised
+    activations, fp16 scales or float32, says the same, so it is the arithmetic, not a kernel
+    bug). The code and the copying answers stay the float32 ones."""
+    params = SamplingParams(max_new_tokens=32)
+    engine = base_engine("q8")
+    _, code, fox = (engine.tokenizer.decode(out) for out in run_all(engine, prompts(), params))
+    assert "def reverse_string" in code and "[::-1]" in code
+    assert fox.startswith("The quick brown fox jumps over")
 
 
 def test_greedy_64_tokens_match_hf_generate() -> None:
@@ -86,7 +104,7 @@ def test_greedy_64_tokens_match_hf_generate() -> None:
     hf.generation_config.eos_token_id = None
     hf.config.eos_token_id = None
     params = SamplingParams(max_new_tokens=64, ignore_eos=True)
-    ours = run_all(base_engine(), prompts(), params)
+    ours = run_all(base_engine("exact"), prompts(), params)  # HF's float32 numbers
     for ids, out in zip(prompts(), ours, strict=True):
         with torch.no_grad():
             ref = hf.generate(
@@ -106,13 +124,24 @@ def test_ngram_greedy_is_lossless_alone(n: int) -> None:
     assert engine.stats.proposer.drafted_tokens > 0
 
 
-@pytest.mark.parametrize("num_blocks", [512, 24])
-def test_ngram_greedy_is_lossless_in_mixed_batch(num_blocks: int) -> None:
+# Recomputing a preempted sequence prefills its generated tokens (> KERNEL_MAX_QUERY rows: SDPA)
+# where they first ran as decode rows (the paged kernel); the two attention paths differ by
+# ~1e-5 in the logits, which q8 turns into different quantised rows (~0.6 in the logits).
+PREEMPTED_Q8 = pytest.mark.xfail(
+    reason="prefill and decode attention are not batch-invariant yet (issue 22, item 3)"
+)
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "numerics"),
+    [(512, "q8"), (512, "exact"), (24, "exact"), pytest.param(24, "q8", marks=PREEMPTED_Q8)],
+)
+def test_ngram_greedy_is_lossless_in_mixed_batch(num_blocks: int, numerics: Numerics) -> None:
     ps = (prompts() * 3)[:8]
     caps = [None, 0, 3, None, 0, 1, 5, None]
     params = [SamplingParams(max_new_tokens=40, ignore_eos=True, speculate=c) for c in caps]
-    want = run_all(engine_with(0), ps, params)
-    engine = engine_with(5, num_blocks=num_blocks)
+    want = run_all(engine_with(0, numerics=numerics), ps, params)
+    engine = engine_with(5, num_blocks=num_blocks, numerics=numerics)
     assert run_all(engine, ps, params) == want
     if num_blocks == 24:  # 384 slots for 8 x ~80 tokens: preemption must have happened
         assert engine.scheduler.num_preemptions > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +13,21 @@ import torch.nn.functional as F
 from gguf import quants
 from safetensors.torch import load_file, save_file
 
+from specserve.config import Numerics
+from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models import block_linear
-from specserve.models.block_linear import BlockEmbedding, BlockLinear
-from specserve.models.gguf_blocks import BLOCKS_FILE, _unpermute_rows, hf_name
+from specserve.models.block_linear import BlockEmbedding, BlockLinear, block_numerics
+from specserve.models.gguf_blocks import (
+    BLOCKS_FILE,
+    _f32_bound,
+    _q8_bound,
+    _unpermute_rows,
+    hf_name,
+)
+from specserve.models.llama import RMSNorm, project
 from specserve.models.registry import build_model
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
 from tests.kernels.test_ggml import GGML_TYPES, quantised
@@ -30,13 +40,45 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize(
     "rows", [1, block_linear.DIRECT_MAX_ROWS, block_linear.DIRECT_MAX_ROWS + 9]
 )
-def test_block_linear_equals_linear_on_decoded_weights(rows: int) -> None:
+@pytest.mark.parametrize("numerics", ["exact", "q8"])
+def test_block_linear_equals_linear_on_decoded_weights(rows: int, numerics: Numerics) -> None:
     blocks, weights = quantised(BlockKind.Q4_1, 24, 64)
     bias = torch.randn(24)
-    layer = BlockLinear(blocks, BlockKind.Q4_1, 64, bias)
+    layer = BlockLinear(blocks, BlockKind.Q4_1, 64, bias, numerics)
     x = torch.randn(2, rows, 64)
-    torch.testing.assert_close(layer(x), F.linear(x, weights, bias), rtol=1e-5, atol=1e-4)
+    got, want = layer(x), F.linear(x, weights, bias)
+    if numerics == "exact":
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    else:  # within the error of quantising each 32-value block of x (and float32 rounding)
+        flat = x.reshape(-1, 64)
+        bound = _q8_bound(flat, weights) + _f32_bound(flat, weights) + 1e-5
+        assert bool(((got - want).reshape(-1, 24).abs() <= bound).all())
     assert torch.equal(layer.weight, weights)
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+def test_q8_rows_do_not_depend_on_m_through_the_layer(kind: BlockKind) -> None:
+    """A row's projection, plain and fused (RMSNorm + residual, SwiGLU), bit-identical for every
+    M, on both sides of DIRECT_MAX_ROWS: the q8 layer never switches kernels."""
+    blocks, _ = quantised(kind, 40, 64)
+    layer = BlockLinear(blocks, kind, 64, torch.randn(40), "q8")
+    norm = RMSNorm(64, 1e-5)
+    x, gated = torch.randn(512, 64), torch.randn(512, 128)
+    residual = torch.randn(512, 40)
+
+    def forms(rows: torch.Tensor) -> list[torch.Tensor]:
+        return [
+            layer(x[rows]),
+            project(layer, x[rows], norm=norm, residual=residual[rows]),
+            project(layer, gated[rows], swiglu=True),
+        ]
+
+    each = [forms(torch.tensor([i])) for i in range(512)]
+    alone = [torch.cat(parts) for parts in zip(*each, strict=True)]
+    perm = torch.randperm(512, generator=torch.Generator().manual_seed(1))
+    for m in (1, 2, 5, 24, 25, 100, 512):
+        for got, want in zip(forms(perm[:m]), alone, strict=True):
+            assert torch.equal(got, want[perm[:m]]), m
 
 
 def test_unpermuting_block_rows_commutes_with_decoding() -> None:
@@ -79,22 +121,59 @@ def _blockify(model_dir: Path) -> Path:
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_engine_on_blocks_gives_the_dense_engine_tokens(tmp_path: Path, tied: bool) -> None:
+    """Exact numerics: the dense engine's tokens, with speculation on and off."""
     model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=tied))
-    model = build_model(model_dir, CPU)
+    model = build_model(model_dir, CPU, numerics="exact")
     layer = model.layers[0]
     assert isinstance(layer.qkv_proj, BlockLinear) and isinstance(layer.down_proj, BlockLinear)
+    assert layer.qkv_proj.numerics == "exact"
     assert isinstance(model.lm_head, BlockLinear) == tied  # untied lm_head stays float32 here
     assert isinstance(model.embed_tokens, BlockEmbedding)
     if tied:  # one copy of the Q8_0 rows serves both
         assert model.embed_tokens.blocks.data_ptr() == model.lm_head.blocks.data_ptr()
     dense = build_model(model_dir, CPU, gguf_blocks=False)
     assert not isinstance(dense.layers[0].qkv_proj, BlockLinear)
+    assert (block_numerics(model), block_numerics(dense)) == ("exact", None)  # /info's
 
     prompts = mixed_prompts(6)
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)
-    on_blocks = run_all(make_engine(model_dir), prompts, params)
-    assert on_blocks == run_all(make_engine(model_dir, dense_weights=True), prompts, params)
-    assert on_blocks == run_all(make_engine(model_dir, speculate=3), prompts, params)
+    exact = partial(make_engine, model_dir, numerics="exact")
+    on_blocks = run_all(exact(), prompts, params)
+    assert on_blocks == run_all(exact(dense_weights=True), prompts, params)
+    assert on_blocks == run_all(exact(speculate=3), prompts, params)
+
+
+def test_q8_engine_is_lossless_under_speculation_and_batching(tmp_path: Path) -> None:
+    """The default numerics: greedy tokens and their logprobs bit-identical with speculation on
+    and off, alone or in a batch, prefix cache off. Tied, so the lm_head runs on blocks too (an
+    untied float32 lm_head is MKL, whose rows vary with M by ~1e-6); prefill chunking stays
+    fixed (chunked attention is not yet invariant: ~5e-7)."""
+    model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=True))
+    layer = build_model(model_dir, CPU).layers[0].qkv_proj
+    assert isinstance(layer, BlockLinear) and layer.numerics == "q8"  # the default
+    prompts = mixed_prompts(6)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True, logprobs=2)
+    want = [logprobs(make_engine(model_dir), [p], params)[0] for p in prompts]
+    assert logprobs(make_engine(model_dir), prompts, params) == want
+    assert logprobs(make_engine(model_dir, speculate=3), prompts, params) == want
+    engine = make_engine(
+        model_dir, num_blocks=512, max_batch_tokens=1024, speculate=5, prefix_caching=False
+    )  # room for all 12 prompts in one step: no chunk, no preemption
+    assert logprobs(engine, prompts + prompts, params) == want + want
+    assert engine.stats.proposer.accepted_tokens > 0
+
+
+def logprobs(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams
+) -> list[list[tuple[int, float, list[tuple[int, float]]]]]:
+    """Each request's (token, logprob, top) per output token, in prompt order."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    got: dict[str, list[tuple[int, float, list[tuple[int, float]]]]] = {i: [] for i in ids}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.finish_reason != "error", out.error
+            got[out.request_id] += [(e.token, e.logprob, list(e.top)) for e in out.logprobs or []]
+    return [got[i] for i in ids]
 
 
 def test_a_kernel_that_multiplies_wrong_falls_back_to_float32_at_start(

@@ -38,6 +38,7 @@ _FLAG_ENV = (
     "MAX_CONCURRENT_REQUESTS",
     "API_KEY",
     "DEVICE",
+    "NUMERICS",
     "NUM_THREADS",
     "MAX_BODY_BYTES",
     "KV_CACHE_BYTES",

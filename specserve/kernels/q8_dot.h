@@ -1,0 +1,158 @@
+// Integer dot products of GGUF weight blocks with activations quantised to 8 bits (the "q8"
+// numerics), after llama.cpp's Q8_0/Q8_1 activation formats and its AVX2 vec_dot kernels.
+// Included once, by ggml_blocks.c (which defines QK, the KIND_* enum and half_table).
+//
+// Weight blocks, as GGUF stores them (32 weights each):
+//   Q4_1: w[j] = d * q[j] + m, q[j] = low nibble of qs[j] (j < 16), high nibble of qs[j-16];
+//   Q8_0: w[j] = d * q[j].
+// Activation block, Q8A (our own, float32 scales; llama.cpp keeps them in fp16):
+//   a[j] ~ d * q[j], d = amax / 127, q[j] = round_half_even(a[j] * (127 / amax)) in [-127, 127],
+//   s = d * sum_j q[j]  (llama.cpp's Q8_1 s: what a Q4_1 block's m multiplies).
+// Block product (exact in int32, then scaled):
+//   Q4_1 . Q8A = (d_w * d_a) * sum_j q_w[j] q_a[j] + m_w * s_a
+//   Q8_0 . Q8A = (d_w * d_a) * sum_j q_w[j] q_a[j]
+//
+// Bit-identity of the AVX2 path with the scalar reference, by construction:
+// - quantising uses the same float ops (|x| max, one multiply, round-half-even) in both;
+// - the integer sum of a block is kept as 8 int32 lanes, lane l = sum over j in [4l, 4l+4)
+//   (what maddubs + madd leave); each lane is exact (|lane| < 2^17), so both paths hold the
+//   same 8 integers, converted exactly to float;
+// - float work per row is fixed: acc[l] = fma(d_w * d_a, lane[l], acc[l]) block after block,
+//   then hsum's order ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), then + sum_blk fma(m_w, s_a, .)
+//   block after block (Q4_1 only; 0 for Q8_0).
+// No saturation: maddubs pairs at most 15*127*2 (Q4_1) or 128*127*2 (Q8_0, |-128| = 128).
+// Nothing depends on which other rows are multiplied alongside, so a row's result is the same
+// for every M and every tiling (batch invariance).
+
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include "simd.h"
+
+typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;  // 20 bytes
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;         // 34 bytes
+typedef struct { float d, s; int8_t qs[QK]; } block_q8a;          // 40 bytes
+_Static_assert(sizeof(block_q4_1) == 20 && sizeof(block_q8_0) == 34, "GGUF block sizes");
+
+static inline float q8_half(const uint8_t* p) {
+    uint16_t h;
+    __builtin_memcpy(&h, p, 2);
+    return half_table[h];
+}
+
+// The scales of one block from its amax: d = amax / 127, and the multiplier 127 / amax.
+static inline void q8_scales(float amax, float* d, float* id) {
+    *d = amax / 127.0f;
+    *id = amax != 0.0f ? 127.0f / amax : 0.0f;
+}
+
+static void quantize_block_scalar(const float* x, block_q8a* b) {
+    float amax = 0.0f, d, id;
+    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+    q8_scales(amax, &d, &id);
+    int32_t sum = 0;
+    for (int j = 0; j < QK; j++) {
+        b->qs[j] = (int8_t)__builtin_roundevenf(x[j] * id);  // whatever the rounding mode
+        sum += b->qs[j];
+    }
+    b->d = d;
+    b->s = d * (float)sum;
+}
+
+static void quantize_block_avx2(const float* x, block_q8a* b) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    float d, id;
+    q8_scales(hmax(amax), &d, &id);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) {
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(id)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q[i] = _mm256_cvtps_epi32(r);  // already integral: exact
+    }
+    const __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    const __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+    const __m128i s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0x4E));
+    const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(s1, _mm_shuffle_epi32(s1, 0xB1)));
+    // packs interleave the 128-bit halves; the permutation puts q back in order j = 0..31
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i*)b->qs, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    b->d = d;
+    b->s = d * (float)sum;
+}
+
+// hsum's order (simd.h) on 8 floats held in memory.
+static inline float hsum8(const float a[8]) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// sum_blk fma(m_w, s_a, .) in block order: the Q4_1 offset term of one output.
+static inline float q4_1_offsets(const uint8_t* wrow, const block_q8a* a, int64_t nb) {
+    float summ = 0.0f;
+    for (int64_t blk = 0; blk < nb; blk++) summ = fmaf(q8_half(wrow + blk * 20 + 2), a[blk].s, summ);
+    return summ;
+}
+
+// Scalar reference: one weight row . one activation row of nb blocks.
+static float dot_q8_scalar(int kind, const uint8_t* wrow, const block_q8a* a, int64_t nb) {
+    float acc[8] = {0};
+    const int64_t bb = kind == KIND_Q4_1 ? 20 : 34;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const uint8_t* b = wrow + blk * bb;
+        int32_t lane[8] = {0};
+        for (int j = 0; j < QK; j++) {
+            const int32_t w = kind == KIND_Q4_1 ? (j < 16 ? b[4 + j] & 0x0F : b[4 + j - 16] >> 4)
+                                                : (int8_t)b[2 + j];
+            lane[j / 4] += w * a[blk].qs[j];
+        }
+        const float d = q8_half(b) * a[blk].d;
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lane[l], acc[l]);
+    }
+    return hsum8(acc) + (kind == KIND_Q4_1 ? q4_1_offsets(wrow, a, nb) : 0.0f);
+}
+
+// AVX2: one weight row . ROWS activation rows (a[r * nb + blk]); each weight block is unpacked
+// once for all of them. out[r] as dot_q8_scalar computes it. The row loops are unrolled so the
+// accumulators stay in registers (6 rows: 6 ymm + 6 xmm of the 16).
+#define Q8_MAX_TILE_ROWS 6
+static inline __attribute__((always_inline)) void dot_q8_avx2(
+    int kind, int rows, const uint8_t* wrow, const block_q8a* a, int64_t nb, float* out) {
+    __m256 acc[Q8_MAX_TILE_ROWS];
+    float summ[Q8_MAX_TILE_ROWS];  // the Q4_1 offsets, as q4_1_offsets sums them
+#pragma GCC unroll 6
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), summ[r] = 0.0f;
+    const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
+    const int64_t bb = kind == KIND_Q4_1 ? 20 : 34;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const uint8_t* b = wrow + blk * bb;
+        __builtin_prefetch(b + PREFETCH_AHEAD);
+        const __m256 dw = _mm256_set1_ps(q8_half(b));
+        __m256i wu, ws = _mm256_setzero_si256();  // unsigned operand; sign source (Q8_0)
+        const float mw = kind == KIND_Q4_1 ? q8_half(b + 2) : 0.0f;
+        if (kind == KIND_Q4_1) {
+            const __m128i q = _mm_loadu_si128((const __m128i*)(b + 4));
+            wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), nibble);
+        } else {
+            ws = _mm256_loadu_si256((const __m256i*)(b + 2));
+            wu = _mm256_sign_epi8(ws, ws);  // |w|
+        }
+#pragma GCC unroll 6
+        for (int r = 0; r < rows; r++) {
+            const block_q8a* ab = a + r * nb + blk;
+            __m256i aq = _mm256_loadu_si256((const __m256i*)ab->qs);
+            if (kind == KIND_Q8_0) aq = _mm256_sign_epi8(aq, ws);  // |w| * (sign(w) a) = w a
+            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, aq), ones);
+            const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
+            if (kind == KIND_Q4_1) summ[r] = fmaf(mw, ab->s, summ[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < rows; r++) out[r] = hsum(acc[r]) + summ[r];
+}

@@ -1,0 +1,79 @@
+// The q8 matmul (see q8_dot.h for the arithmetic): which path runs, quantising activation rows,
+// and who computes which output (chunks of rows, tiles of rows, threads) --
+// never how: each output is dot_q8_scalar's sequence of operations whatever M is.
+// Included once, by ggml_blocks.c, after q8_dot.h and store().
+
+#pragma once
+
+// 1: the AVX2 kernels (chosen at load when the CPU has AVX2 + FMA); 0: the scalar reference.
+static int q8_avx2 = 0;
+
+__attribute__((constructor)) static void pick_q8_path(void) {
+    q8_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// The q8 path in use (1 AVX2, 0 scalar) after applying `force`: 1 forces the scalar reference,
+// 0 picks by CPUID again, -1 changes nothing. Not thread-safe: for tests and benchmarks.
+int ggml_q8_path(int force) {
+    if (force == 1) q8_avx2 = 0;
+    else if (force == 0) pick_q8_path();
+    return q8_avx2;
+}
+
+// a [M, K/32] = the Q8A blocks of x [M, K]; every block on its own, so rows never interact.
+void ggml_quantize_q8(const float* x, block_q8a* a, int64_t M, int64_t K, int threads) {
+    const int64_t blocks = M * (K / QK);
+    const int avx2 = q8_avx2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks >= 1024)
+    for (int64_t i = 0; i < blocks; i++) {
+        if (avx2) quantize_block_avx2(x + i * QK, a + i);
+        else quantize_block_scalar(x + i * QK, a + i);
+    }
+}
+
+// Up to Q8_MAX_TILE_ROWS outputs of one weight row, for activation rows a[0 .. left); how many.
+static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* a, int64_t nb,
+                   float* out) {
+    if (!q8_avx2) {
+        out[0] = dot_q8_scalar(kind, row, a, nb);
+        return 1;
+    }
+    const int rows = left < Q8_MAX_TILE_ROWS ? (int)left : Q8_MAX_TILE_ROWS;
+#define Q8_ROWS(KIND)                                              \
+    switch (rows) {                                                \
+        case 1: dot_q8_avx2(KIND, 1, row, a, nb, out); break;      \
+        case 2: dot_q8_avx2(KIND, 2, row, a, nb, out); break;      \
+        case 3: dot_q8_avx2(KIND, 3, row, a, nb, out); break;      \
+        case 4: dot_q8_avx2(KIND, 4, row, a, nb, out); break;      \
+        case 5: dot_q8_avx2(KIND, 5, row, a, nb, out); break;      \
+        default: dot_q8_avx2(KIND, 6, row, a, nb, out); break;     \
+    }
+    if (kind == KIND_Q4_1) Q8_ROWS(KIND_Q4_1) else Q8_ROWS(KIND_Q8_0)
+#undef Q8_ROWS
+    return rows;
+}
+
+// Activation rows per pass over W: their Q8A blocks stay in cache while W streams once per
+// chunk. Chunks, tiles and threads only decide who computes an output, never how. Weight rows
+// go one at a time: each streams from memory as one sequence (with its prefetch), which beats
+// taking several at once to overlap their FMA chains (measured on the whole model, M = 1).
+#define Q8_CHUNK_ROWS 64
+
+// y [M, N] = a @ W^T (+ bias) (+ res), a the Q8A rows of the activations.
+static void matmul_q8(int kind, const block_q8a* a, const uint8_t* w, float* y, int64_t M,
+                      int64_t N, int64_t K, int threads, const float* bias, const float* res) {
+    const int64_t nb = K / QK, rb = nb * block_bytes(kind);
+#pragma omp parallel num_threads(threads)
+    for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {
+        const int64_t m1 = M - m0 < Q8_CHUNK_ROWS ? M : m0 + Q8_CHUNK_ROWS;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t m = m0; m < m1;) {
+                float dots[Q8_MAX_TILE_ROWS];
+                const int rows = q8_tile(kind, m1 - m, w + n * rb, a + m * nb, nb, dots);
+                for (int r = 0; r < rows; r++) store(y, bias, res, (m + r) * N + n, n, dots[r]);
+                m += rows;
+            }
+        }
+    }
+}

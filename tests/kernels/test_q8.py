@@ -1,0 +1,125 @@
+"""The q8 block kernels: activation quantisation, the AVX2 path against the scalar reference bit
+for bit, rows independent of M, and the product close to float32's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specserve.kernels import ggml
+from specserve.kernels.ggml import BlockKind
+from specserve.models.gguf_blocks import _f32_bound, _q8_bound
+from tests.kernels.test_ggml import quantised
+
+pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
+
+
+def random_blocks(kind: BlockKind, out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    """Arbitrary block bytes (every nibble, int8 -128 included) with finite fp16 scales."""
+    rng = np.random.default_rng(seed)
+    nb = in_features // ggml.QK
+    rows = rng.integers(0, 256, (out_features, nb, kind.block_bytes), dtype=np.uint8)
+    scales = 2 if kind is BlockKind.Q4_1 else 1  # Q4_1: d and m; Q8_0: d
+    half = (rng.standard_normal((out_features, nb, scales)) * 0.05).astype(np.float16)
+    rows[:, :, : 2 * scales] = half.view(np.uint8)
+    return torch.from_numpy(rows.reshape(out_features, -1).copy())
+
+
+def activations(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Normal rows at mixed scales, one all-zero 32-block, one huge value."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=gen) * torch.rand(rows, 1, generator=gen) * 8
+    x[0, :32] = 0.0  # amax 0: d = 0, every q = 0
+    x[-1, -1] = 3e4
+    return x
+
+
+def reference_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """d, s, q of q8_dot.h's Q8A blocks for x [M, K], in numpy float32."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(blocks).max(-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8)  # rint: half to even
+    s = d * q.sum(-1, dtype=np.int32).astype(np.float32)
+    return d, s, q
+
+
+def test_quantize_is_llama_cpps_q8_with_float_scales() -> None:
+    x = activations(5, 96, seed=1)
+    x[1, :32] = torch.arange(32) - 15.5  # exact halves: ties round to even
+    got = ggml.quantize_q8(x).view(5, 3, ggml.Q8A_BYTES).numpy()
+    d, s, q = reference_q8(x.numpy())
+    assert np.array_equal(got[..., :4].copy().view(np.float32)[..., 0], d)
+    assert np.array_equal(got[..., 4:8].copy().view(np.float32)[..., 0], s)
+    assert np.array_equal(got[..., 8:].view(np.int8), q)
+    with ggml.scalar_q8():
+        assert torch.equal(ggml.quantize_q8(x), torch.from_numpy(got.reshape(5, -1)))
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+@pytest.mark.parametrize(("rows", "out", "width"), [(1, 1, 32), (3, 37, 96), (9, 70, 608)])
+def test_avx2_is_bit_identical_to_the_scalar_reference(
+    kind: BlockKind, rows: int, out: int, width: int
+) -> None:
+    assert ggml.q8_path() == "avx2"  # every machine that builds the kernels has AVX2
+    blocks, x = random_blocks(kind, out, width, seed=rows), activations(rows, width, seed=out)
+    bias, residual = torch.randn(out), torch.randn(rows, out)
+    norm = (torch.rand(width) + 0.5, 1e-5)
+    gated = torch.randn(rows, 2 * width)
+
+    def products() -> list[torch.Tensor]:
+        return [
+            ggml.matmul(x, blocks, kind, q8=True),
+            ggml.matmul_fused(x, blocks, kind, width, norm=norm, bias=bias, residual=residual,
+                              q8=True),
+            ggml.matmul_fused(gated, blocks, kind, width, swiglu=True, q8=True),
+        ]  # fmt: skip
+
+    fast = products()
+    with ggml.scalar_q8():
+        assert ggml.q8_path() == "scalar"
+        reference = products()
+    assert ggml.q8_path() == "avx2"
+    for got, want in zip(fast, reference, strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+def test_a_rows_q8_product_does_not_depend_on_m_or_its_position(kind: BlockKind) -> None:
+    """Bit for bit, whatever the tile, chunk, thread count or neighbours: batch invariance."""
+    blocks, _ = quantised(kind, 37, 96)
+    x = torch.randn(512, 96, generator=torch.Generator().manual_seed(7))
+    alone = torch.cat([ggml.matmul(x[i : i + 1], blocks, kind, q8=True) for i in range(512)])
+    perm = torch.randperm(512, generator=torch.Generator().manual_seed(8))
+    for m in (1, 2, 5, 24, 25, 100, 512):
+        for order in (torch.arange(512), perm, perm.flip(0)):
+            rows = order[:m]
+            for threads in (1, 2):
+                got = ggml.matmul(x[rows], blocks, kind, threads=threads, q8=True)
+                assert torch.equal(got, alone[rows]), (m, threads)
+
+
+@pytest.mark.parametrize("kind", list(BlockKind))
+def test_q8_product_is_within_the_quantisation_bound_of_float32(kind: BlockKind) -> None:
+    blocks, weight = quantised(kind, 64, 256)
+    x = torch.randn(33, 256, generator=torch.Generator().manual_seed(3)) * 3
+    got, want = ggml.matmul(x, blocks, kind, q8=True), x @ weight.T
+    error = (got - want).abs()
+    assert bool((error <= _q8_bound(x, weight) + _f32_bound(x, weight)).all())
+    assert not torch.equal(got, ggml.matmul(x, blocks, kind))  # it is another numeric
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * float(want.abs().mean()))
+
+
+def test_fused_q8_quantises_the_normed_or_gated_row() -> None:
+    blocks, _ = quantised(BlockKind.Q4_1, 24, 96)
+    x, residual = torch.randn(4, 192) * 4, torch.randn(4, 24)
+    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, swiglu=True, residual=residual,
+                            q8=True)  # fmt: skip
+    gate, up = x.chunk(2, dim=-1)
+    steps = residual + ggml.matmul(F.silu(gate) * up, blocks, BlockKind.Q4_1, q8=True)
+    # silu's e^x is simd.h's polynomial (2 ulp), so the quantised row may round differently
+    torch.testing.assert_close(got, steps, rtol=1e-3, atol=1e-3)
