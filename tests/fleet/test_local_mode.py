@@ -77,7 +77,8 @@ def test_each_route_reaches_its_pool(fleet: tuple[FleetContexts, Any]) -> None:
         assert r.status_code == 200
         assert usage["accepted_prediction_tokens"] + usage["rejected_prediction_tokens"] > 0
         body = {"model": "smol-code", "messages": [{"role": "user", "content": LOOPY}]}
-        r = await c.post("/v1/chat/completions", json={**body, "max_tokens": 8})
+        # OpenAI samples by default (fresh seed): ignore_eos, or an early EOS ends it "stop".
+        r = await c.post("/v1/chat/completions", json={**body, "max_tokens": 8, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
         r = await c.post("/generate", json=gen(), headers={"x-specserve-pool": "gpu"})
         assert r.status_code == 422
@@ -119,6 +120,7 @@ def test_streams_through_the_pool_handles(fleet: tuple[FleetContexts, Any]) -> N
         assert len(events) == 20 and "error" not in events[-1]
         assert events[-1]["details"]["drafted_tokens"] > 0
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True}
+        body["ignore_eos"] = True  # sampled with a fresh seed: an early EOS would end it "stop"
         r = await c.post("/v1/chat/completions", json=body)
         lines = [x[5:].strip() for x in r.text.splitlines() if x.startswith("data:")]
         assert lines[-1] == "[DONE]"
