@@ -13,6 +13,12 @@ POLICIES: tuple[str, ...] = ("static", "adaptive")
 # padded reference; "reference": always the padded gather + SDPA path (for comparisons).
 AttentionImpl = Literal["auto", "reference"]
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference")
+# Element type of the KV cache where the paged CPU kernel reads it (CPU, float32 model): fp16
+# halves the bytes a long context reads and doubles the tokens a byte budget holds; float32 keeps
+# K/V as computed. Elsewhere (reference attention, CUDA, half-precision models) the cache takes
+# the model's dtype.
+KvDtype = Literal["float16", "float32"]
+KV_DTYPES: tuple[str, ...] = ("float16", "float32")
 
 
 @dataclass(frozen=True)
@@ -24,8 +30,11 @@ class CacheConfig:
     # Reuse the KV of full blocks of tokens already computed (by any request) for a prompt that
     # starts with the same tokens.
     prefix_caching: bool = True
+    kv_dtype: KvDtype = "float16"
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
