@@ -19,8 +19,8 @@
 // Invariance: chunks start at absolute multiples of CHUNK and splits at absolute multiples of
 // SPLIT_KEYS, so a row's arithmetic depends only on its query, its position and the keys it may
 // see. A chunk a row cannot see is skipped for that row (updating with it would be an exact
-// no-op), and a split it cannot see leaves m = -inf, l = 0, acc = 0, which the merge adds as exact
-// zeros. How rows are grouped into tasks (a decode row, k + 1 verify rows, a prefill block) and
+// no-op), keys past its position in a chunk it sees are not read, and a split it cannot see
+// leaves m = -inf, l = 0, acc = 0, which the merge adds as exact zeros. How rows are grouped into tasks (a decode row, k + 1 verify rows, a prefill block) and
 // how many threads run them decides where work runs, never a row's result: a row verified beside
 // k others, prefilled in a chunk of any size, or attending to a prefix taken from the prefix
 // cache, equals the same row decoded alone, bit for bit.
@@ -84,8 +84,11 @@ static inline void load_chunk(const Problem* P, const int32_t* table, int64_t kv
 static inline void update_row(const float* q, int64_t pos, int64_t lo, int64_t j0, int64_t n,
                               const float* const* kp, const float* const* vp, int64_t D,
                               __m256 scale, float* m, float* l, float* acc) {
+    // Keys past the row's own position are never read: it reduces over the same keys, in the
+    // same lanes, whatever else the chunk holds.
+    const int64_t seen = pos - j0 + 1 < n ? pos - j0 + 1 : n;
     float sr[CHUNK];
-    for (int64_t j = 0; j < n; j += 8) _mm256_storeu_ps(sr + j, dot8(q, kp + j, D, scale));
+    for (int64_t j = 0; j < seen; j += 8) _mm256_storeu_ps(sr + j, dot8(q, kp + j, D, scale));
     // Keys this row may not see: ahead of it, behind its window, or past the chunk's end.
     if (n < CHUNK || j0 + CHUNK - 1 > pos || j0 < lo)
         for (int64_t j = 0; j < CHUNK; j++)
@@ -109,7 +112,7 @@ static inline void update_row(const float* q, int64_t pos, int64_t lo, int64_t j
         for (int64_t d = 0; d < D; d += 8)
             _mm256_storeu_ps(acc + d, _mm256_mul_ps(av, _mm256_loadu_ps(acc + d)));
     }
-    accumulate_pv(acc, sr, vp, n, D);
+    accumulate_pv(acc, sr, vp, seen, D);
 }
 
 // Keys [key_lo, key_hi) (key_lo a multiple of CHUNK) for the task's rows: leaves per row its

@@ -26,7 +26,8 @@ class Sequences:
     """Per-position q/k/v of named sequences over one paged cache; a step feeds slices of them."""
 
     def __init__(self, dtype: torch.dtype, window: int | None, num_blocks: int = 160) -> None:
-        self.cache = torch.zeros(2, KV_HEADS, num_blocks * BLOCK, DIM, dtype=dtype)
+        # NaN until written: a row that read a key past its own position would turn NaN.
+        self.cache = torch.full((2, KV_HEADS, num_blocks * BLOCK, DIM), float("nan"), dtype=dtype)
         self.window = window
         self.qkv: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.tables: dict[str, list[int]] = {}
@@ -65,7 +66,7 @@ class Sequences:
         return torch.cat([self.step([(name, a, min(a + chunk, end))])[0] for a in bounds])
 
     def clear(self) -> None:
-        self.cache.zero_()
+        self.cache.fill_(float("nan"))
 
 
 @contextmanager
@@ -123,6 +124,7 @@ def test_decode_row_equals_itself_batched_and_verified(
     seqs.add("d", 90, seed=4)
     seqs.prefill("a", 600, chunk=600)
     seqs.prefill("c", 299, chunk=299)
+    assert not seqs.prefill("a", 600, chunk=600).isnan().any()
     for p in (255, 256, 300, 511, 512, 599):
         with threads(1):
             alone = seqs.step([("a", p, p + 1)])[0]
