@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 KERNEL = build.KernelSource(
     Path(__file__).with_name("paged_attention.c"), build.AVX2_FLAGS, build.AVX2_CPU,
     "paged attention kernel",
-    (Path(__file__).with_name("simd.h"), Path(__file__).with_name("attention_simd.h")),
+    tuple(Path(__file__).with_name(h) for h in ("simd.h", "attention_simd.h", "rope.h")),
 )  # fmt: skip
 
 
