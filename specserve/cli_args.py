@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from specserve.cli_flags import add_flag, add_switch
 from specserve.config import (
     ATTENTION_IMPLS,
+    KV_DTYPES,
     NUMERICS,
     POLICIES,
     PROPOSERS,
@@ -230,6 +231,18 @@ def add_limit_args(p: argparse.ArgumentParser, environ: Mapping[str, str] | None
         parse_bytes,
         environ=environ,
     )
+    add_flag(
+        p,
+        "--kv-cache-dtype",
+        "KV_CACHE_DTYPE",
+        "float16",
+        "element type of the KV cache where the CPU attention kernel reads it (float32 model on "
+        "CPU): float16 rounds each key and value to fp16 as written (half the bytes per token: "
+        "twice the tokens in --kv-cache-bytes, half the bytes a long context reads), float32 "
+        "keeps them as computed; elsewhere the cache takes the model's dtype",
+        choices=KV_DTYPES,
+        environ=environ,
+    )
     add_switch(
         p,
         "--no-prefix-caching",
@@ -269,7 +282,9 @@ def engine_config(args: argparse.Namespace, resolve_speculate: bool = True) -> E
         max_model_len=args.max_total_tokens,
         max_memory=args.max_memory,
         cache=CacheConfig(
-            max_kv_bytes=args.kv_cache_bytes, prefix_caching=not args.no_prefix_caching
+            max_kv_bytes=args.kv_cache_bytes,
+            prefix_caching=not args.no_prefix_caching,
+            kv_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_tokens=args.max_batch_tokens,

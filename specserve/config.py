@@ -18,6 +18,12 @@ ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference")
 # to float32, float32 products (HF transformers' numbers up to summation order).
 Numerics = Literal["q8", "exact"]
 NUMERICS: tuple[str, ...] = ("q8", "exact")
+# Element type of the KV cache where the paged CPU kernel reads it (CPU, float32 model): fp16
+# halves the bytes a long context reads and doubles the tokens a byte budget holds; float32 keeps
+# K/V as computed. Elsewhere (reference attention, CUDA, half-precision models) the cache takes
+# the model's dtype.
+KvDtype = Literal["float16", "float32"]
+KV_DTYPES: tuple[str, ...] = ("float16", "float32")
 
 
 @dataclass(frozen=True)
@@ -29,8 +35,11 @@ class CacheConfig:
     # Reuse the KV of full blocks of tokens already computed (by any request) for a prompt that
     # starts with the same tokens.
     prefix_caching: bool = True
+    kv_dtype: KvDtype = "float16"
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

@@ -4,6 +4,9 @@
                (speculative shape B x (N+1) included, and the draft's own step)
     kv_tokens = kv_bytes / (target KV bytes per token + draft KV bytes per token)
 
+Bytes per token count the cache's element size: an fp16 cache (`--kv-cache-dtype float16`)
+holds twice the tokens of a float32 one in the same bytes.
+
 The draft keeps a KV entry for every token the target does, so both pools are sized to the same
 token count. Enabling speculation therefore shrinks the target pool instead of risking OOM.
 """
@@ -28,7 +31,7 @@ class MemoryBudget:
     target_weights: int
     draft_weights: int
     activation_peak: int
-    kv_bytes_per_token: int  # target
+    kv_bytes_per_token: int  # target, at its cache's element size
     draft_kv_bytes_per_token: int
     block_size: int
 

@@ -18,7 +18,7 @@ from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
 from specserve.runner.cost import LiveCost
 from specserve.runner.cost_profile import profile_step_cost
-from specserve.runner.model_runner import ModelRunner, RunItem
+from specserve.runner.model_runner import ModelRunner, RunItem, kv_cache_dtype
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
 from specserve.speculation.draft import DraftModelProposer, load_draft_model
@@ -84,9 +84,12 @@ def load_resources(config: EngineConfig) -> EngineResources:
         num_blocks = memory.num_blocks
     else:
         draft_kv = draft.arch.kv_bytes_per_token if draft is not None else 0
-        num_blocks = kv_blocks_for(config, arch.kv_bytes_per_token + draft_kv, max_model_len)
+        target_kv = target_kv_bytes_per_token(config, model, device)
+        num_blocks = kv_blocks_for(config, target_kv + draft_kv, max_model_len)
     allocator = BlockAllocator(num_blocks, block_size, caching=config.cache.prefix_caching)
-    runner = ModelRunner(model, num_blocks, block_size, device, config.attention)
+    runner = ModelRunner(
+        model, num_blocks, block_size, device, config.attention, config.cache.kv_dtype
+    )
     proposer = make_proposer(config, draft, num_blocks, device, model, model_dir)
     return EngineResources(
         model_dir=model_dir,
@@ -109,6 +112,15 @@ def uses_draft(config: EngineConfig) -> bool:
     """`--proposer draft`, or `auto` with a `--draft-model` given."""
     spec = config.spec
     return spec.proposer == "draft" or (spec.proposer == "auto" and spec.draft_model is not None)
+
+
+def target_kv_bytes_per_token(
+    config: EngineConfig, model: LlamaForCausalLM, device: torch.device
+) -> int:
+    """K/V bytes per token of the target's cache, at its element size (fp16: half of float32,
+    so the same bytes hold twice the blocks)."""
+    dtype = kv_cache_dtype(model, device, config.attention, config.cache.kv_dtype)
+    return model.arch.kv_bytes(dtype.itemsize)
 
 
 def param_bytes(model: LlamaForCausalLM) -> int:
@@ -152,7 +164,9 @@ def plan_memory(
     limit = model.arch.max_position
     prefill = min(config.scheduler.max_batch_tokens, limit)
     spec = min(largest_step(config), limit)
-    scratch = ModelRunner(model, blocks_for(prefill, bs), bs, device, config.attention)
+    scratch = ModelRunner(
+        model, blocks_for(prefill, bs), bs, device, config.attention, config.cache.kv_dtype
+    )
     table = list(range(blocks_for(prefill, bs)))
     peak = max(
         # a prefill chunk (one logits row) and a speculative step (logits on every row)
@@ -166,7 +180,7 @@ def plan_memory(
         target_weights=weight_bytes,
         draft_weights=param_bytes(draft) if draft is not None else 0,
         activation_peak=peak,
-        kv_bytes_per_token=model.arch.kv_bytes_per_token,
+        kv_bytes_per_token=target_kv_bytes_per_token(config, model, device),
         draft_kv_bytes_per_token=draft.arch.kv_bytes_per_token if draft is not None else 0,
         block_size=bs,
     )

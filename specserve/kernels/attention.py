@@ -1,7 +1,7 @@
-"""Paged attention for decode/verify rows (`paged_attention.c`), built on first use.
+"""Paged attention over a float32 or fp16 KV cache (`paged_attention.c`), built on first use.
 
-`library()` is None where the CPU lacks AVX2/FMA or no compiler works; the model then runs the
-reference attention (gathers + SDPA, `models/attention.py`).
+`library()` is None where the CPU lacks AVX2/FMA/F16C or no compiler works; the model then runs
+the padded reference attention (gathers + SDPA, `models/attention_reference.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 KERNEL = build.KernelSource(
     Path(__file__).with_name("paged_attention.c"), build.AVX2_FLAGS, build.AVX2_CPU,
-    "paged attention kernel", (Path(__file__).with_name("simd.h"),),
+    "paged attention kernel",
+    tuple(Path(__file__).with_name(h) for h in ("simd.h", "attention_simd.h", "rope.h")),
 )  # fmt: skip
 
 
@@ -29,15 +30,21 @@ def library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    # q, q_stride, k_cache, v_cache, out, seq_info, tables, max_blocks, B, H, Hkv, D,
-    # block_size, scale, window, num_slots, threads
+    # q, q_stride, k_cache, v_cache, element size, out, seq_info, tables, max_blocks, B, H, Hkv,
+    # D, block_size, scale, window, num_slots, threads
     lib.paged_attention.argtypes = (
-        (ptr, i64, ptr, ptr, ptr, ptr, ptr) + (i64,) * 6 + (ctypes.c_float, i64, i64, ctypes.c_int)
+        (ptr, i64, ptr, ptr, i64, ptr, ptr, ptr)
+        + (i64,) * 6
+        + (ctypes.c_float, i64, i64, ctypes.c_int)
     )
     lib.paged_attention.restype = ctypes.c_int
     lib.rope_rotate_half.argtypes = (ptr, i64, i64, i64, i64, ptr, ptr)
     lib.rope_rotate_half.restype = None
     return lib
+
+
+# Element types of the KV cache the kernel reads in place.
+CACHE_DTYPES = (torch.float32, torch.float16)
 
 
 def supports(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
@@ -47,8 +54,8 @@ def supports(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
 
 def paged_attention(
     q: torch.Tensor,  # [T, H, D] float32; each row's heads contiguous (row stride may differ)
-    k_cache: torch.Tensor,  # [Hkv, num_slots, D] float32, contiguous
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor,  # [Hkv, num_slots, D] float32 or float16, contiguous
+    v_cache: torch.Tensor,  # same shape and dtype
     out: torch.Tensor,  # [T, H, D] float32: rows of the listed sequences are written
     seq_info: torch.Tensor,  # [B, 3] int64: first row, q_len, ctx_len per sequence
     block_tables: torch.Tensor,  # [B, max_blocks] int32
@@ -56,18 +63,22 @@ def paged_attention(
     scale: float,
     window: int | None,
 ) -> None:
-    """Each listed sequence's rows attend causally (and within `window`) to its cache."""
+    """Each listed sequence's rows attend causally (and within `window`) to its cache. A row's
+    result depends only on its query, its position and the keys it may see (see the kernel)."""
     lib = library()
     if lib is None:
         raise RuntimeError("paged attention kernel is not available on this machine")
     _, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or q.stride(1) != head_dim or not out.is_contiguous():
         raise ValueError("paged attention needs each query row's heads contiguous")
+    if k_cache.dtype not in CACHE_DTYPES or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"paged attention reads float32 or float16 caches, not {k_cache.dtype}")
     rc = lib.paged_attention(
         q.data_ptr(),
         q.stride(0),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
+        k_cache.element_size(),
         out.data_ptr(),
         seq_info.data_ptr(),
         block_tables.data_ptr(),

@@ -1,19 +1,20 @@
 """Paged attention over a ragged batch: each sequence costs what it feeds, nothing is padded.
 
 Layout: each layer's cache is `[kv_heads, num_slots, head_dim]` for K and for V (head-major),
-where slot = block * block_size + offset. A step feeds T new tokens from B sequences; sequence
-b feeds q_len[b] tokens at absolute positions ctx_len[b] - q_len[b] .. ctx_len[b] - 1 and attends
-to its first ctx_len[b] cached positions (within the sliding window, if any). The metadata
-serves every layer, so it is built once per step.
+where slot = block * block_size + offset, in float32 or fp16. A step feeds T new tokens from B
+sequences; sequence b feeds q_len[b] tokens at absolute positions ctx_len[b] - q_len[b] ..
+ctx_len[b] - 1 and attends to its first ctx_len[b] cached positions (within the sliding window,
+if any). The metadata serves every layer, so it is built once per step.
 
-Two kinds of sequence in one step:
-- decode and verify rows (q_len <= KERNEL_MAX_QUERY): one call of the C kernel for all of them,
-  reading each sequence's K/V in place through its block table (`kernels/paged_attention.c`);
-- prefill chunks: SDPA per sequence, causal. A chunk that starts at position 0 attends to its
-  own fresh K/V; a later chunk gathers its own context (only its own) and takes an offset mask.
+Every row of the step, decode, verify or prefill, goes through one call of the C kernel
+(`kernels/paged_attention.c`) after the step's K/V are written: each row reads its keys from the
+cache, in the form (fp16-rounded or not) any later step reads them, and reduces over them in an
+order fixed by its own position. So a row's output is the same bit for bit whether it is decoded
+alone, verified among k + 1, prefilled in a chunk of any size, or attends to a prefix that came
+from the prefix cache.
 
-`models/attention_reference.py` is the padded gather + SDPA path this replaces, kept as the
-reference in tests and for devices and dtypes the kernel does not cover.
+`models/attention_reference.py` is the padded gather + SDPA path, kept as the reference in tests
+and for devices and dtypes the kernel does not cover.
 """
 
 from __future__ import annotations
@@ -23,12 +24,8 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from specserve.kernels import attention as kernel
-
-# Sequences feeding at most this many rows go to the kernel; longer ones are prefill chunks.
-KERNEL_MAX_QUERY = 32
 
 
 class AttentionMetadata(Protocol):
@@ -48,19 +45,10 @@ class AttentionMetadata(Protocol):
 
 
 @dataclass(frozen=True)
-class PrefillChunk:
-    first: int  # first row of the chunk in the step's flat token array
-    num: int  # rows
-    ctx_slots: torch.Tensor | None  # [ctx] int64: the whole context's slots, unless start == 0
-    mask: torch.Tensor | None  # [num, ctx] bool: True where a row may attend; None = causal
-
-
-@dataclass(frozen=True)
 class RaggedMetadata:
     slot_mapping: torch.Tensor  # [T] int64: cache slot written by each new token
-    kernel_seqs: torch.Tensor | None  # [Bk, 3] int64: first row, q_len, ctx_len
-    kernel_tables: torch.Tensor | None  # [Bk, max_blocks] int32
-    prefill: tuple[PrefillChunk, ...]
+    seqs: torch.Tensor  # [B, 3] int64: first row, q_len, ctx_len
+    tables: torch.Tensor  # [B, max_blocks] int32, zero-padded
     block_size: int
     window: int | None
 
@@ -73,32 +61,13 @@ class RaggedMetadata:
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        k_cache.index_copy_(1, self.slot_mapping, k.transpose(0, 1))
-        v_cache.index_copy_(1, self.slot_mapping, v.transpose(0, 1))
+        # A float16 cache holds K/V rounded to nearest even (torch's float -> half conversion).
+        k_cache.index_copy_(1, self.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+        v_cache.index_copy_(1, self.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
         out = q.new_empty(q.shape)  # [T, H, D]
-        if self.kernel_seqs is not None:
-            assert self.kernel_tables is not None
-            kernel.paged_attention(
-                q, k_cache, v_cache, out, self.kernel_seqs, self.kernel_tables,
-                self.block_size, scale, self.window,
-            )  # fmt: skip
-        for chunk in self.prefill:
-            rows = slice(chunk.first, chunk.first + chunk.num)
-            if chunk.ctx_slots is None:
-                keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # [Hkv, n, D]
-            else:
-                keys = k_cache.index_select(1, chunk.ctx_slots)  # [Hkv, ctx, D]
-                values = v_cache.index_select(1, chunk.ctx_slots)
-            # Batched 4-D inputs: SDPA's unbatched 3-D form falls back to its slow math path.
-            out[rows] = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None],  # [1, H, n, D]
-                keys[None],  # [1, Hkv, ctx, D]
-                values[None],
-                attn_mask=chunk.mask,
-                is_causal=chunk.mask is None,
-                scale=scale,
-                enable_gqa=True,
-            )[0].transpose(0, 1)
+        kernel.paged_attention(
+            q, k_cache, v_cache, out, self.seqs, self.tables, self.block_size, scale, self.window
+        )
         return out.flatten(1)
 
 
@@ -112,58 +81,30 @@ def build_ragged_metadata(
 ) -> RaggedMetadata:
     """Index tensors for one step. q_lens[b] <= ctx_lens[b]; block tables cover ctx_lens[b]."""
     slots: list[int] = []
-    kernel_seqs: list[tuple[int, int, int]] = []
-    kernel_tables: list[list[int]] = []
-    prefill: list[PrefillChunk] = []
+    seqs: list[tuple[int, int, int]] = []
     first = 0
     for q_len, ctx, table in zip(q_lens, ctx_lens, block_tables, strict=True):
-        if q_len <= KERNEL_MAX_QUERY:
-            slots += (
-                table[p // block_size] * block_size + p % block_size
-                for p in range(ctx - q_len, ctx)
-            )
-            kernel_seqs.append((first, q_len, ctx))
-            kernel_tables.append(table)
-        else:
-            positions = np.arange(ctx)
-            ctx_slots = np.asarray(table, dtype=np.int64)[positions // block_size] * block_size
-            ctx_slots += positions % block_size
-            slots += ctx_slots[ctx - q_len :].tolist()
-            prefill.append(_prefill_chunk(first, q_len, ctx, ctx_slots, sliding_window, device))
+        slots += _slots(table, ctx - q_len, ctx, block_size)
+        seqs.append((first, q_len, ctx))
         first += q_len
-    tables = None
-    if kernel_tables:
-        width = max(len(t) for t in kernel_tables)
-        padded = [t + [0] * (width - len(t)) for t in kernel_tables]
-        tables = torch.tensor(padded, dtype=torch.int32)
+    width = max(len(t) for t in block_tables)
+    padded = [t + [0] * (width - len(t)) for t in block_tables]
     return RaggedMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        kernel_seqs=torch.tensor(kernel_seqs, dtype=torch.int64) if kernel_seqs else None,
-        kernel_tables=tables,
-        prefill=tuple(prefill),
+        seqs=torch.tensor(seqs, dtype=torch.int64),
+        tables=torch.tensor(padded, dtype=torch.int32),
         block_size=block_size,
         window=sliding_window,
     )
 
 
-def _prefill_chunk(
-    first: int,
-    q_len: int,
-    ctx: int,
-    ctx_slots: np.ndarray,  # [ctx] int64
-    window: int | None,
-    device: torch.device,
-) -> PrefillChunk:
-    start = ctx - q_len
-    windowed = window is not None and window < ctx
-    if start == 0 and not windowed:  # plain causal over the chunk's own K/V
-        return PrefillChunk(first, q_len, None, None)
-    q_pos = torch.arange(start, ctx)[:, None]  # [q_len, 1]
-    k_pos = torch.arange(ctx)[None, :]  # [1, ctx]
-    mask = k_pos <= q_pos
-    if window is not None:
-        mask &= k_pos > q_pos - window
-    return PrefillChunk(first, q_len, torch.from_numpy(ctx_slots).to(device), mask.to(device))
+def _slots(table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """Cache slots of positions start .. end - 1 (numpy for a prefill chunk's many)."""
+    if end - start <= 32:
+        return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+    positions = np.arange(start, end)
+    blocks = np.asarray(table, dtype=np.int64)[positions // block_size]
+    return (blocks * block_size + positions % block_size).tolist()
 
 
 def kernel_usable(

@@ -67,7 +67,11 @@ class ModelArch:
     @property
     def kv_bytes_per_token(self) -> int:
         """fp32 bytes of K and V for one token across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+        return self.kv_bytes(4)
+
+    def kv_bytes(self, element_size: int) -> int:
+        """Bytes of K and V for one token across all layers, `element_size` bytes each."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
 
 
 class RMSNorm(nn.Module):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.config import AttentionImpl
+from specserve.config import AttentionImpl, KvDtype
 from specserve.models.attention import build_ragged_metadata, kernel_usable
 from specserve.models.attention_reference import build_metadata
 from specserve.models.llama import LlamaForCausalLM
@@ -36,7 +36,28 @@ class RunOutput:
     hidden_only: torch.Tensor | None = None  # [sum(hidden_rows), hidden]; None: none asked
 
 
+def uses_ragged(model: LlamaForCausalLM, device: torch.device, attention: AttentionImpl) -> bool:
+    """The ragged path where its kernel runs (CPU float32), else the padded reference."""
+    arch = model.arch
+    dtype = next(model.parameters()).dtype
+    shapes = (arch.head_dim, arch.num_heads, arch.num_kv_heads)
+    return attention == "auto" and kernel_usable(device, dtype, shapes)
+
+
+def kv_cache_dtype(
+    model: LlamaForCausalLM, device: torch.device, attention: AttentionImpl, kv_dtype: KvDtype
+) -> torch.dtype:
+    """`kv_dtype` where the paged kernel reads the cache; elsewhere the model's own dtype."""
+    if uses_ragged(model, device, attention):
+        return getattr(torch, kv_dtype)
+    return next(model.parameters()).dtype
+
+
 class ModelRunner:
+    """`kv_dtype`: the cache's element type where the paged kernel reads it. The engine passes
+    `CacheConfig.kv_dtype` (float16 by default); direct users (tests, the draft model) keep
+    float32, K/V as computed, unless they ask."""
+
     def __init__(
         self,
         model: LlamaForCausalLM,
@@ -44,17 +65,16 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         attention: AttentionImpl = "auto",
+        kv_dtype: KvDtype = "float32",
     ) -> None:
         arch = model.arch
         self.model, self.device, self.block_size = model, device, block_size
         self.num_blocks = num_blocks
-        dtype = next(model.parameters()).dtype
-        shapes = (arch.head_dim, arch.num_heads, arch.num_kv_heads)
-        # The ragged path where its kernel runs (CPU float32), else the padded reference.
-        self.ragged = attention == "auto" and kernel_usable(device, dtype, shapes)
+        self.ragged = uses_ragged(model, device, attention)
         # Head-major: one KV head's rows of consecutive slots are contiguous (a block of a head is
-        # block_size * head_dim floats in a row), which is how attention streams them.
+        # block_size * head_dim elements in a row), which is how attention streams them.
         shape = (arch.num_layers, 2, arch.num_kv_heads, num_blocks * block_size, arch.head_dim)
+        dtype = kv_cache_dtype(model, device, attention, kv_dtype)
         # Zeroed so that masked (never written) slots hold finite values: 0 * garbage = NaN.
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(arch.num_layers)]

@@ -92,6 +92,7 @@ def engine_info(
         memory=MemoryInfo(
             weights_bytes=res.weight_bytes,
             kv_cache_bytes=res.runner.kv_bytes,
+            kv_cache_dtype=str(res.runner.kv.dtype).removeprefix("torch."),
             kv_cache_tokens=alloc.num_blocks * alloc.block_size,
             kv_block_size=alloc.block_size,
             kv_blocks=alloc.num_blocks,

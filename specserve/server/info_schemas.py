@@ -115,6 +115,10 @@ class FingerprintsInfo(BaseModel):
 class MemoryInfo(BaseModel):
     weights_bytes: int
     kv_cache_bytes: int
+    kv_cache_dtype: str = Field(
+        description="element type of the KV cache: float16 where the CPU attention kernel reads "
+        "it (--kv-cache-dtype, the default), float32 when asked; else the model's dtype",
+    )
     kv_cache_tokens: int
     kv_block_size: int
     kv_blocks: int

@@ -21,6 +21,7 @@ def make_engine(
     dense_weights: bool = False,
     prefix_caching: bool = True,
     numerics: Numerics = "q8",
+    kv_dtype: str = "float16",
     **spec: object,
 ) -> Engine:
     return Engine(
@@ -30,7 +31,10 @@ def make_engine(
             dense_weights=dense_weights,
             numerics=numerics,
             cache=CacheConfig(
-                block_size=block_size, num_blocks=num_blocks, prefix_caching=prefix_caching
+                block_size=block_size,
+                num_blocks=num_blocks,
+                prefix_caching=prefix_caching,
+                kv_dtype=kv_dtype,  # type: ignore[arg-type]
             ),
             scheduler=SchedulerConfig(
                 max_batch_tokens=max_batch_tokens, max_running_requests=max_running

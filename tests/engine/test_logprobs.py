@@ -82,9 +82,9 @@ def test_logprobs_are_the_models_own(tiny_llama: Path) -> None:
     import transformers
 
     params = SamplingParams(max_new_tokens=6, ignore_eos=True, logprobs=2, prompt_logprobs=True)
-    [tokens], [lps], [prompt_lps] = run(
-        make_engine(tiny_llama, speculate=2, numerics="exact"), LOOPY[:1], params
-    )
+    # HF's numbers: exact numerics, K/V as computed (float32), not fp16-rounded K/V's.
+    engine = make_engine(tiny_llama, speculate=2, numerics="exact", kv_dtype="float32")
+    [tokens], [lps], [prompt_lps] = run(engine, LOOPY[:1], params)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32)
     ids = LOOPY[0] + tokens
     with torch.no_grad():

@@ -115,3 +115,44 @@ def test_kv_cache_bytes_takes_the_byte_forms_max_memory_takes() -> None:
     for bad in ("0", "-5", "nan", "lots"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
+
+
+def test_fp16_kv_cache_holds_twice_the_blocks_in_the_same_bytes(tiny_llama: Path) -> None:
+    from specserve.config import CacheConfig
+    from specserve.engine.resources import kv_blocks_for, target_kv_bytes_per_token
+    from specserve.models.registry import build_model
+    from specserve.runner.model_runner import ModelRunner, kv_cache_dtype
+
+    model = build_model(tiny_llama, CPU)
+    per_token, blocks = {}, {}
+    for dtype in ("float16", "float32"):
+        config = EngineConfig(cache=CacheConfig(max_kv_bytes=1 << 20, kv_dtype=dtype))
+        per_token[dtype] = target_kv_bytes_per_token(config, model, CPU)
+        blocks[dtype] = kv_blocks_for(config, per_token[dtype], max_model_len=4096)
+    assert per_token["float32"] == model.arch.kv_bytes_per_token == 2 * per_token["float16"]
+    assert blocks["float16"] == 2 * blocks["float32"]
+    runner = ModelRunner(model, blocks["float16"], 16, CPU, kv_dtype="float16")
+    assert runner.kv.dtype == torch.float16 and runner.kv_bytes == 1 << 20
+    # The padded reference path keeps the model's dtype whatever is asked.
+    assert kv_cache_dtype(model, CPU, "reference", "float16") == torch.float32
+
+
+def test_kv_cache_dtype_flag_env_and_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specserve.cli import build_parser
+    from specserve.cli_args import engine_config_from_args
+    from specserve.config import CacheConfig
+
+    def kv_dtype(*flags: str) -> str:
+        args = build_parser().parse_args(["serve", *flags])
+        return engine_config_from_args(args).cache.kv_dtype
+
+    assert kv_dtype() == "float16"
+    assert kv_dtype("--kv-cache-dtype", "float32") == "float32"
+    monkeypatch.setenv("KV_CACHE_DTYPE", "float32")
+    assert kv_dtype() == "float32"
+    assert kv_dtype("--kv-cache-dtype", "float16") == "float16"
+    monkeypatch.setenv("KV_CACHE_DTYPE", "bfloat16")
+    with pytest.raises(SystemExit, match="kv_dtype"):
+        kv_dtype()
+    with pytest.raises(ValueError, match="kv_dtype"):
+        CacheConfig(kv_dtype="int8")  # type: ignore[arg-type]

@@ -26,8 +26,16 @@ QUESTIONS = [
 
 @cache
 def base_engine(numerics: Numerics = "q8") -> Engine:
+    # Exact numerics with float32 K/V, as HF computes them (the parity test compares greedy
+    # tokens); q8 with the default fp16 cache.
+    kv_dtype = "float32" if numerics == "exact" else "float16"
     return make_engine(
-        None, num_blocks=512, block_size=16, max_batch_tokens=1024, numerics=numerics
+        None,
+        num_blocks=512,
+        block_size=16,
+        max_batch_tokens=1024,
+        numerics=numerics,
+        kv_dtype=kv_dtype,
     )
 
 

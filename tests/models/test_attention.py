@@ -1,4 +1,4 @@
-"""Ragged attention (paged kernel + per-sequence SDPA) against the padded reference path."""
+"""Ragged attention (the paged kernel for every row) against the padded reference path."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import torch
 
 from specserve.kernels import attention as kernel
 from specserve.models import attention
-from specserve.models.attention import KERNEL_MAX_QUERY, build_ragged_metadata
+from specserve.models.attention import build_ragged_metadata
 from specserve.models.attention_reference import build_metadata
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 
 CPU = torch.device("cpu")
+# The kernel runs a sequence feeding more rows than this by query blocks (paged_attention.c).
+SPLIT_QUERY = 32
 pytestmark = pytest.mark.usefixtures("attention_kernels")
 
 
@@ -58,9 +60,9 @@ CASES = {
     "prefill from scratch": ([100], [100]),
     "later prefill chunk": ([64], [200]),
     "prefill chunk beside decode and verify rows": ([1, 40, 3, 1, 300], [800, 40, 64, 5, 700]),
-    "largest kernel query beside the smallest chunk": (
-        [KERNEL_MAX_QUERY, KERNEL_MAX_QUERY + 1],
-        [KERNEL_MAX_QUERY, KERNEL_MAX_QUERY + 50],
+    "largest split-task query beside the smallest query-block one": (
+        [SPLIT_QUERY, SPLIT_QUERY + 1],
+        [SPLIT_QUERY, SPLIT_QUERY + 50],
     ),
 }
 
@@ -154,7 +156,9 @@ def test_a_verify_row_equals_the_same_row_decoded_alone_bit_for_bit(
     kc, vc = torch.randn(2, kv, (len(table) + 4) * bs, dim)
     q = torch.randn(5, heads, dim)
 
-    def attend(q_lens: list[int], ctxs: list[int], tables: list[list[int]], rows: torch.Tensor):
+    def attend(
+        q_lens: list[int], ctxs: list[int], tables: list[list[int]], rows: torch.Tensor
+    ) -> torch.Tensor:
         meta = build_ragged_metadata(q_lens, ctxs, tables, bs, CPU, window)
         slots = meta.slot_mapping  # the step writes back what the cache holds: no change
         k_new, v_new = kc[:, slots].transpose(0, 1), vc[:, slots].transpose(0, 1)

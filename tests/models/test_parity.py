@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from specserve.config import AttentionImpl
-from specserve.models.attention import KERNEL_MAX_QUERY
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from tests.tiny import make_model_dir
@@ -77,13 +76,13 @@ def test_ragged_batch_matches_single_sequences(tiny_llama: Path) -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 def test_long_chunks_match_hf(arch: str, tmp_path: Path) -> None:
-    """Chunks longer than the kernel's query limit take SDPA: from position 0 (causal over the
-    chunk's own K/V) and later (its gathered context, offset mask, mistral's window)."""
+    """Chunks longer than the kernel's split-task query limit (32) run by query blocks: from
+    position 0 and later (over the cached context, with mistral's window)."""
     import transformers
 
     model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=4)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    n1, n2 = KERNEL_MAX_QUERY + 8, KERNEL_MAX_QUERY + 4
+    n1, n2 = 32 + 8, 32 + 4
     ids = torch.randint(0, 320, (n1 + 1 + n2,), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         want = ref(ids[None]).logits[0]

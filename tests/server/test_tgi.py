@@ -141,6 +141,7 @@ def test_info_and_health(tiny_server: Server) -> None:
     assert fps["proposer"] == {"kind": "ngram", "artifact": None}
     mem = info["memory"]
     assert mem["weights_bytes"] > 0 and mem["kv_cache_bytes"] > 0
+    assert mem["kv_cache_dtype"] == "float16"  # the default where the CPU kernel reads it
     assert mem["kv_cache_tokens"] == mem["kv_blocks"] * mem["kv_block_size"]
     assert info["model_dtype"] == "float32" and info["model_device_type"] == "cpu"
     assert info["model_weight_blocks"] == []  # a safetensors model: plain float32 weights
