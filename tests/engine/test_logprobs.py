@@ -171,5 +171,5 @@ def hidden_states(engine: Engine, ids: list[int]) -> torch.Tensor:
     from specserve.runner.model_runner import ModelRunner, RunItem
 
     model = engine.res.model
-    runner = ModelRunner(model, 64, 4, torch.device("cpu"))
+    runner = ModelRunner(model, 64, 4, torch.device("cpu"), kv_dtype=engine.config.cache.kv_dtype)
     return runner.run([RunItem(ids, 0, list(range(64)), len(ids))]).hidden

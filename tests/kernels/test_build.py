@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import stat
 from pathlib import Path
 
@@ -113,8 +114,15 @@ def test_a_planted_or_tampered_library_is_rebuilt_not_loaded(
     assert stat.S_IMODE((tmp_path / "kernels").stat().st_mode) == 0o700
     assert load() == built and len(compiles) == 1  # trusted: loaded from the cache
     so = compiles[0]
+
+    def plant() -> None:  # a new file in its place: this process still maps the old one, and
+        # rewriting that in place would SIGBUS the process when the mapping is next touched
+        planted = so.with_name("planted.so")
+        planted.write_bytes(b"planted, not a library")
+        os.replace(planted, so)
+
     tampers = [
-        ("differ from the build's record", lambda: so.write_bytes(b"planted, not a library")),
+        ("differ from the build's record", plant),
         ("writable by group or others", lambda: so.chmod(0o777)),
         ("cannot stat", lambda: build.record_path(so).unlink()),
         ("not a regular file", lambda: (so.unlink(), so.symlink_to(tmp_path / "elsewhere.so"))),

@@ -163,6 +163,28 @@ def test_q8_engine_is_lossless_under_speculation_and_batching(tmp_path: Path) ->
     assert engine.stats.proposer.accepted_tokens > 0
 
 
+def test_default_path_rows_do_not_depend_on_chunks_cache_or_preemption(tmp_path: Path) -> None:
+    """The default path end to end (q8 blocks, fp16 K/V, every row through the paged kernel):
+    each request's tokens and logprobs bit-identical to it alone in a roomy engine, whatever
+    size its prefill chunks are, whether its prefix came from the prefix cache, and when it was
+    preempted and recomputed; with speculation on as well."""
+    model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=True))
+    prompts = mixed_prompts(8, seed=1)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=2)
+    roomy = partial(make_engine, model_dir, num_blocks=512, max_batch_tokens=1024)
+    want = [logprobs(roomy(prefix_caching=False), [p], params)[0] for p in prompts]
+    for budget in (1, 7, 16):  # prefill chunks of at most this many tokens a step
+        engine = make_engine(model_dir, max_batch_tokens=budget, prefix_caching=False)
+        assert logprobs(engine, prompts, params) == want, budget
+    cached = roomy(speculate=3)
+    assert logprobs(cached, prompts, params) == want
+    assert logprobs(cached, prompts, params) == want  # now from cached prefixes
+    assert cached.res.allocator.stats.hit_tokens > 0 and cached.stats.proposer.drafted_tokens > 0
+    tight = make_engine(model_dir, num_blocks=24, speculate=3)  # 96 slots for 8 x up to 64
+    assert logprobs(tight, prompts, params) == want
+    assert tight.scheduler.num_preemptions > 0
+
+
 def logprobs(
     engine: Engine, prompts: list[list[int]], params: SamplingParams
 ) -> list[list[tuple[int, float, list[tuple[int, float]]]]]:
