@@ -132,17 +132,10 @@ def test_ngram_greedy_is_lossless_alone(n: int) -> None:
     assert engine.stats.proposer.drafted_tokens > 0
 
 
-# Recomputing a preempted sequence prefills its generated tokens (> KERNEL_MAX_QUERY rows: SDPA)
-# where they first ran as decode rows (the paged kernel); the two attention paths differ by
-# ~1e-5 in the logits, which q8 turns into different quantised rows (~0.6 in the logits).
-PREEMPTED_Q8 = pytest.mark.xfail(
-    reason="prefill and decode attention are not batch-invariant yet (issue 22, item 3)"
-)
-
-
+# Small pools force preemption (a preempted sequence is recomputed by prefill where its tokens
+# first ran as decode rows: the same rows, as every kernel computes a row the same either way).
 @pytest.mark.parametrize(
-    ("num_blocks", "numerics"),
-    [(512, "q8"), (512, "exact"), (24, "exact"), pytest.param(24, "q8", marks=PREEMPTED_Q8)],
+    ("num_blocks", "numerics"), [(512, "q8"), (512, "exact"), (24, "exact"), (18, "q8")]
 )
 def test_ngram_greedy_is_lossless_in_mixed_batch(num_blocks: int, numerics: Numerics) -> None:
     ps = (prompts() * 3)[:8]
@@ -151,7 +144,7 @@ def test_ngram_greedy_is_lossless_in_mixed_batch(num_blocks: int, numerics: Nume
     want = run_all(engine_with(0, numerics=numerics), ps, params)
     engine = engine_with(5, num_blocks=num_blocks, numerics=numerics)
     assert run_all(engine, ps, params) == want
-    if num_blocks == 24:  # 384 slots for 8 x ~80 tokens: preemption must have happened
+    if num_blocks < 512:  # 288-384 slots for 8 x ~80 tokens: preemption must have happened
         assert engine.scheduler.num_preemptions > 0
     assert engine.stats.proposer.accepted_tokens > 0
     assert engine.res.allocator.num_free == num_blocks
