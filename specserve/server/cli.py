@@ -25,6 +25,7 @@ from dataclasses import asdict
 from types import FrameType
 from typing import Any
 
+import torch
 import uvicorn
 
 from specserve.cli_args import add_engine_args, engine_config_from_args
@@ -176,13 +177,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         choice = apply_profile(args)
         config = engine_config_from_args(args)
         settings = settings_from_args(args)
-        engine = Engine(config)
+        # Only the step thread runs multi-threaded regions, and it builds the engine itself
+        # (see engine/async_engine.py): this thread serves HTTP and keeps torch at one thread.
+        torch.set_num_threads(1)
+        async_engine = AsyncEngine(lambda: Engine(config))
+        engine = async_engine.engine
         provenance = review(engine, choice, strict=args.strict_profile)
     except ValueError as exc:  # StaleProfileError included
         print(f"error: {exc}", file=sys.stderr)
         return 2
     log_startup(config, settings, engine, provenance)
-    async_engine = AsyncEngine(engine)
     app = create_app(async_engine, settings, provenance)
     server = DrainingServer(
         uvicorn.Config(
