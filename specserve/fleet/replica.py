@@ -100,13 +100,14 @@ class PoolReplica:
         self.limits = replace(self.limits, speculate=spec.speculate)
 
     def _start(self, args: Any, choice: ProfileChoice | None) -> None:
-        self.config = engine_config(args)
+        self.config = config = engine_config(args)
         self.settings = pool_settings(self.values)
-        engine = Engine(self.config)
+        front = AsyncEngine(lambda: Engine(config))  # built in its step thread, as in `serve`
+        engine = front.engine
         self.provenance = review(engine, choice, strict=args.strict_profile)
         self.limits = Limits.from_engine(engine, self.settings)
         self.started = time.time()
-        self._engine = AsyncEngine(engine)
+        self._engine = front
         logger.info("pool %s: replica %d up: %s", self.pool, os.getpid(), self.config.spec)
 
     def check_health(self) -> None:

@@ -270,3 +270,31 @@ def test_hand_over_is_done_after_the_woken_consumers_ran() -> None:
         return seen
 
     assert asyncio.run(main()) == [False, False, False]
+
+
+def test_the_step_thread_builds_the_engine_and_its_errors_reach_the_caller(
+    tiny_llama: Path,
+) -> None:
+    """Built where it will run its parallel regions (see the module docstring)."""
+    built_in: list[str] = []
+
+    def build() -> Engine:
+        built_in.append(threading.current_thread().name)
+        return make_engine(tiny_llama)
+
+    front = AsyncEngine(build)
+    assert built_in == ["specserve-engine"] and front.alive
+
+    async def main() -> int:
+        params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+        made = [o async for o in front.generate([5, 6, 7], params)]
+        await front.shutdown()
+        return sum(len(o.new_token_ids) for o in made)
+
+    assert asyncio.run(main()) == 4
+
+    def broken() -> Engine:
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncEngine(broken)
