@@ -81,6 +81,15 @@ def address_file() -> Path:
     return default_cache_dir() / "fleet-address"
 
 
+# Ray Serve gives a starting HTTP proxy 5 s to report ready before it kills and restarts it; on a
+# busy machine a Ray worker takes longer than that to start, and starting Serve then fails. A
+# cluster `fleet up` starts (and a test's) passes its workers these instead.
+SERVE_ENV = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "55",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+}
+
+
 def loopback_only() -> None:
     """Before Ray is imported: a single-machine cluster whose every port binds 127.0.0.1.
     (Ray otherwise swaps 127.0.0.1 for the machine's reachable address; its switch for that
@@ -111,6 +120,8 @@ def connect(address: str | None) -> None:
 def start_cluster(num_cpus: int | None) -> str:
     """A Ray cluster in this process, on 127.0.0.1, without the dashboard."""
     loopback_only()
+    for name, value in SERVE_ENV.items():  # inherited by the cluster's workers
+        os.environ.setdefault(name, value)
     import ray
 
     cpus = num_cpus if num_cpus is not None else os.cpu_count()
