@@ -12,6 +12,7 @@ from specserve.server.params import prepare_chat, prepare_completion, prepare_tg
 from specserve.server.schemas import GenerateRequest
 from specserve.server.settings import Limits
 from tests.server.conftest import Server
+from tests.server.test_params import encode
 
 LIMITS = Limits(
     max_input_tokens=16,
@@ -23,10 +24,6 @@ LIMITS = Limits(
     max_choices=8,
     max_prompt_chars=40,
 )
-
-
-def encode(text: str) -> list[int]:
-    return [ord(c) % 100 for c in text]
 
 
 def chat(**fields: object) -> ChatCompletionRequest:
