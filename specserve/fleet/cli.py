@@ -8,7 +8,8 @@
     specserve fleet down
 
 Without --address, `up` starts a Ray cluster in its own process, bound to 127.0.0.1, and
-serves until Ctrl-C, SIGTERM or `fleet down`; the other commands find it through the address
+serves until Ctrl-C, SIGTERM or `fleet down` (each drains first: new requests 503, those in
+flight get the fleet's drain_timeout); the other commands find it through the address
 it writes to the specserve cache. With --address the fleet lives in that cluster: `up` returns
 once it serves, and `down` removes it. Ray is imported only by these commands.
 """
@@ -59,7 +60,17 @@ def add_fleet_parser(subparsers: Any) -> None:
     setter.add_argument("pool")
     setter.add_argument("changes", nargs="+", metavar="KEY=VALUE", help="YAML values")
     setter.set_defaults(func=cmd_set)
-    down = sub.add_parser("down", help="remove the fleet (and stop a cluster `up` started)")
+    down = sub.add_parser(
+        "down",
+        help="drain and remove the fleet (and stop a cluster `up` started)",
+        description="New requests get 503 and /health 503; those in flight get the drain "
+        "timeout to finish; then the fleet is removed.",
+    )
+    down.add_argument(
+        "--drain-timeout",
+        type=float,
+        help="seconds requests in flight get to finish (default: the fleet's drain_timeout)",
+    )
     down.set_defaults(func=cmd_down)
     for cmd in (up, status, setter, down):
         cmd.add_argument(
@@ -160,12 +171,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         connect(args.address)
     from ray import serve
 
-    from specserve.fleet.deploy import APP, deploy
+    from specserve.fleet.deploy import APP, DEPLOY_ERRORS, deploy
 
     try:
         deploy(config)
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except DEPLOY_ERRORS as exc:
+        print(f"error: {_message(exc)}", file=sys.stderr)
         if owned:
             _stop_cluster()
         return 1
@@ -183,9 +194,25 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         while not stop["now"] and APP in serve.status().applications:
             time.sleep(1.0)
+        if stop["now"]:
+            _drain(config.drain_timeout)
     finally:
         _stop_cluster()
     return 0
+
+
+def _drain(timeout_s: float) -> None:
+    """As `serve` shuts down: new requests 503, those in flight get `timeout_s` to finish."""
+    from specserve.fleet.deploy import DEPLOY_ERRORS, drain
+
+    print(f"draining: requests in flight get up to {timeout_s:.0f} s", flush=True)
+    try:
+        left = drain(timeout_s)
+    except DEPLOY_ERRORS as exc:  # the fleet is already down or broken: nothing to wait for
+        print(f"error: cannot drain: {_message(exc)}", file=sys.stderr)
+        return
+    if left:
+        print(f"drain timeout: {left} request(s) still running are cut off", flush=True)
 
 
 def _stop_cluster() -> None:
@@ -200,8 +227,25 @@ def _stop_cluster() -> None:
         print("fleet stopped", flush=True)
 
 
+def _message(exc: Exception) -> str:
+    """One line for a failed cluster call: its type where the text alone says little."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return first if isinstance(exc, RuntimeError) and first else f"{type(exc).__name__}: {first}"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     connect(args.address)
+    from specserve.fleet.deploy import DEPLOY_ERRORS
+
+    try:
+        return _status(args)
+    except DEPLOY_ERRORS as exc:
+        print(f"error: {_message(exc)}", file=sys.stderr)
+        return 1
+
+
+def _status(args: argparse.Namespace) -> int:
     from ray import serve
 
     from specserve.fleet.deploy import APP, current_config
@@ -241,9 +285,13 @@ def cmd_set(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     connect(args.address)
-    from specserve.fleet.deploy import current_config, deploy
+    from specserve.fleet.deploy import DEPLOY_ERRORS, current_config, deploy
 
-    old = current_config()
+    try:
+        old = current_config()
+    except DEPLOY_ERRORS as exc:
+        print(f"error: cannot read the running fleet: {_message(exc)}", file=sys.stderr)
+        return 1
     try:
         new = with_changes(old, args.pool, changes)
         check_models(new, [args.pool])
@@ -255,8 +303,8 @@ def cmd_set(args: argparse.Namespace) -> int:
     print(f"pool {args.pool}: {changes} ({how})", flush=True)
     try:
         deploy(new)
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except DEPLOY_ERRORS as exc:
+        print(f"error: {_message(exc)}", file=sys.stderr)
         return 1
     print(f"pool {args.pool} serves the new settings")
     return 0
@@ -273,11 +321,22 @@ def cmd_down(args: argparse.Namespace) -> int:
     connect(args.address)
     from ray import serve
 
-    from specserve.fleet.deploy import APP
+    from specserve.fleet.deploy import APP, DEPLOY_ERRORS, current_config
 
     if APP not in serve.status().applications:
         print("no fleet is deployed in this cluster")
         return 1
+    try:
+        timeout = (
+            current_config().drain_timeout if args.drain_timeout is None else args.drain_timeout
+        )
+    except DEPLOY_ERRORS as exc:
+        print(
+            f"error: cannot read the running fleet, not draining: {_message(exc)}", file=sys.stderr
+        )
+        timeout = None
+    if timeout is not None:
+        _drain(timeout)
     serve.delete(APP)
     print("fleet removed (a cluster `fleet up` started stops with it)")
     return 0

@@ -25,6 +25,8 @@ import time
 from typing import Any
 
 from ray import serve
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from specserve.fleet.config import (
@@ -47,6 +49,17 @@ INGRESS = "ingress"
 POOL_ENV = "SPECSERVE_POOL"  # a pool replica's flag values, JSON
 INGRESS_ENV = "SPECSERVE_INGRESS"  # the ingress's body limit and API key file, JSON
 HEALTH_CHECK_PERIOD_S = 2
+GRACE_S = 5  # beyond the drain timeout: for the last responses to be written
+# What talking to the cluster can raise, besides our own RuntimeError: a config Serve refuses
+# (ValueError, pydantic's among them), a lost connection or timeout (OSError), an actor or task
+# that failed (RayError), Serve's own errors. The CLI turns each into a message and exit code 1.
+DEPLOY_ERRORS: tuple[type[Exception], ...] = (
+    RuntimeError,
+    ValueError,
+    OSError,
+    RayError,
+    RayServeException,
+)
 
 
 def pool_deployment_name(pool: str) -> str:
@@ -80,6 +93,13 @@ class FleetIngress:
         """The pools changed (redeployed): take their limits and tokenizers again."""
         self.contexts.refresh()
 
+    def drain(self) -> int:
+        """Refuse new requests, keep those in flight (see `FleetContexts.drain`); their count."""
+        return self.contexts.drain()
+
+    def in_flight(self) -> int:
+        return self.contexts.in_flight()
+
     def fleet_config(self) -> dict[str, Any]:
         """The deployed config, API key included (its user_config leaves the key out)."""
         assert self.contexts.config is not None
@@ -106,8 +126,10 @@ def dump(config: FleetConfig, secrets: bool = True) -> dict[str, Any]:
     return raw
 
 
-def deploy_schema(config: FleetConfig) -> Any:
-    """The `serve run`-style config of the fleet (a `ServeDeploySchema`)."""
+def deploy_schema(config: FleetConfig, others: list[dict[str, Any]] | None = None) -> Any:
+    """The `serve run`-style config of the fleet (a `ServeDeploySchema`), beside `others`:
+    the configs of applications deployed declaratively in the same cluster, kept as they are
+    (a declarative deploy deletes every declarative application it does not list)."""
     from ray.serve.schema import ServeDeploySchema
 
     # Ray logs a deployment's runtime_env and user_config: the API key travels as the path
@@ -120,6 +142,7 @@ def deploy_schema(config: FleetConfig) -> Any:
         "user_config": dump(config, secrets=False),
         "num_replicas": 1,  # request series are observed here: one ingress, one count
         "max_ongoing_requests": in_flight + 64,  # admitted per pool, plus status routes
+        "graceful_shutdown_timeout_s": config.drain_timeout + GRACE_S,
         "ray_actor_options": {"num_cpus": 0, "runtime_env": _env(INGRESS_ENV, guard)},
     }
     app = {
@@ -127,12 +150,15 @@ def deploy_schema(config: FleetConfig) -> Any:
         "route_prefix": "/",
         "import_path": f"{__name__}:app_builder",
         "args": {"pools": sorted(config.pools)},
-        "deployments": [ingress, *(_pool_options(n, p) for n, p in config.pools.items())],
+        "deployments": [
+            ingress,
+            *(_pool_options(n, p, config.drain_timeout) for n, p in config.pools.items()),
+        ],
     }
-    return ServeDeploySchema.model_validate({"applications": [app]})
+    return ServeDeploySchema.model_validate({"applications": [*(others or []), app]})
 
 
-def _pool_options(name: str, pool: Any) -> dict[str, Any]:
+def _pool_options(name: str, pool: Any, drain_timeout: float) -> dict[str, Any]:
     fixed = {k: v for k, v in pool_values(pool).items() if k not in LIVE_FIELDS}
     options: dict[str, Any] = {
         "name": pool_deployment_name(name),
@@ -144,7 +170,8 @@ def _pool_options(name: str, pool: Any) -> dict[str, Any]:
         },
         # The engine batches and queues: let every admitted request of the pool reach it.
         "max_ongoing_requests": pool.max_concurrent_requests,
-        "graceful_shutdown_timeout_s": 30,
+        # A replica being replaced (or a fleet being removed) lets its requests run this long.
+        "graceful_shutdown_timeout_s": drain_timeout + GRACE_S,
         # check_health fails once the engine thread died: Serve replaces the replica.
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
         "health_check_timeout_s": 30,
@@ -174,14 +201,38 @@ def deploy(config: FleetConfig, timeout_s: float = 600.0) -> DeploymentHandle:
     from ray.serve._private.api import serve_start  # what `serve run CONFIG` calls
 
     started = time.monotonic()
-    serve_start(http_options={"host": config.host, "port": config.port}).deploy_apps(
-        deploy_schema(config), _blocking=False
+    client = serve_start(http_options={"host": config.host, "port": config.port})
+    client.deploy_apps(
+        deploy_schema(config, other_apps(client.get_serve_details())), _blocking=False
     )
     wait_running(timeout_s - (time.monotonic() - started))
     handle = ingress_handle()
     handle.refresh.remote().result()
     logger.info("fleet deployed in %.1f s", time.monotonic() - started)
     return handle
+
+
+def drain(timeout_s: float) -> int:
+    """Stop the fleet taking requests (503, /health 503) and wait up to `timeout_s` for those
+    in flight to finish, as `serve` drains at shutdown. How many were still running."""
+    handle = ingress_handle()
+    left: int = handle.drain.remote().result()
+    deadline = time.monotonic() + timeout_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = handle.in_flight.remote().result()
+    return left
+
+
+def other_apps(details: dict[str, Any]) -> list[dict[str, Any]]:
+    """The submitted configs of the applications deployed declaratively beside the fleet (from
+    Serve's instance details). Applications `serve.run` deployed are not touched by a
+    declarative deploy, so they are left out."""
+    return [
+        app["deployed_app_config"]
+        for name, app in details.get("applications", {}).items()
+        if name != APP and app.get("source") == "declarative" and app.get("deployed_app_config")
+    ]
 
 
 def wait_running(timeout_s: float) -> None:

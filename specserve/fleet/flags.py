@@ -29,7 +29,7 @@ POOL_SERVE_FLAGS = (
     "--profile-workload",
 )
 # serve flags the fleet takes once, for its ingress.
-FLEET_SERVE_FLAGS = ("--host", "--port", "--api-key", "--max-body-bytes")
+FLEET_SERVE_FLAGS = ("--host", "--port", "--api-key", "--max-body-bytes", "--drain-timeout")
 
 # What `Engine.set_speculation` changes between steps: a pool's replicas take these through
 # Ray Serve's user_config without restarting. Every other field restarts the pool's replicas.

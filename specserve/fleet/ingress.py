@@ -147,9 +147,26 @@ class FleetContexts:
             entry.ctx, entry.describing = None, None
         self._states_read = -STATE_MAX_AGE_S
 
+    def drain(self) -> int:
+        """From now on new requests get 503 and /health 503 "draining"; those in flight go on.
+        How many are in flight."""
+        for entry in self.pools.values():
+            entry.service.draining = True
+        return self.in_flight()
+
+    @property
+    def draining(self) -> bool:
+        return any(entry.service.draining for entry in self.pools.values())
+
+    def in_flight(self) -> int:
+        """Requests admitted through this ingress and not yet closed."""
+        return sum(entry.service.active for entry in self.pools.values())
+
     async def pick(self, request: Request) -> ServerContext:
         if self.router is None:
             raise ApiError(503, "the fleet is starting", ErrorKind.UNAVAILABLE)
+        if self.draining:  # before a pool is asked anything (it may be stopping too)
+            raise ApiError(503, "the fleet is shutting down", ErrorKind.UNAVAILABLE)
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             name = self.router.select_pool(request.url.path, headers, await _model_of(request))
@@ -311,7 +328,11 @@ def fleet_app(contexts: FleetContexts, guard: ServerSettings) -> FastAPI:
     app.state.fleet = contexts
 
     async def health() -> JSONResponse:
-        """200 while every pool has a replica that serves; else 503. Each pool's count."""
+        """200 while every pool has a replica that serves; else 503. Each pool's count.
+        503 "draining" once the fleet is being stopped."""
+        if contexts.draining:
+            body = {"status": "draining", "in_flight": contexts.in_flight()}
+            return JSONResponse(body, status_code=503)
         pools = await contexts.pool_health()
         ok = all(pools.values())
         body = {"status": "ok" if ok else "degraded", "pools": pools}

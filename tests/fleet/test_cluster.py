@@ -98,6 +98,19 @@ def fleet(fleet_model: Path, die_file: Path) -> Iterator[Fleet]:
     try:
         assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
         config = parse_fleet(two_pools(fleet_model, port=port), "test")
+        # Another application deployed declaratively (tests/hooks/neighbour_app.py): the fleet's
+        # deploys must leave it alone.
+        from ray.serve._private.api import serve_start
+        from ray.serve.schema import ServeDeploySchema
+
+        neighbour = {
+            "name": "neighbour",
+            "route_prefix": "/neighbour",
+            "import_path": "neighbour_app:app",
+        }
+        serve_start(http_options={"host": "127.0.0.1", "port": port}).deploy_apps(
+            ServeDeploySchema.model_validate({"applications": [neighbour]})
+        )
         deploy(config, timeout_s=300)
         yield Fleet(f"http://127.0.0.1:{port}", config)
     finally:
@@ -257,6 +270,14 @@ def test_an_engine_change_restarts_only_that_pool(fleet: Fleet) -> None:
     assert fleet.generate(CHAT, speculate=3)["drafted_tokens"] > 0  # live settings kept
 
 
+def test_deploys_leave_other_serve_applications_running(fleet: Fleet) -> None:
+    from ray import serve
+
+    # The fleet was deployed, then redeployed (above), after the neighbour.
+    assert str(serve.status().applications["neighbour"].status).endswith("RUNNING")
+    assert httpx.get(fleet.url + "/neighbour", timeout=60).text == "neighbour"
+
+
 def test_a_killed_replica_is_replaced(fleet: Fleet) -> None:
     [pid] = fleet.pids("code")
     first = threading.Event()
@@ -289,3 +310,18 @@ def test_a_replica_whose_engine_thread_died_is_replaced(fleet: Fleet, die_file: 
     wait_until("/health 200", lambda: httpx.get(fleet.url + "/health", timeout=60).is_success)
     assert fleet.generate(CODE)["drafted_tokens"] > 0
     assert fleet.pids("chat") == [chat]
+
+
+def test_drain_refuses_new_requests_and_waits_for_those_in_flight(fleet: Fleet) -> None:
+    """Last in the module: the fleet stays draining."""
+    from specserve.fleet.deploy import drain
+
+    first = threading.Event()
+    thread, events = stream(fleet.url, CODE, 3000, first)  # >= 15 s (floored steps)
+    assert first.wait(60)
+    assert drain(timeout_s=1.0) == 1  # it is still running when the timeout ends
+    health = httpx.get(fleet.url + "/health", timeout=60)
+    assert health.status_code == 503 and health.json()["status"] == "draining", health.text
+    r = httpx.post(fleet.url + "/generate", json={"inputs": "hi"}, headers=CHAT, timeout=60)
+    assert r.status_code == 503, r.text
+    assert thread.is_alive() and "error" not in events[-1]  # not cut by the drain itself

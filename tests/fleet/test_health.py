@@ -146,3 +146,24 @@ def test_a_pool_model_that_does_not_exist_is_refused_before_deploying(fleet_mode
     typo = with_changes(config, "chat", {"model": str(fleet_model) + "-typo"})
     with pytest.raises(FleetConfigError, match=r"pool 'chat': model .*-typo' does not exist"):
         check_models(typo, ["chat"])
+
+
+def test_a_draining_fleet_refuses_new_requests_and_says_so(fleet_model: Path) -> None:
+    config = parse_fleet(two_pools(fleet_model, drain_timeout=7), "test")
+    assert config.drain_timeout == 7  # serve's --drain-timeout, fleet-wide
+    contexts = FleetContexts(config, {"code": FakeHandle(True), "chat": FakeHandle(True)})
+    contexts.pools["code"].service.active = 2  # two requests in flight through the ingress
+    assert contexts.drain() == 2
+    app = fleet_app(contexts, ServerSettings(model_id="fleet"))
+
+    async def run() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fleet") as client:
+            health = await client.get("/health")
+            generate = await client.post("/generate", json={"inputs": "hi"})
+            return [health, generate]
+
+    health, generate = asyncio.run(run())
+    assert health.status_code == 503 and health.json() == {"status": "draining", "in_flight": 2}
+    assert generate.status_code == 503, generate.text
+    assert "shutting down" in generate.json()["error"]
