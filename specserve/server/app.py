@@ -83,7 +83,7 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
 
     app.add_middleware(
         GuardMiddleware,
-        api_key=settings.api_key,
+        keys=settings.keys,
         max_body_bytes=settings.max_body_bytes,
         on_reject=on_reject,
     )

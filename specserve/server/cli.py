@@ -33,7 +33,7 @@ from specserve.cli_flags import add_flag, add_switch
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
-from specserve.server.keyfile import api_key
+from specserve.server.keyfile import api_keys
 from specserve.server.provenance import ProfileChoice, Provenance, load_choice, review
 from specserve.server.service import GenerationService
 from specserve.server.settings import ServerSettings
@@ -81,7 +81,14 @@ SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
         "require 'Authorization: Bearer <key>' on every route except /health and /metrics",
         str,
     ),
-    ("--api-key-file", "API_KEY_FILE", None, "read --api-key from a file (mode 600)", str),
+    (
+        "--api-key-file",
+        "API_KEY_FILE",
+        None,
+        "read --api-key from a file (mode 600); several lines are several keys, one per tenant: "
+        "a tenant's requests share cached prompts and suffix drafts only with its own",
+        str,
+    ),
     (
         "--max-body-bytes",
         "MAX_BODY_BYTES",
@@ -147,7 +154,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_input_tokens=args.max_input_tokens,
             max_concurrent_requests=args.max_concurrent_requests,
             max_choices=args.max_choices,
-            api_key=api_key(args.api_key, args.api_key_file),
+            **api_keys(args.api_key, args.api_key_file),
             max_body_bytes=args.max_body_bytes,
         )
     except ValueError as exc:
@@ -273,7 +280,10 @@ def log_startup(
     config: EngineConfig, settings: ServerSettings, engine: Engine, provenance: Provenance
 ) -> None:
     """The resolved configuration, the fingerprints and the memory budget, one line each."""
-    shown = asdict(settings) | {"api_key": "<set>" if settings.api_key else None}
+    shown = asdict(settings) | {
+        "api_key": "<set>" if settings.api_key else None,
+        "tenant_keys": f"<{len(settings.tenant_keys)} set>" if settings.tenant_keys else None,
+    }
     logger.info("engine config: %s", asdict(config))
     logger.info("server settings: %s", shown)
     res = engine.res

@@ -1,27 +1,37 @@
-"""`--api-key-file`: the API key read from a file only its owner can read, so that it is on no
-command line (`ps` shows those to every local user) and in no environment."""
+"""`--api-key-file`: API keys read from a file only its owner can read, so that they are on no
+command line (`ps` shows those to every local user) and in no environment.
+
+One line is the server's key. Several lines are several keys, one per tenant: any of them is
+accepted, and each tenant's requests share cached prompt blocks and suffix-index drafts only
+with requests made with the same key (`ServerSettings.tenant_keys`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from specserve.storage import read_private
 
 
-def read_key_file(path: str) -> str:
-    """The key in `path`, surrounding whitespace stripped. ValueError, naming the file and the
-    fix, for a file that group or others may read or write, that another user owns, that is
-    not a regular file, is empty or holds more than one line."""
-    key = read_private(path, "--api-key-file").strip()
-    if not key:
+def read_key_file(path: str) -> tuple[str, ...]:
+    """The keys in `path`, one a line, surrounding whitespace stripped, blank lines skipped.
+    ValueError, naming the file and the fix, for a file that group or others may read or
+    write, that another user owns, that is not a regular file, that holds no key or one key
+    twice."""
+    text = read_private(path, "--api-key-file")
+    keys = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not keys:
         raise ValueError(f"--api-key-file {path}: the file is empty")
-    if "\n" in key:
-        raise ValueError(f"--api-key-file {path}: the key must be one line")
-    return key
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"--api-key-file {path}: a key is listed twice")
+    return keys
 
 
-def api_key(given: str | None, key_file: str | None) -> str | None:
-    """The key from --api-key or from --api-key-file; ValueError if both are set."""
+def api_keys(given: str | None, key_file: str | None) -> dict[str, Any]:
+    """`ServerSettings`' key fields from --api-key or --api-key-file: `api_key` for one key,
+    `tenant_keys` for several. ValueError if both flags are set."""
     if key_file is None:
-        return given
+        return {"api_key": given}
     if given is not None:
         raise ValueError("give --api-key (API_KEY) or --api-key-file (API_KEY_FILE), not both")
-    return read_key_file(key_file)
+    keys = read_key_file(key_file)
+    return {"api_key": keys[0]} if len(keys) == 1 else {"tenant_keys": keys}

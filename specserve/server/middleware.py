@@ -9,6 +9,7 @@ to the server.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable
 
@@ -23,18 +24,38 @@ OnReject = Callable[[str, str], None]  # (path, outcome)
 
 def token_matches(header: str | None, api_key: str) -> bool:
     """Constant-time check of an `Authorization: Bearer <key>` header."""
+    return matching_key(header, (api_key,)) is not None
+
+
+def matching_key(header: str | None, keys: tuple[str, ...]) -> int | None:
+    """Which of `keys` an `Authorization: Bearer <key>` header holds, if any. Every key is
+    compared in constant time, whichever matched."""
     scheme, _, token = (header or "").partition(" ")
-    ok_scheme = scheme.lower() == "bearer"
-    same = hmac.compare_digest(token.strip().encode(), api_key.encode())
-    return ok_scheme and same
+    given = token.strip().encode()
+    found = None
+    for i, key in enumerate(keys):
+        if hmac.compare_digest(given, key.encode()):
+            found = i
+    return found if scheme.lower() == "bearer" else None
+
+
+def tenant_id(key: str) -> str:
+    """The name of a key's tenant where it is recorded (a request's cache salt): a digest, so
+    that the key itself is in no request record or log."""
+    return "tenant-" + hashlib.sha256(b"specserve tenant\0" + key.encode()).hexdigest()[:16]
 
 
 class GuardMiddleware:
+    """With more than one key, each is a tenant: the request's scope state gets `tenant`, the
+    key's `tenant_id`, and its requests are isolated from other tenants' (see
+    `params.for_tenant`)."""
+
     def __init__(
-        self, app: ASGIApp, api_key: str | None, max_body_bytes: int, on_reject: OnReject
+        self, app: ASGIApp, keys: tuple[str, ...], max_body_bytes: int, on_reject: OnReject
     ) -> None:
         self.app = app
-        self.api_key = api_key
+        self.keys = keys
+        self.tenants = [tenant_id(k) for k in keys] if len(keys) > 1 else None
         self.max_body_bytes = max_body_bytes
         self.on_reject = on_reject
 
@@ -44,8 +65,9 @@ class GuardMiddleware:
             return
         path: str = scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        needs_key = self.api_key is not None and path not in PUBLIC_PATHS
-        if needs_key and not token_matches(headers.get("authorization"), self.api_key or ""):
+        needs_key = bool(self.keys) and path not in PUBLIC_PATHS
+        key = matching_key(headers.get("authorization"), self.keys) if needs_key else None
+        if needs_key and key is None:
             err = ApiError(
                 401,
                 "missing or invalid API key (Authorization: Bearer <key>)",
@@ -55,6 +77,8 @@ class GuardMiddleware:
             )
             await self._reject(scope, receive, send, err, "unauthorized")
             return
+        if self.tenants is not None and key is not None:
+            scope.setdefault("state", {})["tenant"] = self.tenants[key]
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._reject(scope, receive, send, self._too_large(), "too_large")

@@ -44,8 +44,10 @@ from specserve.server.params import (
     Prepared,
     check_choices,
     check_model,
+    for_tenant,
     prepare_chat,
     prepare_completion,
+    tenant_of,
 )
 from specserve.server.service import Tracked
 from specserve.server.sse import EventStream, sse
@@ -109,8 +111,11 @@ async def completions(
     body: CompletionRequest, request: Request, ctx: Ctx
 ) -> CompletionResponse | EventStream:
     tracked = ctx.service.admit("/v1/completions", check_choices(body.n, ctx.limits))
+    tenant = tenant_of(request)
     prep = await prepared(
-        ctx.service, tracked, lambda: prepare_completion(body, ctx.encode, ctx.limits)
+        ctx.service,
+        tracked,
+        lambda: for_tenant(prepare_completion(body, ctx.encode, ctx.limits), tenant),
     )
     rid, created, model = new_id("cmpl"), int(time.time()), ctx.settings.model_id
     top = prep.params.logprobs
@@ -157,8 +162,11 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, ctx: Ctx
 ) -> ChatCompletionResponse | EventStream:
     tracked = ctx.service.admit("/v1/chat/completions", check_choices(body.n, ctx.limits))
+    tenant = tenant_of(request)
     prep = await prepared(
-        ctx.service, tracked, lambda: prepare_chat(body, chat_encoder(ctx), ctx.limits)
+        ctx.service,
+        tracked,
+        lambda: for_tenant(prepare_chat(body, chat_encoder(ctx), ctx.limits), tenant),
     )
     rid, created, model = new_id("chatcmpl"), int(time.time()), ctx.settings.model_id
     wants_logprobs = prep.params.logprobs is not None

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from starlette.requests import Request
 
 from specserve.engine.request import SamplingParams
 from specserve.server.caps import check_prompt_chars, check_reply_work
@@ -36,6 +38,23 @@ class Prepared:
     @property
     def seed(self) -> int | None:
         return None if self.params.greedy else self.params.seed
+
+
+def for_tenant(prep: Prepared, tenant: str | None) -> Prepared:
+    """`prep` in its tenant's namespace (with several API keys, each key is one): its cache
+    salt is the tenant's, with the request's own `cache_salt` under it, so that it reuses
+    cached prompt blocks and suffix drafts of its own tenant's requests only."""
+    if tenant is None:
+        return prep
+    own = prep.params.cache_salt
+    salt = tenant if own is None else f"{tenant}/{own}"
+    return Prepared(prep.prompt_ids, replace(prep.params, cache_salt=salt))
+
+
+def tenant_of(request: Request) -> str | None:
+    """The tenant the guard found for the request's key (None: one key or none)."""
+    tenant: str | None = getattr(request.state, "tenant", None)
+    return tenant
 
 
 # ------------------------------------------------------------------------------ shared checks

@@ -18,6 +18,9 @@ class ServerSettings:
     max_concurrent_requests: int = 128
     # Bearer token required on every route except /health and /metrics; None = open.
     api_key: str | None = None
+    # Several keys instead (--api-key-file, one a line): any one is accepted, and each is a
+    # tenant: its requests share cached prompt blocks and suffix drafts only with each other.
+    tenant_keys: tuple[str, ...] = ()
     # Largest request body accepted; larger ones get 413.
     max_body_bytes: int = 2_000_000
     max_stop_sequences: int = 4
@@ -37,8 +40,17 @@ class ServerSettings:
             raise ValueError(f"max_choices must be >= 1, got {self.max_choices}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
-        if self.api_key == "":
+        if self.api_key == "" or "" in self.tenant_keys:
             raise ValueError("api_key must be non-empty when given")
+        if self.api_key is not None and self.tenant_keys:
+            raise ValueError("give api_key or tenant_keys, not both")
+        if len(set(self.tenant_keys)) != len(self.tenant_keys):
+            raise ValueError("tenant_keys must differ from each other")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key a request may present; none: the server is open."""
+        return (self.api_key,) if self.api_key is not None else self.tenant_keys
 
 
 def model_names(model_id: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from specserve.engine.request import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.errors import ApiError, error_body
-from specserve.server.params import Prepared, prepare_tgi
+from specserve.server.params import Prepared, for_tenant, prepare_tgi, tenant_of
 from specserve.server.schemas import (
     CompatGenerateRequest,
     Details,
@@ -83,7 +83,10 @@ async def _generate(
     body: GenerateRequest, request: Request, ctx: Ctx, route: str
 ) -> tuple[GenerateResponse, dict[str, str]]:
     tracked = ctx.service.admit(route)
-    prep = await prepared(ctx.service, tracked, lambda: prepare_tgi(body, ctx.encode, ctx.limits))
+    tenant = tenant_of(request)
+    prep = await prepared(
+        ctx.service, tracked, lambda: for_tenant(prepare_tgi(body, ctx.encode, ctx.limits), tenant)
+    )
     result = await ctx.service.collect(request, tracked, prep, new_id("gen"))
     elapsed_ms = int((time.monotonic() - tracked.arrival) * 1000)
     n = len(result.token_ids)
@@ -135,15 +138,20 @@ def _prefill(
 
 
 @router.post("/generate_stream", response_model=None, responses={**_SSE, **_ERRORS})
-async def generate_stream(body: GenerateRequest, ctx: Ctx) -> EventStream:
+async def generate_stream(body: GenerateRequest, request: Request, ctx: Ctx) -> EventStream:
     """Stream one TGI token event per generated token; the last carries the text and details."""
-    return await _stream(body, ctx, "/generate_stream")
+    return await _stream(body, request, ctx, "/generate_stream")
 
 
-async def _stream(body: GenerateRequest, ctx: ServerContext, route: str) -> EventStream:
+async def _stream(
+    body: GenerateRequest, request: Request, ctx: ServerContext, route: str
+) -> EventStream:
     tracked = ctx.service.admit(route)
+    tenant = tenant_of(request)
     prep = await prepared(
-        ctx.service, tracked, lambda: prepare_tgi(body, ctx.encode, ctx.limits, stream=True)
+        ctx.service,
+        tracked,
+        lambda: for_tenant(prepare_tgi(body, ctx.encode, ctx.limits, stream=True), tenant),
     )
     return EventStream(_events(ctx, body, prep, tracked), lambda: ctx.service.close(tracked))
 
@@ -210,6 +218,6 @@ async def compat_generate(
 ) -> JSONResponse | EventStream:
     req = GenerateRequest(inputs=body.inputs, parameters=body.parameters)
     if body.stream:
-        return await _stream(req, ctx, "/")
+        return await _stream(req, request, ctx, "/")
     response, headers = await _generate(req, request, ctx, "/")
     return JSONResponse([response.model_dump(mode="json")], headers=headers)

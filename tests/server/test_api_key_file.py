@@ -1,5 +1,7 @@
 """--api-key-file (issue 24, item 11): the key from an owner-only file, on no command line; a
-file group or others may read is refused at start-up with the fix in the message."""
+file group or others may read is refused at start-up with the fix in the message. Several
+lines are several keys, one per tenant (item 10): a tenant's requests reuse cached prompt
+blocks of its own requests only."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specserve.server.keyfile import api_key, read_key_file
-from tests.server.conftest import Server, server_env, start_server
+from specserve.server.keyfile import api_keys, read_key_file
+from specserve.server.middleware import tenant_id
+from tests.server.conftest import TINY_FLAGS, Server, scrape, server_env, start_server
 
 KEY = "file-s3cret"
 
@@ -26,22 +29,26 @@ def key_file(tmp_path: Path, mode: int, text: str = KEY + "\n") -> Path:
 
 
 def test_read_key_file(tmp_path: Path) -> None:
-    assert read_key_file(str(key_file(tmp_path, 0o600))) == KEY
-    assert read_key_file(str(key_file(tmp_path, 0o400))) == KEY
+    assert read_key_file(str(key_file(tmp_path, 0o600))) == (KEY,)
+    assert read_key_file(str(key_file(tmp_path, 0o400))) == (KEY,)
     for mode in (0o640, 0o604, 0o620, 0o644):
         with pytest.raises(ValueError, match=f"mode 0{mode:o}.*chmod 600"):
             read_key_file(str(key_file(tmp_path, mode)))
     with pytest.raises(ValueError, match="empty"):
         read_key_file(str(key_file(tmp_path, 0o600, " \n")))
-    with pytest.raises(ValueError, match="one line"):
-        read_key_file(str(key_file(tmp_path, 0o600, "a\nb\n")))
+    assert read_key_file(str(key_file(tmp_path, 0o600, "a\n\n b \n"))) == ("a", "b")
+    with pytest.raises(ValueError, match="listed twice"):
+        read_key_file(str(key_file(tmp_path, 0o600, "a\nb\na\n")))
     with pytest.raises(ValueError, match="No such file"):
         read_key_file(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="not a regular file"):
         read_key_file(str(tmp_path))
     with pytest.raises(ValueError, match="not both"):
-        api_key("k", str(key_file(tmp_path, 0o600)))
-    assert api_key("k", None) == "k"
+        api_keys("k", str(key_file(tmp_path, 0o600)))
+    assert api_keys("k", None) == {"api_key": "k"}
+    assert api_keys(None, str(key_file(tmp_path, 0o600))) == {"api_key": KEY}
+    two = api_keys(None, str(key_file(tmp_path, 0o600, "a\nb\n")))
+    assert two == {"tenant_keys": ("a", "b")}
 
 
 def test_a_readable_key_file_stops_serve_before_loading(tiny_model: Path, tmp_path: Path) -> None:
@@ -70,3 +77,40 @@ def test_the_key_from_the_file_is_required(keyed_server: Server) -> None:
     assert r.status_code == 200, r.text
     cmdline = Path(f"/proc/{keyed_server.proc.pid}/cmdline").read_bytes()
     assert KEY.encode() not in cmdline and os.path.exists(f"/proc/{keyed_server.proc.pid}")
+
+
+TENANTS = ("tenant-one-key", "tenant-two-key")
+
+
+@pytest.fixture(scope="module")
+def tenant_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    path = key_file(tmp_path_factory.mktemp("keys"), 0o600, "\n".join(TENANTS) + "\n")
+    log = tmp_path_factory.mktemp("logs") / "tenant-server.log"
+    flags = ["--model", str(tiny_model), *TINY_FLAGS, "--api-key-file", str(path)]
+    server = start_server(flags, log)
+    yield server
+    server.stop()
+
+
+def test_each_key_is_a_tenant_with_its_own_prefix_cache(tenant_server: Server) -> None:
+    url = tenant_server.url
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4  # several cache blocks
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 2}}
+
+    def hits() -> float:
+        return scrape(url)["specserve_prefix_cache_hit_tokens_total"]
+
+    def send(key: str | None) -> int:
+        headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+        return httpx.post(url + "/generate", json=body, headers=headers, timeout=60).status_code
+
+    assert send(None) == 401 and send("someone-else") == 401
+    assert send(TENANTS[0]) == 200
+    before = hits()
+    assert send(TENANTS[1]) == 200  # the same prompt, another tenant: nothing reused
+    assert hits() == before
+    assert send(TENANTS[0]) == 200  # its own tenant's prompt: reused
+    assert hits() > before
+    log = tenant_server.log.read_text()
+    assert all(k not in log for k in TENANTS)  # the keys are in no log
+    assert tenant_id(TENANTS[0]) != tenant_id(TENANTS[1])
