@@ -14,7 +14,7 @@ mkdir -p "$out"
 threads="${THREADS:-2}"  # torch threads of the benchmarked process / server
 
 if [[ $what == engine || $what == all ]]; then
-  python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --json "$out/engine.json" \
+  python -m benchmarks.engine_bench --threads "$threads" --repeats 3 --json "$out/engine.json" \
     | tee "$out/engine.md"
 fi
 
@@ -25,9 +25,9 @@ if [[ $what == baseline || $what == all ]]; then
   tree=$(mktemp -d)
   git worktree add --detach "$tree" "$base" >/dev/null
   # Our engine only (--only ours: the GGUF blocks), each in its own interpreter.
-  PYTHONPATH="$tree" python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 \
+  PYTHONPATH="$tree" python -m benchmarks.engine_bench --threads "$threads" --repeats 3 \
     --only ours --json "$out/engine-base.json"
-  python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --only ours \
+  python -m benchmarks.engine_bench --threads "$threads" --repeats 3 --only ours \
     --json "$out/engine-head.json"
   git worktree remove --force "$tree"
 fi
@@ -47,7 +47,7 @@ if [[ $what == serving || $what == all ]]; then
 fi
 
 if [[ $what == spec || $what == all ]]; then
-  python -m specserve.bench.spec_bench --threads "$threads" --speculate 0,1,2,3,5,8 \
+  python -m benchmarks.spec_bench --threads "$threads" --speculate 0,1,2,3,5,8 \
     --prompts-per-workload 3 --new-tokens 128 --json "$out/spec.json" | tee "$out/spec.md"
 fi
 
@@ -115,17 +115,17 @@ if [[ $what == suffix || $what == all ]]; then
   sN="${SUFFIX_SPECULATE:-0,2,3,5}"
   reuse="code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa"
   reuse="$reuse,workloads/third-party.jsonl"
-  python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
+  python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix \
     --policy static,adaptive --speculate "$sN" --concurrency 1,4 --workloads "$reuse" \
     --prompts-per-workload "${SUFFIX_PROMPTS:-12}" --new-tokens 128 --json "$out/suffix-c1-4.json" \
     | tee "$out/suffix-c1-4.md"
   # Concurrency 16 needs more requests than slots to reach a steady batch.
-  python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
+  python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix \
     --policy static,adaptive --speculate "$sN" --concurrency 16 --workloads "$reuse" \
     --prompts-per-workload "${SUFFIX_PROMPTS_C16:-32}" --new-tokens 128 --json "$out/suffix-c16.json" \
     | tee "$out/suffix-c16.md"
   # Medusa with scored drafts at batch 1: static N against adaptive (cap 4), same engine.
-  python -m specserve.bench.spec_bench --threads "$threads" --proposer medusa \
+  python -m benchmarks.spec_bench --threads "$threads" --proposer medusa \
     --policy static,adaptive --speculate 0,1,2,3,4 --concurrency 1 \
     --workloads chat-creative,code-edit --prompts-per-workload 6 --new-tokens 128 \
     --json "$out/medusa-scored.json" | tee "$out/medusa-scored.md"

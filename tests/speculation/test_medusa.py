@@ -25,7 +25,7 @@ from specserve.speculation.medusa import (
 )
 from specserve.speculation.medusa_proposer import MedusaProposer
 from specserve.speculation.medusa_resolve import resolve_medusa
-from specserve.speculation.medusa_train import TrainOptions, TrainReport, train_medusa
+from specserve.training.medusa_train import TrainOptions, TrainReport, train_medusa
 
 CPU = torch.device("cpu")
 
@@ -288,7 +288,7 @@ def test_trained_heads_in_the_engine_are_lossless(
 def test_train_medusa_command(tmp_path: Path, tiny_llama: Path) -> None:
     import argparse
 
-    from specserve.speculation.medusa_cli import add_medusa_parser
+    from specserve.training.medusa_cli import add_medusa_parser
 
     parser = argparse.ArgumentParser()
     add_medusa_parser(parser.add_subparsers(dest="command", required=True))

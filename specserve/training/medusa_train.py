@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from rich.progress import Progress
 
 from specserve.speculation.medusa import MedusaConfig, MedusaHeads, fingerprint, save_medusa
-from specserve.speculation.medusa_data import (
+from specserve.training.medusa_data import (
     IGNORE,
     HeadData,
     collect,

@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.bench import loadgen, report
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
 from specserve.bench.workloads import resolve_workload
 from specserve.fleet.plan import WORKLOAD_HEADER
 

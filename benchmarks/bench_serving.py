@@ -154,7 +154,7 @@ async def over_http(url: str, texts: list[str], conc: int, waves: int, stream: b
 
 
 def start_server(threads: int, log: Path) -> subprocess.Popen[bytes]:
-    from scripts.bench_llamacpp import serve
+    from benchmarks.bench_llamacpp import serve
 
     cmd = [
         sys.executable, "-m", "specserve.cli", "serve", "--port", str(PORT), "--num-threads",
@@ -214,7 +214,7 @@ def run_threads(threads: int, concs: list[int], waves: int, log: Path) -> list[C
 
 
 def report(info: dict[str, Any], cells: list[Cell]) -> str:
-    from specserve.bench.machine import machine_lines, markdown_table
+    from benchmarks.machine import machine_lines, markdown_table
 
     base = {(c.threads, c.concurrency): c for c in cells if c.side == "in process"}
     rows = []
@@ -235,7 +235,7 @@ def report(info: dict[str, Any], cells: list[Cell]) -> str:
 
 
 def main() -> None:
-    from specserve.bench.machine import machine_info
+    from benchmarks.machine import machine_info
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", default="1,2", help="compute threads, comma-separated")

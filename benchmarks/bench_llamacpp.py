@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import torch
 
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.bench.workloads import build_workload
 from specserve.engine.resources import load_tokenizer
 from specserve.models.loader import embedded_default_gguf, resolve_model_dir

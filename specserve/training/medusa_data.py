@@ -24,7 +24,7 @@ from specserve.models.block_linear import linear_weight
 from specserve.speculation.proposer import Draft
 
 if TYPE_CHECKING:
-    from specserve.speculation.medusa_train import TrainOptions
+    from specserve.training.medusa_train import TrainOptions
 
 IGNORE = -100  # target past the end of a continuation
 

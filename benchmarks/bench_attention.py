@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.config import AttentionImpl, KvDtype
 from specserve.kernels import attention as kernel
 from specserve.models.llama import ModelArch
