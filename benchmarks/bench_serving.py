@@ -15,7 +15,7 @@ three sides are compared token for token.
 
 The load generator shares the machine with the server: it uses no torch, one thread, httpx.
 
-Usage (repo root): PYTHONPATH=. python scripts/bench_serving.py [--threads 1,2]
+Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
     [--concurrency 1,16] [--waves 3] [--json FILE]
 """
 
@@ -116,7 +116,10 @@ def in_process(engine: Any, texts: list[str], conc: int, waves: int) -> tuple[fl
 
 
 async def _one(client: httpx.AsyncClient, url: str, text: str, stream: bool) -> Any:
-    body = {"inputs": text, "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
+    body: dict[str, Any] = {
+        "inputs": text,
+        "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True},
+    }
     sent = time.perf_counter()
     if not stream:
         body["parameters"]["details"] = True
@@ -244,7 +247,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--logs", default="/tmp")
     args = p.parse_args()
-    info = machine_info("scripts/bench_serving.py", sys.argv[1:])
+    info = machine_info("benchmarks.bench_serving", sys.argv[1:])
     concs = [int(c) for c in args.concurrency.split(",")]
     cells = [
         cell

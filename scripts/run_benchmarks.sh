@@ -2,6 +2,7 @@
 # Reproduce docs/benchmarks.md: engine vs HF, batch-1 speculation, goodput sweep, policies,
 # attention, suffix/scored drafts, KV pressure, the soak, serve against a fleet (mixed traffic).
 # Needs a quiet machine: every part compares configurations side by side in one run.
+# Every benchmark is a module of benchmarks/, run from the repo root: python -m benchmarks.NAME.
 # Usage: bash scripts/run_benchmarks.sh
 #        [engine|baseline|serving|spec|goodput|policy|attention|suffix|cache|kv|soak|fleet|all]
 #        [OUT=docs/bench]
@@ -24,9 +25,13 @@ if [[ $what == baseline || $what == all ]]; then
   base="${BASE_REV:-26d7662}"
   tree=$(mktemp -d)
   git worktree add --detach "$tree" "$base" >/dev/null
-  # Our engine only (--only ours: the GGUF blocks), each in its own interpreter.
-  PYTHONPATH="$tree" python -m benchmarks.engine_bench --threads "$threads" --repeats 3 \
-    --only ours --json "$out/engine-base.json"
+  # Our engine only (--only ours: the GGUF blocks), each in its own interpreter. The base runs
+  # inside its tree, so that `python -m` imports its specserve (the current directory comes
+  # first on sys.path), with its own engine_bench: specserve/bench/ before issue 20 moved it.
+  bench=benchmarks.engine_bench
+  [[ -f $tree/benchmarks/engine_bench.py ]] || bench=specserve.bench.engine_bench
+  (cd "$tree" && python -m "$bench" --threads "$threads" --repeats 3 --only ours \
+    --json "$OLDPWD/$out/engine-base.json")
   python -m benchmarks.engine_bench --threads "$threads" --repeats 3 --only ours \
     --json "$out/engine-head.json"
   git worktree remove --force "$tree"
@@ -36,12 +41,15 @@ if [[ $what == serving || $what == all ]]; then
   # The serving path against the engine in process (issue 21): this tree, then SERVING_BASE_REV
   # (before the hand-over fix) from a throwaway worktree, each side of each run in one process
   # after the other. Neither sets OMP_WAIT_POLICY: both sides run with the same environment.
-  PYTHONPATH=. python scripts/bench_serving.py --threads 1,2 --concurrency 1,16 \
+  python -m benchmarks.bench_serving --threads 1,2 --concurrency 1,16 \
     --json "$out/serving.json" | tee "$out/serving.md"
   base="${SERVING_BASE_REV:-6178f74}"
   tree=$(mktemp -d)
   git worktree add --detach "$tree" "$base" >/dev/null
-  (cd "$tree" && PYTHONPATH=. python "$OLDPWD/scripts/bench_serving.py" --threads 2 \
+  # This tree's benchmark against the base's specserve: run inside the base's tree, with this
+  # tree's benchmarks/ copied in.
+  rm -rf "$tree/benchmarks" && cp -r benchmarks "$tree/benchmarks"
+  (cd "$tree" && python -m benchmarks.bench_serving --threads 2 \
     --concurrency 1,16 --json "$OLDPWD/$out/serving-base.json") | tee "$out/serving-base.md"
   git worktree remove --force "$tree"
 fi
@@ -91,7 +99,7 @@ fi
 
 if [[ $what == attention || $what == all ]]; then
   # Step cost against the batch mix, both attention paths in one process.
-  PYTHONPATH=. python scripts/bench_attention.py --threads "$threads" --repeats 7 \
+  python -m benchmarks.bench_attention --threads "$threads" --repeats 7 \
     --json "$out/attention.json" | tee "$out/attention.md"
   # The same 32 requests (code edits, questions over articles, short creative prompts; greedy,
   # 48 new tokens, speculation off) one at a time and 16 at a time, on each attention path.
@@ -130,7 +138,7 @@ if [[ $what == suffix || $what == all ]]; then
     --workloads chat-creative,code-edit --prompts-per-workload 6 --new-tokens 128 \
     --json "$out/medusa-scored.json" | tee "$out/medusa-scored.md"
   # Lookup and ingestion cost of the suffix index at 2k/8k/32k cached tokens; memory at the bound.
-  PYTHONPATH=. python scripts/bench_suffix.py --calls 2000 | tee "$out/suffix-index.md"
+  python -m benchmarks.bench_suffix --calls 2000 | tee "$out/suffix-index.md"
 fi
 
 if [[ $what == cache || $what == all ]]; then
@@ -146,18 +154,18 @@ if [[ $what == cache || $what == all ]]; then
       --out "$out/cache-$side"
     stop_bg 8315
   done
-  python scripts/cache_report.py --on "$out/cache-on" --off "$out/cache-off" \
+  python -m benchmarks.cache_report --on "$out/cache-on" --off "$out/cache-off" \
     | tee "$out/cache.md"
   # The cache's cost where nothing is reused (chat-creative above still shares the chat
   # template's first block and repeats prompts within a cell): unique random prompts, one engine
   # per side in one process.
-  PYTHONPATH=. python scripts/bench_prefix_cost.py --threads "$threads" \
+  python -m benchmarks.bench_prefix_cost --threads "$threads" \
     --json "$out/prefix-cost.json" | tee "$out/prefix-cost.md"
 fi
 
 if [[ $what == kv || $what == all ]]; then
   # Issue 13's reproductions (a runs --num-threads 1 as reported, b THREADS) beside ample KV.
-  python -m scripts.bench_kv_pressure --threads "$threads" --json "$out/kv-pressure.json" \
+  python -m benchmarks.bench_kv_pressure --threads "$threads" --json "$out/kv-pressure.json" \
     | tee "$out/kv-pressure.md"
 fi
 
@@ -188,7 +196,7 @@ if [[ $what == fleet || $what == all ]]; then
   fi
   # Each pool: one torch thread, half a CPU of the 2-CPU Ray cluster (up to 4 pools).
   specserve fleet plan --profile "$profile" --out "$fdir/fleet.yaml" --num-threads 1 --num-cpus 0.5
-  python scripts/bench_fleet.py --fleet-config "$fdir/fleet.yaml" --num-cpus 2 \
+  python -m benchmarks.bench_fleet --fleet-config "$fdir/fleet.yaml" --num-cpus 2 \
     --serve-args "--speculate 4 --num-threads $threads --max-running-requests 32" \
     --duration "${FLEET_DURATION:-60}" --slo-ttft 3 --slo-itl 0.15 --out "$fdir"
 fi
