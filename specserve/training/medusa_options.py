@@ -1,5 +1,5 @@
 """What a Medusa training run takes and what it reports: the one piece `medusa_data`,
-`medusa_train` and `specserve train-medusa` all read (no torch; the CLI imports it at start-up)."""
+`medusa_train` and `specserve train-medusa` all read, so each imports it downward."""
 
 from __future__ import annotations
 
