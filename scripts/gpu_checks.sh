@@ -66,7 +66,7 @@ for name in mods:
         print(f"{name:18} {getattr(mod, '__version__', 'ok')}")
     except Exception as exc:
         print(f"{name:18} MISSING ({type(exc).__name__}: {exc})")
-import specserve.bench.verify_cost, specserve.engine.engine  # noqa: E401, F401
+import benchmarks.verify_cost, specserve.engine.engine  # noqa: E401, F401
 print("specserve imports: ok")
 EOF
 }
@@ -83,7 +83,7 @@ else
     VC=(--model-shape smollm2-135m,llama-1b --batches 1,8,64 --ks 0,1,2,4,8 --context 512
         --warmup 5 --repeats 20)
 fi
-step verify_cost 155 "$PY" -m specserve.bench.verify_cost --device "$DEVICE" "${VC[@]}" \
+step verify_cost 155 "$PY" -m benchmarks.verify_cost --device "$DEVICE" "${VC[@]}" \
     --dtypes float32,bfloat16 --work-dir "$WORK/models" --json "$OUT/verify_cost.json" \
     >"$OUT/verify_cost.md" 2>"$OUT/verify_cost.log"
 

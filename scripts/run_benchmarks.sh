@@ -2,6 +2,7 @@
 # Reproduce docs/benchmarks.md: engine vs HF, batch-1 speculation, goodput sweep, policies,
 # attention, suffix/scored drafts, KV pressure, the soak, serve against a fleet (mixed traffic).
 # Needs a quiet machine: every part compares configurations side by side in one run.
+# Every benchmark is a module of benchmarks/, run from the repo root: python -m benchmarks.NAME.
 # Usage: bash scripts/run_benchmarks.sh
 #        [engine|baseline|serving|spec|goodput|policy|attention|suffix|cache|kv|soak|fleet|all]
 #        [OUT=docs/bench]
@@ -14,7 +15,7 @@ mkdir -p "$out"
 threads="${THREADS:-2}"  # torch threads of the benchmarked process / server
 
 if [[ $what == engine || $what == all ]]; then
-  python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --json "$out/engine.json" \
+  python -m benchmarks.engine_bench --threads "$threads" --repeats 3 --json "$out/engine.json" \
     | tee "$out/engine.md"
 fi
 
@@ -24,10 +25,14 @@ if [[ $what == baseline || $what == all ]]; then
   base="${BASE_REV:-26d7662}"
   tree=$(mktemp -d)
   git worktree add --detach "$tree" "$base" >/dev/null
-  # Our engine only (--only ours: the GGUF blocks), each in its own interpreter.
-  PYTHONPATH="$tree" python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 \
-    --only ours --json "$out/engine-base.json"
-  python -m specserve.bench.engine_bench --threads "$threads" --repeats 3 --only ours \
+  # Our engine only (--only ours: the GGUF blocks), each in its own interpreter. The base runs
+  # inside its tree, so that `python -m` imports its specserve (the current directory comes
+  # first on sys.path), with its own engine_bench: specserve/bench/ before issue 20 moved it.
+  bench=benchmarks.engine_bench
+  [[ -f $tree/benchmarks/engine_bench.py ]] || bench=specserve.bench.engine_bench
+  (cd "$tree" && python -m "$bench" --threads "$threads" --repeats 3 --only ours \
+    --json "$OLDPWD/$out/engine-base.json")
+  python -m benchmarks.engine_bench --threads "$threads" --repeats 3 --only ours \
     --json "$out/engine-head.json"
   git worktree remove --force "$tree"
 fi
@@ -36,18 +41,21 @@ if [[ $what == serving || $what == all ]]; then
   # The serving path against the engine in process (issue 21): this tree, then SERVING_BASE_REV
   # (before the hand-over fix) from a throwaway worktree, each side of each run in one process
   # after the other. Neither sets OMP_WAIT_POLICY: both sides run with the same environment.
-  PYTHONPATH=. python scripts/bench_serving.py --threads 1,2 --concurrency 1,16 \
+  python -m benchmarks.bench_serving --threads 1,2 --concurrency 1,16 \
     --json "$out/serving.json" | tee "$out/serving.md"
   base="${SERVING_BASE_REV:-6178f74}"
   tree=$(mktemp -d)
   git worktree add --detach "$tree" "$base" >/dev/null
-  (cd "$tree" && PYTHONPATH=. python "$OLDPWD/scripts/bench_serving.py" --threads 2 \
+  # This tree's benchmark against the base's specserve: run inside the base's tree, with this
+  # tree's benchmarks/ copied in.
+  rm -rf "$tree/benchmarks" && cp -r benchmarks "$tree/benchmarks"
+  (cd "$tree" && python -m benchmarks.bench_serving --threads 2 \
     --concurrency 1,16 --json "$OLDPWD/$out/serving-base.json") | tee "$out/serving-base.md"
   git worktree remove --force "$tree"
 fi
 
 if [[ $what == spec || $what == all ]]; then
-  python -m specserve.bench.spec_bench --threads "$threads" --speculate 0,1,2,3,5,8 \
+  python -m benchmarks.spec_bench --threads "$threads" --speculate 0,1,2,3,5,8 \
     --prompts-per-workload 3 --new-tokens 128 --json "$out/spec.json" | tee "$out/spec.md"
 fi
 
@@ -91,7 +99,7 @@ fi
 
 if [[ $what == attention || $what == all ]]; then
   # Step cost against the batch mix, both attention paths in one process.
-  PYTHONPATH=. python scripts/bench_attention.py --threads "$threads" --repeats 7 \
+  python -m benchmarks.bench_attention --threads "$threads" --repeats 7 \
     --json "$out/attention.json" | tee "$out/attention.md"
   # The same 32 requests (code edits, questions over articles, short creative prompts; greedy,
   # 48 new tokens, speculation off) one at a time and 16 at a time, on each attention path.
@@ -115,22 +123,22 @@ if [[ $what == suffix || $what == all ]]; then
   sN="${SUFFIX_SPECULATE:-0,2,3,5}"
   reuse="code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa"
   reuse="$reuse,workloads/third-party.jsonl"
-  python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
+  python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix \
     --policy static,adaptive --speculate "$sN" --concurrency 1,4 --workloads "$reuse" \
     --prompts-per-workload "${SUFFIX_PROMPTS:-12}" --new-tokens 128 --json "$out/suffix-c1-4.json" \
     | tee "$out/suffix-c1-4.md"
   # Concurrency 16 needs more requests than slots to reach a steady batch.
-  python -m specserve.bench.spec_bench --threads "$threads" --proposer ngram,suffix \
+  python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix \
     --policy static,adaptive --speculate "$sN" --concurrency 16 --workloads "$reuse" \
     --prompts-per-workload "${SUFFIX_PROMPTS_C16:-32}" --new-tokens 128 --json "$out/suffix-c16.json" \
     | tee "$out/suffix-c16.md"
   # Medusa with scored drafts at batch 1: static N against adaptive (cap 4), same engine.
-  python -m specserve.bench.spec_bench --threads "$threads" --proposer medusa \
+  python -m benchmarks.spec_bench --threads "$threads" --proposer medusa \
     --policy static,adaptive --speculate 0,1,2,3,4 --concurrency 1 \
     --workloads chat-creative,code-edit --prompts-per-workload 6 --new-tokens 128 \
     --json "$out/medusa-scored.json" | tee "$out/medusa-scored.md"
   # Lookup and ingestion cost of the suffix index at 2k/8k/32k cached tokens; memory at the bound.
-  PYTHONPATH=. python scripts/bench_suffix.py --calls 2000 | tee "$out/suffix-index.md"
+  python -m benchmarks.bench_suffix --calls 2000 | tee "$out/suffix-index.md"
 fi
 
 if [[ $what == cache || $what == all ]]; then
@@ -146,18 +154,18 @@ if [[ $what == cache || $what == all ]]; then
       --out "$out/cache-$side"
     stop_bg 8315
   done
-  python scripts/cache_report.py --on "$out/cache-on" --off "$out/cache-off" \
+  python -m benchmarks.cache_report --on "$out/cache-on" --off "$out/cache-off" \
     | tee "$out/cache.md"
   # The cache's cost where nothing is reused (chat-creative above still shares the chat
   # template's first block and repeats prompts within a cell): unique random prompts, one engine
   # per side in one process.
-  PYTHONPATH=. python scripts/bench_prefix_cost.py --threads "$threads" \
+  python -m benchmarks.bench_prefix_cost --threads "$threads" \
     --json "$out/prefix-cost.json" | tee "$out/prefix-cost.md"
 fi
 
 if [[ $what == kv || $what == all ]]; then
   # Issue 13's reproductions (a runs --num-threads 1 as reported, b THREADS) beside ample KV.
-  python -m scripts.bench_kv_pressure --threads "$threads" --json "$out/kv-pressure.json" \
+  python -m benchmarks.bench_kv_pressure --threads "$threads" --json "$out/kv-pressure.json" \
     | tee "$out/kv-pressure.md"
 fi
 
@@ -188,7 +196,7 @@ if [[ $what == fleet || $what == all ]]; then
   fi
   # Each pool: one torch thread, half a CPU of the 2-CPU Ray cluster (up to 4 pools).
   specserve fleet plan --profile "$profile" --out "$fdir/fleet.yaml" --num-threads 1 --num-cpus 0.5
-  python scripts/bench_fleet.py --fleet-config "$fdir/fleet.yaml" --num-cpus 2 \
+  python -m benchmarks.bench_fleet --fleet-config "$fdir/fleet.yaml" --num-cpus 2 \
     --serve-args "--speculate 4 --num-threads $threads --max-running-requests 32" \
     --duration "${FLEET_DURATION:-60}" --slo-ttft 3 --slo-itl 0.15 --out "$fdir"
 fi

@@ -12,7 +12,7 @@ from specserve.cli_args import add_engine_args, engine_config_from_args
 from specserve.cli_flags import add_flag
 from specserve.fleet.cli import add_fleet_parser
 from specserve.server.cli import add_serve_parser
-from specserve.speculation.medusa_cli import add_medusa_parser
+from specserve.training.medusa_cli import add_medusa_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.bench.random_model import SHAPES, write_random_model
+from benchmarks.random_model import SHAPES, write_random_model
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 from specserve.models.registry import build_model

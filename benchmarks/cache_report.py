@@ -5,7 +5,7 @@ conversation, the first question over a document set: ids ending `.0`) and of la
 (`.1`, `.2`, ...; nothing to reuse in a workload without such ids), tokens/s and goodput, each
 side by side with the ratio cache-on over cache-off.
 
-Usage: python scripts/cache_report.py --on DIR --off DIR   (each holding a results.json)
+Usage: python -m benchmarks.cache_report --on DIR --off DIR   (each holding a results.json)
 """
 
 from __future__ import annotations

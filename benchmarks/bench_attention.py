@@ -12,7 +12,7 @@ process, every configuration measured on each path in turn:
 - a verify step (k + 1 rows for one sequence) against k, at 800 tokens of context.
 
 Usage (repo root, after the default model has been loaded once so its cache exists):
-    PYTHONPATH=. python scripts/bench_attention.py [--threads 2] [--repeats 7] [--json FILE]
+    python -m benchmarks.bench_attention [--threads 2] [--repeats 7] [--json FILE]
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.config import AttentionImpl, KvDtype
 from specserve.kernels import attention as kernel
 from specserve.models.llama import ModelArch
@@ -46,7 +47,7 @@ PATHS: dict[str, tuple[AttentionImpl, KvDtype]] = {
 
 
 def interleaved_ms(
-    ways: dict[str, Callable[[], object]], repeats: int, stat: str
+    ways: Mapping[str, Callable[[], object]], repeats: int, stat: str
 ) -> dict[str, float]:
     """Each way once per round, in turn, so a busy neighbour slows all of them alike; the first
     round warms up. `stat`: median, or min (the least disturbed run, on a shared machine)."""
@@ -89,7 +90,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    info = machine_info("scripts/bench_attention.py", sys.argv[1:])
+    info = machine_info("benchmarks.bench_attention", sys.argv[1:])
     info["stat"] = args.stat
     model = build_model(resolve_model_dir(None), torch.device("cpu"))
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -103,15 +104,21 @@ def main() -> None:
 
     def measure(make: Callable[[Steps], list[RunItem]]) -> dict[str, float]:
         items = {name: make(steps[name]) for name in PATHS}
-        ways = {name: lambda r=runners[name], i=items[name]: r.run(i) for name in PATHS}
+        ways = {name: partial(runners[name].run, items[name]) for name in PATHS}
         out = interleaved_ms(ways, args.repeats, args.stat)
         for name in PATHS:
             for item in items[name]:
                 steps[name].allocator.free(list(item.block_table))
         return out
 
+    def prefill(n: int) -> Callable[[Steps], list[RunItem]]:
+        return lambda s: [s.prefill(n)]
+
+    def decodes(ctx: int, batch: int, rows: int = 1) -> Callable[[Steps], list[RunItem]]:
+        return lambda s: [s.decode(ctx, rows) for _ in range(batch)]
+
     results: dict[str, dict[str, float]] = {
-        f"prefill {n} tokens": measure(lambda s, n=n: [s.prefill(n)])
+        f"prefill {n} tokens": measure(prefill(n))
         for n in (int(x) for x in args.prefills.split(","))
     }
     results |= {
@@ -127,11 +134,9 @@ def main() -> None:
         )
     for batch in (1, 16):
         for ctx in contexts:
-            results[f"decode B={batch} ctx={ctx}"] = measure(
-                lambda s, b=batch, c=ctx: [s.decode(c) for _ in range(b)]
-            )
+            results[f"decode B={batch} ctx={ctx}"] = measure(decodes(ctx, batch))
     for k in (0, 1, 2, 4, 8):
-        results[f"verify k={k} ctx=800"] = measure(lambda s, k=k: [s.decode(800, k + 1)])
+        results[f"verify k={k} ctx=800"] = measure(decodes(800, 1, k + 1))
     report(info, results, contexts)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

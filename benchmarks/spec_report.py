@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from specserve.bench.machine import machine_lines, markdown_table
+from benchmarks.machine import machine_lines, markdown_table
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,9 @@ import torch
 
 
 def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
-    """Date, CPU, library versions, load and the exact command, for the record."""
+    """Date, CPU, library versions, load and the exact command (`python -m module argv`)."""
     import transformers
 
-    run = module if module.endswith(".py") else f"-m {module}"  # a script's path, or a module
     cpu = "unknown"
     with open("/proc/cpuinfo", encoding="utf-8") as f:
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
@@ -28,7 +27,7 @@ def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
-        "command": f"python {run} {shlex.join(argv)}".strip(),
+        "command": f"python -m {module} {shlex.join(argv)}".strip(),
     }
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.bench import verify_cost
-from specserve.bench.random_model import SHAPES, tensor_shapes, write_random_model
+from benchmarks import verify_cost
+from benchmarks.random_model import SHAPES, tensor_shapes, write_random_model
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator

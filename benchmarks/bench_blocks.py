@@ -15,7 +15,7 @@ embedded model, speculation off) in each numerics, tok/s after the first token, 
 --repeats.
 
 Usage (repo root, after the default model has been loaded once so its cache exists):
-    PYTHONPATH=. python scripts/bench_blocks.py [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
+    python -m benchmarks.bench_blocks [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
         [--scalar] [--cpu-clock] [--decode 128]
 --scalar: the q8 column on the scalar reference instead of AVX2. --cpu-clock: time by the
 process's CPU time instead of the wall clock (on a shared machine, with --threads 1, it leaves

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specserve.bench.spec_report import Run
+from benchmarks.spec_report import Run
 from specserve.bench.workload_items import (
     ChatMessage,
     WorkloadItem,

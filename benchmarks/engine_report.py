@@ -6,7 +6,7 @@ import argparse
 import statistics
 from typing import Any
 
-from specserve.bench.machine import machine_lines, markdown_table
+from benchmarks.machine import machine_lines, markdown_table
 
 # DESIGN.md "Machine facts": 540 MB of fp32 weights per token at ~37 GB/s streaming read.
 BOUND_TOK_S = 68.0

@@ -22,7 +22,7 @@ equal N = 0's (greedy speculation must be lossless); errors. Then adaptive again
 static N, and each proposer's calibration: predicted (the proposer's mean confidence) vs
 observed acceptance per bucket.
 
-    python -m specserve.bench.spec_bench [--proposer ngram,suffix] [--policy static,adaptive]
+    python -m benchmarks.spec_bench [--proposer ngram,suffix] [--policy static,adaptive]
         [--speculate 0,1,2,3,5,8] [--concurrency 1,4,16] [--workloads NAMES|FILE.jsonl] [--json P]
 """
 
@@ -38,16 +38,16 @@ from typing import Any
 
 import torch
 
-from specserve.bench.machine import machine_info
-from specserve.bench.spec_cells import Config, run_cell
-from specserve.bench.spec_report import render, summarise
+from benchmarks.machine import machine_info
+from benchmarks.spec_cells import Config, run_cell
+from benchmarks.spec_report import render, summarise
 from specserve.bench.workload_items import WorkloadItem, conversations, encode_item
 from specserve.bench.workloads import resolve_workload
 from specserve.config import POLICIES, PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams
 
-MODULE = "specserve.bench.spec_bench"
+MODULE = "benchmarks.spec_bench"
 WORKLOADS = ("code-edit", "summarize", "chat-creative")
 
 

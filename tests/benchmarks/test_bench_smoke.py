@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench import engine_bench, spec_bench
+from benchmarks import engine_bench, spec_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

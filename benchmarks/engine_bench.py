@@ -13,7 +13,7 @@ own Q4_1/Q8_0 blocks through the CPU block kernels (the same weights, decoded ex
   token). Ours: continuous batching. HF: one static-batch `generate`, left-padded with a mask.
 - peak RSS: each side runs in its own subprocess (``--only``), so the peaks are separable.
 
-    python -m specserve.bench.engine_bench [--threads 2] [--repeats 3] [--json PATH]
+    python -m benchmarks.engine_bench [--threads 2] [--repeats 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from specserve.bench.engine_report import render, summarise
-from specserve.bench.machine import machine_info
+from benchmarks.engine_report import render, summarise
+from benchmarks.machine import machine_info
 from specserve.bench.workloads import build_workload
 
-MODULE = "specserve.bench.engine_bench"
+MODULE = "benchmarks.engine_bench"
 
 
 @dataclass(frozen=True)

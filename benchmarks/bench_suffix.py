@@ -13,7 +13,7 @@ Per call, p50 / p99 over `--calls` calls:
 - own context: indexing a 2k-token prompt at once (a request's first draft);
 and the arena's bytes at the bound (its capacity), independent of how full it is.
 
-Usage (repo root): PYTHONPATH=. python scripts/bench_suffix.py [--calls 2000]
+Usage (repo root): python -m benchmarks.bench_suffix [--calls 2000]
 """
 
 from __future__ import annotations

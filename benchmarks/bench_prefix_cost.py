@@ -7,7 +7,7 @@ prefix caching off and then to one with it on (the order alternates per round), 
 EOS ignored. Wall time per round per side, the median and on/off ratio, the cache's hit tokens
 (must be 0) and whether both sides' tokens are equal.
 
-Usage (repo root): PYTHONPATH=. python scripts/bench_prefix_cost.py [--threads 2] [--rounds 5]
+Usage (repo root): python -m benchmarks.bench_prefix_cost [--threads 2] [--rounds 5]
     [--batch 16] [--prompt-tokens 384] [--new-tokens 32] [--json FILE]
 """
 
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.cli import build_parser
 from specserve.cli_args import engine_config_from_args
 from specserve.engine.engine import Engine
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt")
     p.add_argument("--json", default=None, help="write the raw results here")
     args = p.parse_args(argv)
-    info = machine_info("scripts/bench_prefix_cost.py", sys.argv[1:] if argv is None else argv)
+    info = machine_info("benchmarks.bench_prefix_cost", sys.argv[1:] if argv is None else argv)
     engines = {"off": engine(False, args.threads), "on": engine(True, args.threads)}
     vocab = engines["off"].tokenizer.vocab_size
     gen = torch.Generator().manual_seed(0)

@@ -9,7 +9,6 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from rich.progress import Progress
@@ -22,9 +21,7 @@ from specserve.engine.request import SamplingParams, Sequence
 from specserve.engine.resources import load_resources
 from specserve.models.block_linear import linear_weight
 from specserve.speculation.proposer import Draft
-
-if TYPE_CHECKING:
-    from specserve.speculation.medusa_train import TrainOptions
+from specserve.training.medusa_options import TrainOptions
 
 IGNORE = -100  # target past the end of a continuation
 

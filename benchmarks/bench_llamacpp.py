@@ -15,7 +15,7 @@ e.g. built from the llama-cpp-python sdist's vendored source with
     cmake --build build --target llama-server -j2
 Without one, the script says so and exits 0.
 
-Usage (repo root): PYTHONPATH=. python scripts/bench_llamacpp.py [--threads 2] [--json FILE]
+Usage (repo root): python -m benchmarks.bench_llamacpp [--threads 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import torch
 
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.bench.workloads import build_workload
 from specserve.engine.resources import load_tokenizer
 from specserve.models.loader import embedded_default_gguf, resolve_model_dir
@@ -235,7 +235,7 @@ def main() -> None:
         )
         return
     torch.set_num_threads(args.threads)
-    info = machine_info("scripts/bench_llamacpp.py", sys.argv[1:])
+    info = machine_info("benchmarks.bench_llamacpp", sys.argv[1:])
     model_dir = resolve_model_dir(None)
     tokenizer = load_tokenizer(model_dir)
     work = prompts(tokenizer, args.prompts)

@@ -13,7 +13,7 @@ most any one request was preempted, and the pressure/ample time ratio; the greed
 two runs must match (preemption is lossless).
 
 Usage (repo root; `--scale 0.1` shrinks prompts, outputs and the small pool for a smoke run):
-    .venv/bin/python -m scripts.bench_kv_pressure [--threads 2] [--scale 1.0] [--json out.json]
+    python -m benchmarks.bench_kv_pressure [--threads 2] [--scale 1.0] [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.cli import build_parser
 from specserve.cli_args import engine_config_from_args
 from specserve.engine.engine import Engine
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="a,b", help="which reproductions: a, b or a,b")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args(argv)
-    info = machine_info("scripts.bench_kv_pressure", sys.argv[1:])
+    info = machine_info("benchmarks.bench_kv_pressure", sys.argv[1:])
     results = []
     for case in (c for c in CASES if c.name in args.cases.split(",")):
         threads = args.threads

@@ -15,7 +15,7 @@ three sides are compared token for token.
 
 The load generator shares the machine with the server: it uses no torch, one thread, httpx.
 
-Usage (repo root): PYTHONPATH=. python scripts/bench_serving.py [--threads 1,2]
+Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
     [--concurrency 1,16] [--waves 3] [--json FILE]
 """
 
@@ -116,7 +116,10 @@ def in_process(engine: Any, texts: list[str], conc: int, waves: int) -> tuple[fl
 
 
 async def _one(client: httpx.AsyncClient, url: str, text: str, stream: bool) -> Any:
-    body = {"inputs": text, "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
+    body: dict[str, Any] = {
+        "inputs": text,
+        "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True},
+    }
     sent = time.perf_counter()
     if not stream:
         body["parameters"]["details"] = True
@@ -154,7 +157,7 @@ async def over_http(url: str, texts: list[str], conc: int, waves: int, stream: b
 
 
 def start_server(threads: int, log: Path) -> subprocess.Popen[bytes]:
-    from scripts.bench_llamacpp import serve
+    from benchmarks.bench_llamacpp import serve
 
     cmd = [
         sys.executable, "-m", "specserve.cli", "serve", "--port", str(PORT), "--num-threads",
@@ -214,7 +217,7 @@ def run_threads(threads: int, concs: list[int], waves: int, log: Path) -> list[C
 
 
 def report(info: dict[str, Any], cells: list[Cell]) -> str:
-    from specserve.bench.machine import machine_lines, markdown_table
+    from benchmarks.machine import machine_lines, markdown_table
 
     base = {(c.threads, c.concurrency): c for c in cells if c.side == "in process"}
     rows = []
@@ -235,7 +238,7 @@ def report(info: dict[str, Any], cells: list[Cell]) -> str:
 
 
 def main() -> None:
-    from specserve.bench.machine import machine_info
+    from benchmarks.machine import machine_info
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", default="1,2", help="compute threads, comma-separated")
@@ -244,7 +247,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--logs", default="/tmp")
     args = p.parse_args()
-    info = machine_info("scripts/bench_serving.py", sys.argv[1:])
+    info = machine_info("benchmarks.bench_serving", sys.argv[1:])
     concs = [int(c) for c in args.concurrency.split(",")]
     cells = [
         cell

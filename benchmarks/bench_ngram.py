@@ -5,8 +5,8 @@ Contexts (vocab 49152, k=5, ngram 1..4):
 - match: a 64-token phrase repeated to fill the context, so the 4-gram suffix recurs L/64 times;
 - worst: a 2-token alphabet, so about half of all positions survive the first compare.
 
-Usage (repo root; PYTHONPATH=. unless specserve is installed):
-    PYTHONPATH=. python scripts/bench_ngram.py [--repeats 5] [--calls 2000]
+Usage (repo root):
+    python -m benchmarks.bench_ngram [--repeats 5] [--calls 2000]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ goodput against the SLO, ITL and TTFT percentiles, tokens/s. And what Ray costs:
 time (launch -> every class answered), resident memory of the whole process tree, and the
 per-request overhead (median latency of one-token requests, sequential).
 
-    python scripts/bench_fleet.py --fleet-config fleet.yaml --serve-args "--speculate 4" \\
+    python -m benchmarks.bench_fleet --fleet-config fleet.yaml --serve-args "--speculate 4" \\
         --duration 60 --out docs/bench/fleet
 """
 
@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.bench import loadgen, report
-from specserve.bench.machine import machine_info, machine_lines, markdown_table
 from specserve.bench.workloads import resolve_workload
 from specserve.fleet.plan import WORKLOAD_HEADER
 
@@ -237,9 +237,7 @@ def main() -> int:
     specs = args.classes or ["code:code-edit:2", "chat:chat-creative:2", "bulk:summarize:4:128"]
     classes = [parse_class(c) for c in specs]
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = machine_info("", [])
-    machine["command"] = shlex.join(["python", "scripts/bench_fleet.py", *sys.argv[1:]])
-    result: dict[str, Any] = {"machine": machine}
+    result: dict[str, Any] = {"machine": machine_info("benchmarks.bench_fleet", sys.argv[1:])}
     for side in ("serve", "fleet"):
         print(f"running {side} ...", file=sys.stderr, flush=True)
         result[side] = run_side(side, args, classes)

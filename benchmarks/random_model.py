@@ -3,7 +3,7 @@
 Real weights cannot travel to every machine; a step's cost depends only on the shapes, so
 benchmarks of cost (not of acceptance) can run on random weights of the same architecture.
 
-    python -m specserve.bench.random_model --shape llama-1b --out /tmp/llama-1b
+    python -m benchmarks.random_model --shape llama-1b --out /tmp/llama-1b
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specserve.bench.random_model")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.random_model")
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,1 @@
+"""Training of speculation artifacts: Medusa heads by self-distillation (`train-medusa`)."""
