@@ -17,16 +17,18 @@ checks both with `check_profile`; a mismatch means the recommendation is stale.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specserve.models.hashing import cached_sha256
-from specserve.models.registry import weight_files
-from specserve.storage import default_cache_dir
+from specserve.models.fingerprint import (
+    Fingerprint,
+    config_sha256,
+    files_sha256,
+    target_fingerprint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +36,8 @@ FORMAT = "specserve-speculation-profile/1"
 _EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # /info's model_id when serving the embedded default
 _MEDUSA_PREFIX = "medusa_"  # heads stored beside the target's weights (models/registry.py)
 
-Fingerprint = dict[str, Any]
-
 
 # ------------------------------------------------------------------------------ fingerprints
-def target_fingerprint(model_dir: Path, cache_dir: Path | None = None) -> Fingerprint:
-    """Hashes of the target's config.json and its own weights (Medusa heads excluded)."""
-    files = weight_files(model_dir)
-    return {
-        "config_sha256": config_sha256(model_dir / "config.json"),
-        "weights_sha256": files_sha256(files, cache_dir),
-    }
-
-
 def proposer_fingerprint(
     kind: str | None, model_dir: Path | None = None, cache_dir: Path | None = None
 ) -> Fingerprint | None:
@@ -74,19 +65,6 @@ def proposer_fingerprint(
             },
         }
     return {"kind": kind, "artifact": target_fingerprint(model_dir, cache_dir)}
-
-
-def config_sha256(path: Path) -> str:
-    canonical = json.dumps(json.loads(path.read_text(encoding="utf-8")), sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def files_sha256(files: list[Path], cache_dir: Path | None = None) -> str:
-    """One digest over (name, sha256 of bytes) of each file, in name order."""
-    h = hashlib.sha256()
-    for path in sorted(files, key=lambda p: p.name):
-        h.update(f"{path.name}\0{cached_sha256(path, cache_dir or default_cache_dir())}\n".encode())
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------- profiles

@@ -17,15 +17,17 @@ from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memo
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
+from specserve.models.tokenizer import load_tokenizer
 from specserve.runner.cost import LiveCost
 from specserve.runner.cost_profile import profile_step_cost
 from specserve.runner.model_runner import ModelRunner, RunItem, kv_cache_dtype
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
 from specserve.speculation.draft import DraftModelProposer, load_draft_model
-from specserve.speculation.medusa_resolve import medusa_proposer
+from specserve.speculation.medusa_proposer import medusa_proposer
+from specserve.speculation.ngram import NgramProposer
 from specserve.speculation.policy import Gate, SpeculationPolicy
-from specserve.speculation.proposer import NgramProposer, Proposer
+from specserve.speculation.proposer import Proposer
 from specserve.speculation.suffix import SuffixProposer
 
 logger = logging.getLogger(__name__)
@@ -212,12 +214,6 @@ def kv_blocks_for(config: EngineConfig, kv_bytes_per_token: int, max_model_len: 
     by_bytes = config.cache.max_kv_bytes // (kv_bytes_per_token * bs)
     usable = config.scheduler.max_running_requests * -(-max_model_len // bs)
     return max(1, min(by_bytes, usable))
-
-
-def load_tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:

@@ -8,8 +8,9 @@ from dataclasses import replace
 from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.resources import EngineResources, make_policy
 from specserve.runner.cost import LiveCost
+from specserve.speculation.ngram import NgramProposer
 from specserve.speculation.policy import SpeculationPolicy
-from specserve.speculation.proposer import NgramProposer, Proposer
+from specserve.speculation.proposer import Proposer
 from specserve.speculation.suffix import SuffixProposer
 
 

@@ -32,6 +32,7 @@ from specserve.engine.request import SamplingParams, Sequence
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, model_class, read_config
+from specserve.models.tokenizer import load_tokenizer
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import BlockAllocator
@@ -239,9 +240,6 @@ def load_draft_model(
 ) -> LlamaForCausalLM:
     """Resolve, check against the target, then build the draft model (GGUF blocks multiplying
     in the target's `numerics`)."""
-    # Imported here: resources imports this module to build the proposer.
-    from specserve.engine.resources import load_tokenizer
-
     draft_dir = resolve_model_dir(draft_path)
     cfg = read_config(draft_dir)
     arch = model_class(cfg).arch_from_hf(cfg)

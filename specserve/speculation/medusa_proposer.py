@@ -12,6 +12,7 @@ from specserve.engine.request import Sequence
 from specserve.models.block_linear import linear_weight
 from specserve.models.llama import LlamaForCausalLM
 from specserve.speculation.medusa import MedusaHeads, check_fingerprint, load_medusa
+from specserve.speculation.medusa_resolve import resolve_medusa
 from specserve.speculation.proposer import Draft
 
 logger = logging.getLogger(__name__)
@@ -95,3 +96,16 @@ class MedusaProposer:
 
     def release(self, seq: Sequence) -> None:
         self._last.pop(seq.seq_id, None)
+
+
+def medusa_proposer(
+    model_dir: Path,
+    base: LlamaForCausalLM,
+    proposer: str,
+    speculate: int,
+    medusa: str | None = None,
+    force: bool = False,
+) -> MedusaProposer | None:
+    """The Medusa proposer for `--proposer auto|medusa`; None means n-gram serves instead."""
+    heads_dir = resolve_medusa(model_dir, proposer, speculate, medusa).heads_dir
+    return None if heads_dir is None else MedusaProposer.load(heads_dir, base, model_dir, force)

@@ -1,15 +1,13 @@
-"""The Proposer protocol and the n-gram (prompt lookup) proposer."""
+"""The Proposer protocol and the records proposers hand the engine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from specserve.engine.request import Sequence
-from specserve.speculation.ngram import ngram_lookup
 
 UNSCORED = 0.5  # the confidence assumed for a token whose proposer gave none
 
@@ -91,26 +89,3 @@ class Proposer(Protocol):
     def release(self, seq: Sequence) -> None:
         """Forget all state for `seq`."""
         ...
-
-
-class NgramProposer:
-    """Context lookup: continue the latest earlier occurrence of the context's suffix."""
-
-    name = "ngram"
-
-    def __init__(self, ngram_min: int = 1, ngram_max: int = 4) -> None:
-        self.ngram_min, self.ngram_max = ngram_min, ngram_max
-
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        out = []
-        for seq, k in zip(seqs, ks, strict=True):
-            tokens = np.asarray(seq.token_ids, dtype=np.int64)
-            found = ngram_lookup(tokens, k, self.ngram_min, self.ngram_max)
-            out.append(Draft(tokens=found.tokens.tolist(), confidence=found.confidence))
-        return out
-
-    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        del seq, hidden
-
-    def release(self, seq: Sequence) -> None:
-        del seq
