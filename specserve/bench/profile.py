@@ -23,48 +23,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specserve.models.fingerprint import (
-    Fingerprint,
-    config_sha256,
-    files_sha256,
-    target_fingerprint,
-)
+from specserve.models.fingerprint import Fingerprint, target_fingerprint
+from specserve.speculation.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "specserve-speculation-profile/1"
 _EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # /info's model_id when serving the embedded default
-_MEDUSA_PREFIX = "medusa_"  # heads stored beside the target's weights (models/registry.py)
 
 
 # ------------------------------------------------------------------------------ fingerprints
 def proposer_fingerprint(
-    kind: str | None, model_dir: Path | None = None, cache_dir: Path | None = None
+    kind: str | None, artifact_dir: Path | None = None, cache_dir: Path | None = None
 ) -> Fingerprint | None:
-    """The proposer's artifact: a draft model directory, or the target's Medusa heads.
-
-    `kind` is the active proposer's name (None: speculation off). n-gram and suffix have no
-    artifact.
-    `model_dir` is the draft model's directory for "draft", the heads directory for "medusa"
-    (the target's own, when the heads ship inside the checkpoint).
-    """
-    if kind is None:
-        return None
-    if kind in ("ngram", "suffix"):
-        return {"kind": kind, "artifact": None}
-    if model_dir is None:
-        raise ValueError(f"proposer {kind!r} needs its model directory to be fingerprinted")
-    if kind == "medusa":  # heads: medusa_*.safetensors (+ config.json) in their own directory
-        heads = sorted(model_dir.glob(f"{_MEDUSA_PREFIX}*.safetensors"))
-        config = model_dir / "config.json"
-        return {
-            "kind": kind,
-            "artifact": {
-                "config_sha256": config_sha256(config) if config.is_file() else None,
-                "weights_sha256": files_sha256(heads, cache_dir),
-            },
-        }
-    return {"kind": kind, "artifact": target_fingerprint(model_dir, cache_dir)}
+    """The active proposer's kind and artifact (a draft model, Medusa heads; None for a kind
+    that loads nothing). `kind` None: speculation off. `artifact_dir`: where the kind's
+    registration says its artifact lives (`REGISTRY.artifact_dir`)."""
+    return REGISTRY.fingerprint(kind, artifact_dir, cache_dir)
 
 
 # ---------------------------------------------------------------------------------- profiles
@@ -210,13 +185,8 @@ def fingerprints(
     try:
         target_dir = resolve_model_dir(ref)
         kind = spec.get("proposer")
-        draft = draft_model or spec.get("draft_model")
-        heads = spec.get("medusa")
-        artifact_dir = (
-            (Path(heads) if heads else target_dir)
-            if kind == "medusa"
-            else (resolve_model_dir(draft) if kind == "draft" and draft else None)
-        )
+        settings = {**spec, "draft_model": draft_model or spec.get("draft_model")}
+        artifact_dir = REGISTRY.artifact_dir(kind, settings, target_dir) if kind else None
         return target_fingerprint(target_dir), proposer_fingerprint(kind, artifact_dir)
     except (OSError, ValueError) as exc:
         logger.warning("cannot fingerprint the served artifacts: %s", exc)

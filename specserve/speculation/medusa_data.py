@@ -21,7 +21,7 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams, Sequence
 from specserve.engine.resources import load_resources
 from specserve.models.block_linear import linear_weight
-from specserve.speculation.proposer import Draft
+from specserve.speculation.proposer import Draft, Proposer
 
 if TYPE_CHECKING:
     from specserve.speculation.medusa_train import TrainOptions
@@ -46,7 +46,7 @@ class HeadData:
 
 
 # ---------------------------------------------------------------------------------- collect
-class _HiddenRecorder:
+class _HiddenRecorder(Proposer):
     """A Proposer that proposes nothing and keeps every hidden state `sync` hands it."""
 
     name = "record"

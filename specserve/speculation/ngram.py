@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from specserve.engine.request import Sequence
-from specserve.speculation.proposer import Draft
+from specserve.speculation.proposer import Draft, Loaded, Proposer, Registration
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def _path_support(
     return support, agree
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Context lookup: continue the latest earlier occurrence of the context's suffix."""
 
     name = "ngram"
@@ -171,3 +171,11 @@ class NgramProposer:
 
     def release(self, seq: Sequence) -> None:
         del seq
+
+
+def _build(loaded: Loaded) -> NgramProposer:
+    spec = loaded.config.spec
+    return NgramProposer(spec.ngram_min, spec.ngram_max)
+
+
+REGISTRATION = Registration("ngram", _build, settings=("ngram_min", "ngram_max"), auto=True)
