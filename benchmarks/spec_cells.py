@@ -65,9 +65,8 @@ def run_cell(
     params: SamplingParams,
 ) -> tuple[list[Run], float, dict[str, int]]:
     """(runs in finish order, wall seconds, engine counter deltas) of one cell."""
-    reset = getattr(engine.res.proposer, "reset", None)
-    if callable(reset):
-        reset()
+    if engine.res.proposer is not None:
+        engine.res.proposer.reset()
     engine.res.allocator.reset_cache()  # nor reuses another cell's prompts from the prefix cache
     params = replace(
         params, speculate=config.n, speculation_policy=config.policy if config.n else None

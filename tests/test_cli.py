@@ -62,7 +62,7 @@ def test_sampling_flags_read_their_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_readme_and_help_agree_on_proposer_auto() -> None:
-    # The truth is engine/resources.py make_proposer: the draft model when --draft-model is
+    # The truth is speculation/registry.py (auto's order): the draft model when --draft-model is
     # given, else Medusa heads (--medusa or stored in the checkpoint), else n-gram.
     [action] = [a for a in _subparser("serve")._actions if a.dest == "proposer"]
     assert "auto (the draft model if --draft-model is given, else Medusa heads" in str(action.help)

@@ -17,76 +17,29 @@ checks both with `check_profile`; a mismatch means the recommendation is stale.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specserve.models.hashing import cached_sha256
-from specserve.models.registry import weight_files
-from specserve.storage import default_cache_dir
+from specserve.models.fingerprint import Fingerprint, target_fingerprint
+from specserve.speculation.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "specserve-speculation-profile/1"
 _EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # /info's model_id when serving the embedded default
-_MEDUSA_PREFIX = "medusa_"  # heads stored beside the target's weights (models/registry.py)
-
-Fingerprint = dict[str, Any]
 
 
 # ------------------------------------------------------------------------------ fingerprints
-def target_fingerprint(model_dir: Path, cache_dir: Path | None = None) -> Fingerprint:
-    """Hashes of the target's config.json and its own weights (Medusa heads excluded)."""
-    files = weight_files(model_dir)
-    return {
-        "config_sha256": config_sha256(model_dir / "config.json"),
-        "weights_sha256": files_sha256(files, cache_dir),
-    }
-
-
 def proposer_fingerprint(
-    kind: str | None, model_dir: Path | None = None, cache_dir: Path | None = None
+    kind: str | None, artifact_dir: Path | None = None, cache_dir: Path | None = None
 ) -> Fingerprint | None:
-    """The proposer's artifact: a draft model directory, or the target's Medusa heads.
-
-    `kind` is the active proposer's name (None: speculation off). n-gram and suffix have no
-    artifact.
-    `model_dir` is the draft model's directory for "draft", the heads directory for "medusa"
-    (the target's own, when the heads ship inside the checkpoint).
-    """
-    if kind is None:
-        return None
-    if kind in ("ngram", "suffix"):
-        return {"kind": kind, "artifact": None}
-    if model_dir is None:
-        raise ValueError(f"proposer {kind!r} needs its model directory to be fingerprinted")
-    if kind == "medusa":  # heads: medusa_*.safetensors (+ config.json) in their own directory
-        heads = sorted(model_dir.glob(f"{_MEDUSA_PREFIX}*.safetensors"))
-        config = model_dir / "config.json"
-        return {
-            "kind": kind,
-            "artifact": {
-                "config_sha256": config_sha256(config) if config.is_file() else None,
-                "weights_sha256": files_sha256(heads, cache_dir),
-            },
-        }
-    return {"kind": kind, "artifact": target_fingerprint(model_dir, cache_dir)}
-
-
-def config_sha256(path: Path) -> str:
-    canonical = json.dumps(json.loads(path.read_text(encoding="utf-8")), sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def files_sha256(files: list[Path], cache_dir: Path | None = None) -> str:
-    """One digest over (name, sha256 of bytes) of each file, in name order."""
-    h = hashlib.sha256()
-    for path in sorted(files, key=lambda p: p.name):
-        h.update(f"{path.name}\0{cached_sha256(path, cache_dir or default_cache_dir())}\n".encode())
-    return h.hexdigest()
+    """The active proposer's kind and artifact (a draft model, Medusa heads; None for a kind
+    that loads nothing). `kind` None: speculation off. `artifact_dir`: where the kind's
+    registration says its artifact lives (`REGISTRY.artifact_dir`)."""
+    return REGISTRY.fingerprint(kind, artifact_dir, cache_dir)
 
 
 # ---------------------------------------------------------------------------------- profiles
@@ -232,13 +185,8 @@ def fingerprints(
     try:
         target_dir = resolve_model_dir(ref)
         kind = spec.get("proposer")
-        draft = draft_model or spec.get("draft_model")
-        heads = spec.get("medusa")
-        artifact_dir = (
-            (Path(heads) if heads else target_dir)
-            if kind == "medusa"
-            else (resolve_model_dir(draft) if kind == "draft" and draft else None)
-        )
+        settings = {**spec, "draft_model": draft_model or spec.get("draft_model")}
+        artifact_dir = REGISTRY.artifact_dir(kind, settings, target_dir) if kind else None
         return target_fingerprint(target_dir), proposer_fingerprint(kind, artifact_dir)
     except (OSError, ValueError) as exc:
         logger.warning("cannot fingerprint the served artifacts: %s", exc)

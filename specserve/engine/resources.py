@@ -17,20 +17,19 @@ from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memo
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
+from specserve.models.tokenizer import load_tokenizer
 from specserve.runner.cost import LiveCost
 from specserve.runner.cost_profile import profile_step_cost
 from specserve.runner.model_runner import ModelRunner, RunItem, kv_cache_dtype
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
-from specserve.speculation.draft import DraftModelProposer, load_draft_model
-from specserve.speculation.medusa_resolve import medusa_proposer
 from specserve.speculation.policy import Gate, SpeculationPolicy
-from specserve.speculation.proposer import NgramProposer, Proposer
-from specserve.speculation.suffix import SuffixProposer
+from specserve.speculation.proposer import Loaded, Proposer, Target
+from specserve.speculation.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -74,12 +73,13 @@ def load_resources(config: EngineConfig) -> EngineResources:
     model = build_model(
         model_dir,
         device,
-        _DTYPES[config.dtype],
+        DTYPES[config.dtype],
         gguf_blocks=not config.dense_weights,
         numerics=config.numerics,
     )
     tokenizer = load_tokenizer(model_dir)
-    draft = load_draft(config, model, tokenizer, device)
+    target = Target(model, model_dir, tokenizer, device, DTYPES[config.dtype])
+    draft = REGISTRY.load_model(config, target)  # the proposer's own model, if it has one
     logger.info("loaded %s in %.1f s", model_dir, time.perf_counter() - started)
     arch = model.arch
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
@@ -97,7 +97,7 @@ def load_resources(config: EngineConfig) -> EngineResources:
     runner = ModelRunner(
         model, num_blocks, block_size, device, config.attention, config.cache.kv_dtype
     )
-    proposer = make_proposer(config, draft, num_blocks, device, model, model_dir)
+    proposer = REGISTRY.build(Loaded(config, target, draft, num_blocks))
     return EngineResources(
         model_dir=model_dir,
         model=model,
@@ -115,12 +115,6 @@ def load_resources(config: EngineConfig) -> EngineResources:
     )
 
 
-def uses_draft(config: EngineConfig) -> bool:
-    """`--proposer draft`, or `auto` with a `--draft-model` given."""
-    spec = config.spec
-    return spec.proposer == "draft" or (spec.proposer == "auto" and spec.draft_model is not None)
-
-
 def target_kv_bytes_per_token(
     config: EngineConfig, model: LlamaForCausalLM, device: torch.device
 ) -> int:
@@ -134,21 +128,6 @@ def param_bytes(model: LlamaForCausalLM) -> int:
     """Bytes of the weights, GGUF blocks (buffers) included."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def load_draft(
-    config: EngineConfig, target: LlamaForCausalLM, tokenizer: Any, device: torch.device
-) -> LlamaForCausalLM | None:
-    """The draft model when the draft proposer is on; ValueError naming what differs if it
-    cannot pair with the target."""
-    spec = config.spec
-    if spec.speculate == 0 or not uses_draft(config):
-        return None
-    assert spec.draft_model is not None  # SpecConfig requires it with proposer 'draft'
-    dtype = _DTYPES[config.dtype]
-    return load_draft_model(
-        spec.draft_model, target.arch.vocab_size, tokenizer, device, dtype, config.numerics
-    )
 
 
 def largest_step(config: EngineConfig) -> int:
@@ -179,7 +158,7 @@ def plan_memory(
         # a prefill chunk (one logits row) and a speculative step (logits on every row)
         measure_peak(lambda: scratch.run([RunItem([0] * prefill, 0, table, 1)]), device),
         measure_peak(lambda: scratch.run([RunItem([0] * spec, 0, table, spec)]), device),
-        # the draft's largest step: a catch-up of max_batch_tokens (the bound make_proposer sets)
+        # the draft's largest step: a catch-up of max_batch_tokens (the bound its proposer keeps)
         draft_peak(draft, prefill, bs, device) if draft is not None else 0,
     )
     budget = MemoryBudget(
@@ -214,12 +193,6 @@ def kv_blocks_for(config: EngineConfig, kv_bytes_per_token: int, max_model_len: 
     return max(1, min(by_bytes, usable))
 
 
-def load_tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
-
-
 def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
     ids: set[int] = set()
     sources: list[Any] = [read_config(model_dir).get("eos_token_id")]
@@ -233,38 +206,6 @@ def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
         elif isinstance(src, list):
             ids.update(int(i) for i in src)
     return frozenset(ids)
-
-
-def make_proposer(
-    config: EngineConfig,
-    draft: LlamaForCausalLM | None = None,
-    num_blocks: int = 0,
-    device: torch.device | None = None,
-    target: LlamaForCausalLM | None = None,
-    model_dir: Path | None = None,
-) -> Proposer | None:
-    """The configured proposer. The draft proposer needs its model (`load_draft`) and the
-    target's block count: its pool holds as many blocks, since a sequence's draft KV (n + k - 1
-    positions) never outgrows its target KV (n + k) and only running sequences hold any."""
-    spec = config.spec
-    if spec.speculate == 0:
-        return None
-    if uses_draft(config):
-        if draft is None or device is None:
-            raise ValueError("the draft proposer needs its loaded model: see load_resources")
-        bs, max_tokens = config.cache.block_size, config.scheduler.max_batch_tokens
-        return DraftModelProposer(draft, num_blocks, bs, device, max_step_tokens=max_tokens)
-    if spec.proposer in ("auto", "medusa") and target is not None and model_dir is not None:
-        medusa = medusa_proposer(
-            model_dir, target, spec.proposer, spec.speculate, spec.medusa, spec.force_medusa
-        )
-        if medusa is not None:
-            return medusa
-    if spec.proposer == "suffix":
-        return SuffixProposer(spec.suffix_cache_tokens)
-    if spec.proposer in ("auto", "ngram", "medusa"):
-        return NgramProposer(spec.ngram_min, spec.ngram_max)
-    raise ValueError(f"proposer {spec.proposer!r} is not available in this build")
 
 
 def make_policy(

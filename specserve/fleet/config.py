@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from specserve.cli_args import engine_config
 from specserve.fleet.flags import LIVE_FIELDS, fields_of, fleet_parser, namespace, pool_parser
 from specserve.server.settings import ServerSettings
+from specserve.speculation.registry import REGISTRY
 
 POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 POOL_HEADER = "x-specserve-pool"
@@ -176,12 +177,13 @@ def live_settings(pool: _PoolBase) -> dict[str, Any]:
 
 def restart_key(pool: _PoolBase) -> str:
     """The pool's deployment version: a digest of everything a change of which must restart
-    its replicas. The live fields count only where they load something: a proposer other than
-    n-gram (when speculating), and N when --max-memory sized the KV pool for it."""
+    its replicas. The live fields count only where they load something: a proposer that may
+    load an artifact (when speculating), and N when --max-memory sized the KV pool for it."""
     values = pool_values(pool)
     key = {k: v for k, v in values.items() if k not in LIVE_FIELDS}
     speculating = values["speculate"] != 0 or values["speculation_profile"] is not None
-    key["loads"] = values["proposer"] if speculating and values["proposer"] != "ngram" else None
+    loads = speculating and REGISTRY.may_load(values["proposer"])
+    key["loads"] = values["proposer"] if loads else None
     if values["max_memory"] is not None:
         key["speculate"] = values["speculate"]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()

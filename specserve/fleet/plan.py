@@ -18,6 +18,7 @@ from typing import Any
 
 from specserve.bench.profile import load_profile, profile_setting
 from specserve.fleet.config import POOL_HEADER
+from specserve.speculation.registry import REGISTRY
 
 WORKLOAD_HEADER = "x-specserve-workload"
 
@@ -29,7 +30,7 @@ def plan_fleet(
     num_threads, num_cpus, ...); `fleet`: fleet-wide fields (host, port, ...)."""
     path = Path(profile_path).resolve()
     profile = load_profile(path)
-    kind = (profile.get("proposer") or {}).get("kind") or "ngram"
+    kind = (profile.get("proposer") or {}).get("kind") or REGISTRY.fallback
     pools: dict[str, dict[str, Any]] = {}
     by_setting: dict[tuple[int, int | None], str] = {}
     pool_of: dict[str, str] = {}
@@ -42,7 +43,7 @@ def plan_fleet(
                 **(engine or {}),
                 "speculation_profile": str(path),
                 "profile_workload": workload,
-                "proposer": kind if setting[0] else "ngram",
+                "proposer": kind if setting[0] else REGISTRY.fallback,  # off: load nothing
             }
         pool_of[workload] = name
     default = pool_of[profile.get("default_workload") or next(iter(profile["workloads"]))]

@@ -21,7 +21,6 @@ from prometheus_client.registry import Collector
 
 from specserve.engine.engine import Engine
 from specserve.scheduler.kv_blocks import CacheStats
-from specserve.speculation.draft import DraftModelProposer
 from specserve.speculation.policy import SpeculationPolicy
 
 F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
@@ -89,9 +88,7 @@ def snapshot(engine: Engine) -> EngineSnapshot:
         waiting=len(sched.waiting),
         kv_blocks_used=alloc.num_used,
         kv_blocks_total=alloc.num_blocks,
-        draft_kv_blocks_used=(
-            prop.num_blocks - prop.num_free_blocks if isinstance(prop, DraftModelProposer) else 0
-        ),
+        draft_kv_blocks_used=prop.kv_blocks_in_use() if prop is not None else 0,
         preemptions=sched.num_preemptions,
         cache=replace(alloc.stats) if alloc.caching else None,
         kv_blocks_cached=alloc.num_cached,

@@ -28,7 +28,7 @@ from specserve.server.info_schemas import (
 )
 from specserve.server.provenance import Provenance
 from specserve.server.settings import Limits, ServerSettings
-from specserve.speculation.suffix import SuffixProposer
+from specserve.speculation.proposer import Proposer
 
 
 async def reset_prefix_cache(ctx: Ctx) -> dict[str, int]:
@@ -46,11 +46,8 @@ async def reset_suffix_cache(ctx: Ctx) -> dict[str, bool]:
     it between cells so no cell drafts from a replay of another's prompts)."""
 
     def reset(engine: Engine) -> bool:
-        fn = getattr(engine.res.proposer, "reset", None)
-        if callable(fn):
-            fn()
-            return True
-        return False
+        proposer = engine.res.proposer
+        return proposer.reset() if proposer is not None else False
 
     return {"reset": await asyncio.to_thread(ctx.async_engine.run_locked, reset)}
 
@@ -128,18 +125,9 @@ def speculation_info(engine: Engine) -> SpeculationInfo:
     )
 
 
-def suffix_cache_info(proposer: object) -> SuffixCacheInfo | None:
-    if not isinstance(proposer, SuffixProposer):
-        return None
-    index = proposer.global_index
-    return SuffixCacheInfo(
-        tokens=index.num_tokens,
-        capacity=index.capacity,
-        bytes=index.nbytes,
-        requests=len(index.owners()),
-        drafts_own=proposer.drafts_from["own"],
-        drafts_shared=proposer.drafts_from["shared"],
-    )
+def suffix_cache_info(proposer: Proposer | None) -> SuffixCacheInfo | None:
+    stats = proposer.index_stats() if proposer is not None else None
+    return SuffixCacheInfo(**vars(stats)) if stats is not None else None
 
 
 def cost_curve_info(live: LiveCost) -> CostCurveInfo:

@@ -10,8 +10,7 @@ reports it in /info and as `specserve_speculation_profile_stale`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from specserve.bench.profile import (
@@ -24,6 +23,7 @@ from specserve.bench.profile import (
     target_fingerprint,
 )
 from specserve.engine.engine import Engine
+from specserve.speculation.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
@@ -77,26 +77,15 @@ class Provenance:
 def fingerprint_engine(engine: Engine) -> Fingerprints:
     """Hash the loaded target and proposer artifact (digests are cached on disk per file, so
     only the first start after a checkpoint changes reads its bytes)."""
-    proposer = engine.res.proposer
-    kind = proposer.name if proposer is not None else None
+    proposer, model_dir = engine.res.proposer, engine.res.model_dir
+    if proposer is None:
+        return Fingerprints(target=target_fingerprint(model_dir), proposer=None)
+    settings = asdict(engine.config.spec)
+    artifact = REGISTRY.artifact_dir(proposer.name, settings, model_dir, proposer)
     return Fingerprints(
-        target=target_fingerprint(engine.res.model_dir),
-        proposer=proposer_fingerprint(kind, proposer_artifact(engine, kind)),
+        target=target_fingerprint(model_dir),
+        proposer=proposer_fingerprint(proposer.name, artifact),
     )
-
-
-def proposer_artifact(engine: Engine, kind: str | None) -> Path | None:
-    """The directory holding the active proposer's weights; None for n-gram or no proposer."""
-    from specserve.models.loader import resolve_model_dir
-
-    if kind == "draft":
-        return resolve_model_dir(engine.config.spec.draft_model)
-    if kind == "medusa":
-        # Hook for the Medusa proposer: its heads directory, once the proposer exposes it as
-        # `heads_dir`; until then the heads are taken to ship inside the target's checkpoint.
-        heads_dir = getattr(engine.res.proposer, "heads_dir", None)
-        return Path(heads_dir) if heads_dir is not None else engine.res.model_dir
-    return None
 
 
 def review(engine: Engine, choice: ProfileChoice | None, strict: bool) -> Provenance:

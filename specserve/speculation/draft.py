@@ -22,20 +22,24 @@ pure function of (request seed, output position), so a request's drafts do not d
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from specserve.config import Numerics
+from specserve.config import EngineConfig, Numerics
 from specserve.engine.request import SamplingParams, Sequence
+from specserve.models.fingerprint import Fingerprint, target_fingerprint
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, model_class, read_config
+from specserve.models.tokenizer import load_tokenizer
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import BlockAllocator
-from specserve.speculation.proposer import Draft
+from specserve.speculation.proposer import Draft, Loaded, Proposer, Registration, Target
 
 
 @dataclass
@@ -72,7 +76,7 @@ class _Plan:
         return Draft(tokens=self.drafts, probs=probs, confidence=list(self.confidence))
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """Proposes with a draft model; see the module docstring for the KV bookkeeping."""
 
     name = "draft"
@@ -117,6 +121,9 @@ class DraftModelProposer:
     @property
     def num_free_blocks(self) -> int:
         return self.allocator.num_free
+
+    def kv_blocks_in_use(self) -> int:
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def kv_bytes(self) -> int:
@@ -239,9 +246,6 @@ def load_draft_model(
 ) -> LlamaForCausalLM:
     """Resolve, check against the target, then build the draft model (GGUF blocks multiplying
     in the target's `numerics`)."""
-    # Imported here: resources imports this module to build the proposer.
-    from specserve.engine.resources import load_tokenizer
-
     draft_dir = resolve_model_dir(draft_path)
     cfg = read_config(draft_dir)
     arch = model_class(cfg).arch_from_hf(cfg)
@@ -287,3 +291,54 @@ def tokenizer_difference(draft: Any, target: Any) -> str | None:
         if d_id != t_id:
             parts.append(f"{special} token id {d_id} in the draft vs {t_id} in the target")
     return "; ".join(parts) or None
+
+
+# ------------------------------------------------------------------------ registration
+def _load(config: EngineConfig, target: Target) -> LlamaForCausalLM | None:
+    """The draft model when one is given (`--proposer draft`, or `auto` with `--draft-model`);
+    ValueError naming what differs if it cannot pair with the target."""
+    path = config.spec.draft_model
+    if path is None:
+        return None
+    vocab = target.model.arch.vocab_size
+    return load_draft_model(
+        path, vocab, target.tokenizer, target.device, target.dtype, config.numerics
+    )
+
+
+def _build(loaded: Loaded) -> DraftModelProposer | None:
+    """Its pool holds as many blocks as the target's: a sequence's draft KV (n + k - 1
+    positions) never outgrows its target KV (n + k) and only running sequences hold any."""
+    config = loaded.config
+    if config.spec.draft_model is None:
+        return None
+    if loaded.own_model is None or loaded.target is None:
+        raise ValueError("the draft proposer needs its loaded model: see load_resources")
+    bs, max_tokens = config.cache.block_size, config.scheduler.max_batch_tokens
+    device = loaded.target.device
+    return DraftModelProposer(
+        loaded.own_model, loaded.num_blocks, bs, device, max_step_tokens=max_tokens
+    )
+
+
+def _artifact_dir(
+    settings: Mapping[str, Any], target_dir: Path, live: Proposer | None
+) -> Path | None:
+    del target_dir, live
+    path = settings.get("draft_model")
+    return resolve_model_dir(path) if path else None
+
+
+def _fingerprint(model_dir: Path, cache_dir: Path | None) -> Fingerprint:
+    return target_fingerprint(model_dir, cache_dir)
+
+
+REGISTRATION = Registration(
+    "draft",
+    _build,
+    artifacts=("draft_model",),
+    auto=True,
+    load_model=_load,
+    artifact_dir=_artifact_dir,
+    fingerprint=_fingerprint,
+)

@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from specserve.config import SpecConfig
 from specserve.engine.request import Sequence
 from specserve.models.block_linear import linear_weight
+from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
 from specserve.models.llama import LlamaForCausalLM
 from specserve.speculation.medusa import MedusaHeads, check_fingerprint, load_medusa
-from specserve.speculation.proposer import Draft
+from specserve.speculation.medusa_resolve import resolve_medusa
+from specserve.speculation.proposer import (
+    Draft,
+    HiddenRows,
+    Loaded,
+    Proposer,
+    Registration,
+)
 
 logger = logging.getLogger(__name__)
 
 
-class MedusaProposer:
+class MedusaProposer(Proposer):
     """Top-1 chain from the heads, batched over sequences. Proposing costs only the heads: the
     hidden state comes from `sync`, i.e. from the target pass that verified the last step."""
 
@@ -95,3 +106,71 @@ class MedusaProposer:
 
     def release(self, seq: Sequence) -> None:
         self._last.pop(seq.seq_id, None)
+
+
+def medusa_proposer(
+    model_dir: Path,
+    base: LlamaForCausalLM,
+    proposer: str,
+    speculate: int,
+    medusa: str | None = None,
+    force: bool = False,
+) -> MedusaProposer | None:
+    """The Medusa proposer for `--proposer auto|medusa`; None means n-gram serves instead."""
+    heads_dir = resolve_medusa(model_dir, proposer, speculate, medusa).heads_dir
+    return None if heads_dir is None else MedusaProposer.load(heads_dir, base, model_dir, force)
+
+
+# ------------------------------------------------------------------------ registration
+def _build(loaded: Loaded) -> MedusaProposer | None:
+    spec, target = loaded.config.spec, loaded.target
+    if target is None:
+        return None
+    return medusa_proposer(
+        target.model_dir,
+        target.model,
+        spec.proposer,
+        spec.speculate,
+        spec.medusa,
+        spec.force_medusa,
+    )
+
+
+def _artifact_dir(settings: Mapping[str, Any], target_dir: Path, live: Proposer | None) -> Path:
+    """The loaded heads' directory; else `--medusa`, else the target's (heads stored in its
+    checkpoint)."""
+    if isinstance(live, MedusaProposer) and live.heads_dir is not None:
+        return live.heads_dir
+    heads = settings.get("medusa")
+    return Path(heads) if heads else target_dir
+
+
+def _fingerprint(heads_dir: Path, cache_dir: Path | None) -> Fingerprint:
+    """The heads: medusa_*.safetensors (+ config.json) in their own directory, or beside the
+    target's weights."""
+    heads = sorted(heads_dir.glob("medusa_*.safetensors"))
+    config = heads_dir / "config.json"
+    return {
+        "config_sha256": config_sha256(config) if config.is_file() else None,
+        "weights_sha256": files_sha256(heads, cache_dir),
+    }
+
+
+def _check_live(proposer: Proposer, spec: SpecConfig) -> None:
+    assert isinstance(proposer, MedusaProposer)
+    if spec.speculate > proposer.num_heads:
+        raise ValueError(
+            f"speculate {spec.speculate} is more than the {proposer.num_heads} Medusa heads"
+        )
+
+
+REGISTRATION = Registration(
+    "medusa",
+    _build,
+    artifacts=("medusa", "force_medusa"),
+    hidden=HiddenRows.LAST_ACCEPTED,
+    auto=True,
+    artifact_dir=_artifact_dir,
+    fingerprint=_fingerprint,
+    check_live=_check_live,
+)

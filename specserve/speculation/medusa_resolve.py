@@ -7,14 +7,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from specserve.models.llama import LlamaForCausalLM
 from specserve.speculation.medusa import (
     SHIPPED_DIR,
     fingerprint,
     is_heads_dir,
     read_medusa_config,
 )
-from specserve.speculation.medusa_proposer import MedusaProposer
 
 logger = logging.getLogger(__name__)
 
@@ -80,19 +78,6 @@ def shipped_heads_for(model_dir: Path) -> Path | None:
         if read_medusa_config(d).base_fingerprint == actual:
             return d
     return None
-
-
-def medusa_proposer(
-    model_dir: Path,
-    base: LlamaForCausalLM,
-    proposer: str,
-    speculate: int,
-    medusa: str | None = None,
-    force: bool = False,
-) -> MedusaProposer | None:
-    """The Medusa proposer for `--proposer auto|medusa`; None means n-gram serves instead."""
-    heads_dir = resolve_medusa(model_dir, proposer, speculate, medusa).heads_dir
-    return None if heads_dir is None else MedusaProposer.load(heads_dir, base, model_dir, force)
 
 
 def default_speculate(model: str | None, proposer: str, medusa: str | None = None) -> int:

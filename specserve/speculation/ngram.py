@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from specserve.engine.request import Sequence
+from specserve.speculation.proposer import Draft, Loaded, Proposer, Registration
 
 
 @dataclass(frozen=True)
@@ -144,3 +148,34 @@ def _path_support(
         cur = cur[t[cur] == d]
         agree[i] = cur.size
     return support, agree
+
+
+class NgramProposer(Proposer):
+    """Context lookup: continue the latest earlier occurrence of the context's suffix."""
+
+    name = "ngram"
+
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 4) -> None:
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        out = []
+        for seq, k in zip(seqs, ks, strict=True):
+            tokens = np.asarray(seq.token_ids, dtype=np.int64)
+            found = ngram_lookup(tokens, k, self.ngram_min, self.ngram_max)
+            out.append(Draft(tokens=found.tokens.tolist(), confidence=found.confidence))
+        return out
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        del seq, hidden
+
+    def release(self, seq: Sequence) -> None:
+        del seq
+
+
+def _build(loaded: Loaded) -> NgramProposer:
+    spec = loaded.config.spec
+    return NgramProposer(spec.ngram_min, spec.ngram_max)
+
+
+REGISTRATION = Registration("ngram", _build, settings=("ngram_min", "ngram_max"), auto=True)

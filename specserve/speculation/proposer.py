@@ -1,15 +1,20 @@
-"""The Proposer protocol and the n-gram (prompt lookup) proposer."""
+"""The Proposer protocol, the records proposers hand the engine, and `Registration`: what a
+kind of proposer declares about itself once, in its own module (listed in registry.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from enum import Enum
+from pathlib import Path
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 
+from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.request import Sequence
-from specserve.speculation.ngram import ngram_lookup
+from specserve.models.fingerprint import Fingerprint
+from specserve.models.llama import LlamaForCausalLM
 
 UNSCORED = 0.5  # the confidence assumed for a token whose proposer gave none
 
@@ -71,10 +76,25 @@ class ProposerStats:
             self.accepted_per_position[i] += 1
 
 
+@dataclass(frozen=True)
+class IndexStats:
+    """A proposer's cross-request token index (the suffix proposer's global arena)."""
+
+    tokens: int
+    capacity: int
+    bytes: int
+    requests: int  # requests with tokens in the index
+    drafts_own: int  # proposed drafts found in the request's own context
+    drafts_shared: int  # proposed drafts found in other requests' outputs
+
+
 class Proposer(Protocol):
     """Proposes up to k tokens per sequence. Implementations may keep per-sequence state
     (a draft KV cache); the engine calls `sync` after every step that changed a sequence's
-    tokens and `release` when a sequence finishes, aborts or is preempted."""
+    tokens and `release` when a sequence finishes, aborts or is preempted.
+
+    The capabilities after `release` have defaults for a proposer without the state they
+    report on; a proposer subclasses `Proposer` to inherit them."""
 
     name: str
 
@@ -85,32 +105,90 @@ class Proposer(Protocol):
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """The sequence's committed tokens changed (tokens accepted, rejected ones dropped).
         `hidden` [hidden_size] is the target's final hidden state at the row that produced the
-        last committed token, from the same forward pass that verified (Medusa heads read it)."""
+        last committed token, from the same forward pass that verified; the kind's
+        registration declares whether it reads it (`Registration.hidden`)."""
         ...
 
     def release(self, seq: Sequence) -> None:
         """Forget all state for `seq`."""
         ...
 
+    def kv_blocks_in_use(self) -> int:
+        """Blocks of the proposer's own KV pool held by sequences (a draft model's)."""
+        return 0
 
-class NgramProposer:
-    """Context lookup: continue the latest earlier occurrence of the context's suffix."""
+    def reset(self) -> bool:
+        """Forget what was kept from earlier requests; False when the proposer keeps nothing."""
+        return False
 
-    name = "ngram"
+    def index_stats(self) -> IndexStats | None:
+        """The cross-request index, for a proposer that keeps one."""
+        return None
 
-    def __init__(self, ngram_min: int = 1, ngram_max: int = 4) -> None:
-        self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        out = []
-        for seq, k in zip(seqs, ks, strict=True):
-            tokens = np.asarray(seq.token_ids, dtype=np.int64)
-            found = ngram_lookup(tokens, k, self.ngram_min, self.ngram_max)
-            out.append(Draft(tokens=found.tokens.tolist(), confidence=found.confidence))
-        return out
+class HiddenRows(Enum):
+    """Which of the target's final hidden states a proposer reads in `sync`."""
 
-    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        del seq, hidden
+    NONE = "none"
+    LAST_ACCEPTED = "last accepted"  # the row that produced the last committed token
 
-    def release(self, seq: Sequence) -> None:
-        del seq
+
+@dataclass(frozen=True)
+class Target:
+    """The loaded target model a proposer pairs with."""
+
+    model: LlamaForCausalLM
+    model_dir: Path
+    tokenizer: Any  # transformers PreTrainedTokenizerFast
+    device: torch.device
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a proposer is built from: the engine's config and what the engine has loaded."""
+
+    config: EngineConfig
+    target: Target | None = None  # None: a proposer that needs the target does not apply
+    own_model: LlamaForCausalLM | None = None  # what the kind's `load_model` returned
+    num_blocks: int = 0  # blocks of the target's KV pool
+
+
+def _no_artifact(settings: Mapping[str, Any], target_dir: Path, live: Proposer | None) -> None:
+    del settings, target_dir, live
+
+
+def _serves_any(proposer: Proposer, spec: SpecConfig) -> None:
+    del proposer, spec
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One kind of proposer: all that the rest of specserve asks about it."""
+
+    name: str  # `--proposer NAME` and the built proposer's `name`
+    # The proposer, or None when this kind does not apply (no draft model given, no heads
+    # found): the next candidate serves (`Registry.candidates`).
+    build: Callable[[Loaded], Proposer | None]
+    # SpecConfig fields naming the artifacts it loads: a live change of one needs a restart.
+    artifacts: tuple[str, ...] = ()
+    # SpecConfig fields its `build` reads besides those: a live change rebuilds it. Every
+    # other field changes live under it (`registry.SHARED_LIVE`).
+    settings: tuple[str, ...] = ()
+    hidden: HiddenRows = HiddenRows.NONE
+    auto: bool = False  # `--proposer auto` tries it (in the registry's order)
+    # A model of its own, loaded before the KV pool is sized: its weights, KV bytes per token
+    # and largest step share the memory budget with the target's.
+    load_model: Callable[[EngineConfig, Target], LlamaForCausalLM | None] | None = None
+    # Where its artifact lives, from the speculation settings (SpecConfig's fields, or /info's
+    # `speculation`), the target's directory and the live proposer when there is one.
+    artifact_dir: Callable[[Mapping[str, Any], Path, Proposer | None], Path | None] = _no_artifact
+    # The artifact's fingerprint (directory, digest cache); None: it has no artifact.
+    fingerprint: Callable[[Path, Path | None], Fingerprint] | None = None
+    # ValueError when the loaded proposer cannot serve a live change to this SpecConfig.
+    check_live: Callable[[Proposer, SpecConfig], None] = _serves_any
+
+    @property
+    def loads(self) -> bool:
+        """Building it loads an artifact (so it never changes live)."""
+        return bool(self.artifacts)

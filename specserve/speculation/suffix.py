@@ -31,13 +31,13 @@ import torch
 
 from specserve.engine.request import Sequence
 from specserve.speculation.ngram import match_confidence
-from specserve.speculation.proposer import Draft
+from specserve.speculation.proposer import Draft, IndexStats, Loaded, Proposer, Registration
 from specserve.speculation.suffix_index import TokenArena
 
 DEFAULT_CACHE_TOKENS = 1 << 16
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
     name = "suffix"
 
     def __init__(
@@ -76,10 +76,22 @@ class SuffixProposer:
             self._share(seq)
             self._shared.pop(seq.seq_id, None)
 
-    def reset(self) -> None:
+    def reset(self) -> bool:
         """Forget every request's output (the global arena); own contexts are kept."""
         self.global_index = TokenArena(self.global_index.capacity)
         self._shared = {sid: 0 for sid in self._shared}
+        return True
+
+    def index_stats(self) -> IndexStats:
+        index = self.global_index
+        return IndexStats(
+            tokens=index.num_tokens,
+            capacity=index.capacity,
+            bytes=index.nbytes,
+            requests=len(index.owners()),
+            drafts_own=self.drafts_from["own"],
+            drafts_shared=self.drafts_from["shared"],
+        )
 
     # ---------------------------------------------------------------- internals
     def _share(self, seq: Sequence) -> None:
@@ -123,3 +135,10 @@ class SuffixProposer:
 def _expected(draft: Draft) -> float:
     """Expected accepted tokens if the scores were probabilities."""
     return float(np.cumprod(draft.scores).sum()) if draft.tokens else 0.0
+
+
+def _build(loaded: Loaded) -> SuffixProposer:
+    return SuffixProposer(loaded.config.spec.suffix_cache_tokens)
+
+
+REGISTRATION = Registration("suffix", _build, settings=("suffix_cache_tokens",))

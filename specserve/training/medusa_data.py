@@ -20,7 +20,7 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams, Sequence
 from specserve.engine.resources import load_resources
 from specserve.models.block_linear import linear_weight
-from specserve.speculation.proposer import Draft
+from specserve.speculation.proposer import Draft, Proposer
 from specserve.training.medusa_options import TrainOptions
 
 IGNORE = -100  # target past the end of a continuation
@@ -43,7 +43,7 @@ class HeadData:
 
 
 # ---------------------------------------------------------------------------------- collect
-class _HiddenRecorder:
+class _HiddenRecorder(Proposer):
     """A Proposer that proposes nothing and keeps every hidden state `sync` hands it."""
 
     name = "record"

@@ -42,10 +42,12 @@ def base_engine(numerics: Numerics = "q8") -> Engine:
 def engine_with(speculate: int, num_blocks: int = 512, numerics: Numerics = "q8") -> Engine:
     """A fresh engine reusing the loaded model (only the KV pool and proposer differ)."""
     from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
-    from specserve.engine.resources import make_policy, make_proposer
+    from specserve.engine.resources import make_policy
     from specserve.runner.model_runner import ModelRunner
     from specserve.scheduler.kv_blocks import BlockAllocator
     from specserve.scheduler.scheduler import Scheduler
+    from specserve.speculation.proposer import Loaded
+    from specserve.speculation.registry import REGISTRY
 
     base = base_engine(numerics).res
     config = EngineConfig(
@@ -63,7 +65,7 @@ def engine_with(speculate: int, num_blocks: int = 512, numerics: Numerics = "q8"
         runner=runner,
         allocator=allocator,
         scheduler=Scheduler(config.scheduler, allocator, base.max_model_len),
-        proposer=make_proposer(config),
+        proposer=REGISTRY.build(Loaded(config)),
         policy=make_policy(config, runner, allocator),
         eos_ids=base.eos_ids,
         max_model_len=base.max_model_len,

@@ -14,14 +14,14 @@ import torch
 
 from specserve.engine.engine import Engine
 from specserve.engine.request import SamplingParams, Sequence
-from specserve.engine.resources import load_tokenizer
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.registry import build_model
+from specserve.models.tokenizer import load_tokenizer
 from specserve.runner.model_runner import ModelRunner, RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import blocks_for
 from specserve.speculation.draft import DraftModelProposer, check_compatible
-from specserve.speculation.proposer import Draft
+from specserve.speculation.proposer import Draft, Proposer
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 from tests.tiny import make_model_dir, noisy_copy
 
@@ -405,7 +405,7 @@ def test_sampled_requests_through_rejection_sampling(
         assert 0 < stats.accepted_tokens < stats.drafted_tokens
 
 
-class RecomputeProposer:
+class RecomputeProposer(Proposer):
     """Stateless reference: each step recomputes the draft's greedy continuation from scratch."""
 
     name = "recompute"
