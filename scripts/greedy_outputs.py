@@ -67,9 +67,9 @@ def main() -> int:
     args.out.write_text(json.dumps(results))
     for s, r in results.items():
         print(f"{s}: {len(r['tokens'])} requests, drafted {r['drafted']}, accepted {r['accepted']}")  # type: ignore[arg-type]
-    base = results["off"]["tokens"] if "off" in results else None
+    base = results.get("off")
     for s, r in results.items():
-        if base is not None and r["tokens"] != base:
+        if base is not None and (r["tokens"], r["logprobs"]) != (base["tokens"], base["logprobs"]):
             print(f"MISMATCH: {s} differs from speculation off")
             return 1
     if args.compare:
