@@ -1,14 +1,15 @@
-"""A step's drafts: each sequence's cap, and proposing so that a failing proposer fails only the
-requests it fails for."""
+"""A step's drafts: each sequence's cap, proposing so that a failing proposer fails only the
+requests it fails for, and the prefix of each draft the policy keeps. Drafts are lists in the
+order of the step's work, None where a sequence has none."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
+from specserve.engine.plan import is_decode
 from specserve.engine.request import Sequence
-from specserve.engine.stats import is_decode
-from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.scheduler.scheduler import SeqWork
 from specserve.speculation.policy import DecodeSeq, SpeculationPolicy
 from specserve.speculation.proposer import Draft, Proposer
 
@@ -31,22 +32,23 @@ def static_caps(seqs: list[Sequence], speculate: int, max_model_len: int) -> lis
 
 
 def propose(
-    proposer: Proposer, work: list[SeqWork], vocab_size: int, fail: Fail
-) -> dict[int, Draft]:
-    """seq_id -> non-empty draft for the sequences of `work` with draft slots. One batched
-    call; if it raises, each sequence proposes alone and those that raise fail. A draft longer
-    than its slots or with an id outside the vocabulary fails its request (it would otherwise
-    fail the whole forward pass)."""
-    spec = [w for w in work if w.max_drafts > 0]
-    if not spec:
-        return {}
+    proposer: Proposer | None, work: list[SeqWork], vocab_size: int, fail: Fail
+) -> list[Draft | None]:
+    """Per sequence of `work`: its non-empty draft, if it has draft slots and found one. One
+    batched call; if it raises, each sequence proposes alone and those that raise fail. A draft
+    longer than its slots or with an id outside the vocabulary fails its request (it would
+    otherwise fail the whole forward pass)."""
+    out: list[Draft | None] = [None] * len(work)
+    spec = [i for i, w in enumerate(work) if w.max_drafts > 0]
+    if proposer is None or not spec:
+        return out
     try:
-        drafts = proposer.propose([w.seq for w in spec], [w.max_drafts for w in spec])
+        drafts = proposer.propose([work[i].seq for i in spec], [work[i].max_drafts for i in spec])
     except Exception:
         logger.exception("proposer %s failed: proposing for each sequence alone", proposer.name)
-        drafts = [_propose_alone(proposer, w, fail) for w in spec]
-    out = {}
-    for w, d in zip(spec, drafts, strict=True):
+        drafts = [_propose_alone(proposer, work[i], fail) for i in spec]
+    for i, d in zip(spec, drafts, strict=True):
+        w = work[i]
         if len(d.tokens) > w.max_drafts or any(not 0 <= t < vocab_size for t in d.tokens):
             fail(
                 w.seq,
@@ -54,7 +56,7 @@ def propose(
                 f"for {w.max_drafts} slots, ids must be in [0, {vocab_size})",
             )
         elif d.tokens and not w.seq.is_finished:
-            out[w.seq.seq_id] = d
+            out[i] = d
     return out
 
 
@@ -84,19 +86,22 @@ def decode_views(
 
 
 def keep_prefixes(
-    policy: SpeculationPolicy | None, batch: ScheduledBatch, proposed: dict[int, Draft]
-) -> dict[int, Draft]:
-    """seq_id -> the prefix of its draft the policy verifies (static: all of it)."""
-    decode = [w.seq for w in batch.work if is_decode(w) and not w.seq.is_finished]
+    policy: SpeculationPolicy | None, work: list[SeqWork], proposed: list[Draft | None]
+) -> list[Draft | None]:
+    """Per sequence of `work`: the prefix of its draft the policy verifies (static: all of it),
+    None for none."""
+    decode = [i for i, w in enumerate(work) if is_decode(w) and not w.seq.is_finished]
     if policy is None or not decode:
         return proposed
     views = [
-        DecodeSeq(s.num_tokens, is_static(policy, s), draft=proposed.get(s.seq_id)) for s in decode
+        DecodeSeq(work[i].seq.num_tokens, is_static(policy, work[i].seq), draft=proposed[i])
+        for i in decode
     ]
-    prefill = sum(w.num_tokens for w in batch.work if not is_decode(w))
+    prefill = sum(w.num_tokens for w in work if not is_decode(w))
     ks = policy.choose(views, prefill)
-    return {
-        s.seq_id: proposed[s.seq_id].prefix(k)
-        for s, k in zip(decode, ks, strict=True)
-        if k and s.seq_id in proposed
-    }
+    kept: list[Draft | None] = [None] * len(work)
+    for i, k in zip(decode, ks, strict=True):
+        d = proposed[i]
+        if k and d is not None:
+            kept[i] = d.prefix(k)
+    return kept

@@ -18,8 +18,10 @@ from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.drafting import decode_views, keep_prefixes, propose, static_caps
 from specserve.engine.live import Live, take_prompt_rows
 from specserve.engine.logprobs import span_logprobs
+from specserve.engine.plan import SeqPlan, StepPlan, plan_step
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.request import (
+    LogitsProcessor,
     RequestOutput,
     SamplingParams,
     SeqStatus,
@@ -29,12 +31,11 @@ from specserve.engine.request import (
 )
 from specserve.engine.resources import EngineResources, load_resources
 from specserve.engine.respeculate import respeculate
-from specserve.engine.stats import EngineStats, StepRecord, step_shape
+from specserve.engine.stats import EngineStats, StepRecord
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
-from specserve.runner.model_runner import RunItem, RunOutput
+from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
-from specserve.speculation.proposer import Draft
 from specserve.speculation.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
@@ -69,10 +70,11 @@ class Engine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        logits_processors: tuple[LogitsProcessor, ...] = (),
     ) -> str:
         """Queue a request; raises ValueError naming the limit on bad input."""
         ids, params = self.prepare(prompt, params or SamplingParams())
-        return self.add_prepared(ids, params, request_id)
+        return self.add_prepared(ids, params, request_id, logits_processors=logits_processors)
 
     def prepare(
         self, prompt: str | list[int], params: SamplingParams
@@ -98,13 +100,16 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         after: str | None = None,
+        logits_processors: tuple[LogitsProcessor, ...] = (),
     ) -> str:
         """`after`: a live request with the same prompt (an earlier choice of the same call);
-        this one queues once that one's prompt is computed, to reuse its cached blocks."""
+        this one queues once that one's prompt is computed, to reuse its cached blocks.
+        `logits_processors`: see `Sequence.logits_processors` (not in the public API yet)."""
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(seq_id=next(self._ids), request_id=request_id, prompt_ids=ids, params=params)
+        seq.logits_processors = logits_processors
         self._live[request_id] = Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
         sibling = self._live.get(after) if after is not None else None
         self.scheduler.add(seq, after=sibling.seq if sibling is not None else None)
@@ -168,29 +173,35 @@ class Engine:
         return done
 
     def _run_batch(self, batch: ScheduledBatch) -> None:
-        proposer = self.res.proposer
-        proposed: dict[int, Draft] = {}
-        if proposer is not None:
-            vocab = self.res.model.arch.vocab_size
-            proposed = propose(proposer, batch.work, vocab, lambda s, e: self._fail([s], e))
-        reserved = {w.seq.seq_id: w.max_drafts for w in batch.work if w.max_drafts}
-        batch, drafts = self._decide(batch, proposed)
-        work = [w for w in batch.work if not w.seq.is_finished]  # the proposer may fail some
-        if not work:
+        plan = self._plan(batch)
+        if not plan.seqs:  # the proposer failed every sequence
             return
         try:
             started = time.perf_counter()
-            run = self.res.runner.run(self._run_items(work, drafts))
+            run = self.res.runner.run(plan.run_items())
             elapsed = time.perf_counter() - started
         except Exception as exc:  # one pass for all: it fails them all, not the engine
             logger.exception("forward pass failed")
-            self._fail([w.seq for w in work], f"forward pass failed: {describe(exc)}")
+            self._fail([p.seq for p in plan.seqs], f"forward pass failed: {describe(exc)}")
             return
-        batch = replace(batch, work=work)
         if self.res.policy is not None:
-            self.res.policy.observe(step_shape(batch, drafts), elapsed)
-        self._verify_and_commit(work, drafts, run)
-        self.last_step = self.stats.count_step(batch, reserved, proposed, drafts)
+            self.res.policy.observe(plan.shape(), elapsed)
+        self._verify_and_commit(plan, run)
+        self.last_step = self.stats.count_step(plan)
+
+    def _plan(self, batch: ScheduledBatch) -> StepPlan:
+        """Propose, keep the policy's prefix of each draft, give the KV slots reserved for the
+        rest (and for drafts that found nothing) back to the pool: the step's plan."""
+        work = batch.work
+        vocab = self.res.model.arch.vocab_size
+        proposed = propose(self.res.proposer, work, vocab, lambda s, e: self._fail([s], e))
+        kept = keep_prefixes(self.res.policy, work, proposed)
+        lengths = {w.seq.seq_id: len(d.tokens) for w, d in zip(work, kept, strict=True) if d}
+        trimmed = self.scheduler.trim_drafts(work, lengths)
+        return plan_step(batch.num_running, work, trimmed, proposed, kept, self._prompt_rows)
+
+    def _prompt_rows(self, w: SeqWork) -> int:
+        return self._live[w.seq.request_id].prompt_rows(w)
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
         caps = static_caps(seqs, self.config.spec.speculate, self.max_model_len)
@@ -200,76 +211,53 @@ class Engine:
             decode_views(self.res.policy, seqs, caps), num_running, scheduled
         )
 
-    def _decide(
-        self, batch: ScheduledBatch, proposed: dict[int, Draft]
-    ) -> tuple[ScheduledBatch, dict[int, Draft]]:
-        """The policy keeps a prefix of each draft; the KV slots reserved for the rest (and for
-        drafts that found nothing) go back to the pool before the pass."""
-        drafts = keep_prefixes(self.res.policy, batch, proposed)
-        kept = {sid: len(d.tokens) for sid, d in drafts.items()}
-        return replace(batch, work=self.scheduler.trim_drafts(batch.work, kept)), drafts
-
-    def _run_items(self, work: list[SeqWork], drafts: dict[int, Draft]) -> list[RunItem]:
-        items = []
-        for w in work:
-            seq = w.seq
-            fed = seq.token_slice(seq.num_computed, seq.num_computed + w.num_tokens)
-            extra = drafts[seq.seq_id].tokens if seq.seq_id in drafts else []
-            n_logits = 1 + len(extra) if w.samples else 0
-            prompt_rows = self._live[seq.request_id].prompt_rows(w)
-            items.append(
-                RunItem(fed + extra, seq.num_computed, seq.block_table, n_logits, prompt_rows)
-            )
-        return items
-
-    def _verify_and_commit(
-        self, work: list[SeqWork], drafts: dict[int, Draft], run: RunOutput
-    ) -> None:
+    def _verify_and_commit(self, plan: StepPlan, run: RunOutput) -> None:
         """Each sampling sequence verifies and commits alone: a non-finite logits row or an
         exception fails that request only (see `engine/verification.py`)."""
-        take_prompt_rows(work, run, self._live, self.res.model.logits)
-        for w in work:
-            if not w.samples:
-                w.seq.num_computed += w.num_tokens
-                self.scheduler.cache_committed(w.seq)
-        rows, spans = sample_rows(work, drafts)
+        take_prompt_rows(plan, run, self._live, self.res.model.logits)
+        for p in plan.seqs:
+            if not p.work.samples:
+                p.seq.num_computed += p.work.num_tokens
+                self.scheduler.cache_committed(p.seq)
+        rows = sample_rows(plan)
         if not rows:
             return
         finite = finite_rows(run.logits)
         picks = batch_picks(run.logits, rows)
-        for span in spans:
-            seq = span.work.seq
-            if not all(finite[span.rows]):
+        for p in plan.sampling:
+            seq = p.seq
+            if not all(finite[p.logits]):
                 self._fail([seq], "the model produced non-finite logits (NaN or inf)")
                 continue
             try:
-                result = verify_span(span, run.logits, rows, picks)
+                result = verify_span(p, run.logits, rows, picks)
             except Exception as exc:
                 logger.exception("verify failed for %s", seq.request_id)
                 self._fail([seq], f"verify failed: {describe(exc)}")
                 continue
             try:
-                lps = span_logprobs(span, result.tokens, run.logits, rows)
-                hidden = run.hidden[span.start + result.num_accepted]
-                self._commit(span.work, result, span.draft, hidden, lps)
+                lps = span_logprobs(p, result.tokens, run.logits, rows)
+                hidden = run.hidden[p.logits.start + result.num_accepted]
+                self._commit(p, result, hidden, lps)
             except Exception as exc:  # detokenization, stop checks, the proposer's sync
                 logger.exception("commit failed for %s", seq.request_id)
                 self._fail([seq], f"commit failed: {describe(exc)}")
 
     def _commit(
         self,
-        w: SeqWork,
+        p: SeqPlan,
         result: VerifyResult,
-        draft: Draft | None,
         hidden: torch.Tensor,
         logprobs: list[TokenLogprob] | None = None,
     ) -> None:
-        seq = w.seq
+        seq = p.seq
         live = self._live.get(seq.request_id)
         if live is None or seq.is_finished:
             return
-        if draft is not None:
-            self.stats.record_draft(seq, draft, result.num_accepted, self.res.policy)
+        if p.draft is not None:
+            self.stats.record_draft(seq, p.draft, result.num_accepted)
+            if self.res.policy is not None:
+                self.res.policy.record(p.draft, result.num_accepted)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
             self.scheduler.unpark(seq)

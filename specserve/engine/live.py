@@ -9,6 +9,7 @@ import torch
 
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.logprobs import LogitsOf, prompt_logprobs
+from specserve.engine.plan import StepPlan
 from specserve.engine.request import RequestOutput, Sequence, TokenLogprob
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import SeqWork
@@ -85,14 +86,11 @@ class Live:
 
 
 def take_prompt_rows(
-    work: list[SeqWork], run: RunOutput, live: dict[str, Live], logits_of: LogitsOf
+    plan: StepPlan, run: RunOutput, live: dict[str, Live], logits_of: LogitsOf
 ) -> None:
-    """Hand each prompt_logprobs sequence its prompt rows' hidden states (`run.hidden_only`,
-    in the order of `work`)."""
-    row = 0
-    for w in work:
-        n = live[w.seq.request_id].prompt_rows(w)
-        if n:
+    """Hand each prompt_logprobs sequence its prompt rows' hidden states (`SeqPlan.prompt` of
+    `run.hidden_only`)."""
+    for p in plan.seqs:
+        if p.prompt.stop > p.prompt.start:
             assert run.hidden_only is not None
-            live[w.seq.request_id].add_prompt_logprobs(run.hidden_only[row : row + n], logits_of)
-            row += n
+            live[p.seq.request_id].add_prompt_logprobs(run.hidden_only[p.prompt], logits_of)

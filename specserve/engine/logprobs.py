@@ -12,15 +12,12 @@ carry; as vLLM, it is reported as -9999.0 (the list keeps the length the request
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
+from specserve.engine.plan import SeqPlan
 from specserve.engine.request import TokenLogprob
 from specserve.runner.sampler import SampleRow, processed_logits
-
-if TYPE_CHECKING:
-    from specserve.engine.verification import Span
 
 
 def emitted_logprobs(
@@ -37,17 +34,15 @@ def emitted_logprobs(
 
 
 def span_logprobs(
-    span: Span, tokens: list[int], logits: torch.Tensor, rows: list[SampleRow]
+    p: SeqPlan, tokens: list[int], logits: torch.Tensor, rows: list[SampleRow]
 ) -> list[TokenLogprob] | None:
-    """The emitted tokens' log-probabilities, if the span's request asked for them: token i
-    from the span's row i (the pass's logits [rows, vocab], rows of the whole pass)."""
-    top = span.work.seq.params.logprobs
+    """The emitted tokens' log-probabilities, if `p`'s request asked for them: token i from
+    its logits row i (the pass's logits [rows, vocab], rows of the whole pass)."""
+    top = p.seq.params.logprobs
     if top is None:
         return None
-    n = len(tokens)
-    return emitted_logprobs(
-        logits[span.start : span.start + n], rows[span.start : span.start + n], tokens, top
-    )
+    own = slice(p.logits.start, p.logits.start + len(tokens))
+    return emitted_logprobs(logits[own], rows[own], tokens, top)
 
 
 # Hidden states [rows, hidden] -> logits [rows, vocab] (the model's head).

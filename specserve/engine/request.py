@@ -5,10 +5,20 @@ from __future__ import annotations
 import enum
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # Why a sequence finished.
 FinishReason = str  # "length" | "eos" | "stop" | "abort" | "error"
+
+# A per-request logits processor: (the token ids before the row's position, prompt and drafts
+# before it included; the row's logits [vocab] float32) -> the logits to sample from [vocab]. It
+# may write the row in place. Not in the public API yet (constrained decoding will plug in here).
+LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,9 @@ class Sequence:
     # cached, none after it can be (their keys chain from it).
     cached_blocks: int = 0
     cache_broken: bool = False
+    # Applied in order to every logits row scored for this sequence, draft rows included, before
+    # the sampling parameters (runner/sampler.py).
+    logits_processors: tuple[LogitsProcessor, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:

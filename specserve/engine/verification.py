@@ -1,7 +1,8 @@
 """One forward pass's logits -> each sampling sequence's verified tokens.
 
-Every sampling sequence owns a span of logits rows: `[last, d1..dk]`, k+1 rows. The sampler turns
-the rows into the target's own picks in one batched call; each sequence then verifies its span
+Every sampling sequence owns a span of logits rows, `SeqPlan.logits`: `[last, d1..dk]`, k+1 rows.
+The sampler turns the rows into the target's own picks in one batched call (the request's logits
+processors applied to each of its rows, draft rows included); each sequence then verifies its span
 alone (deterministic drafts against the picks, sampled drafts by rejection sampling), so that a
 fault in one span (a non-finite row, an exception) is charged to that request only.
 """
@@ -9,48 +10,29 @@ fault in one span (a non-finite row, an exception) is charged to that request on
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
+from specserve.engine.plan import SeqPlan, StepPlan
 from specserve.runner.sampler import SampleRow, processed_logits, sample
-from specserve.scheduler.scheduler import SeqWork
-from specserve.speculation.proposer import Draft
 from specserve.speculation.verify import VerifyResult, verify_deterministic, verify_sampled
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Span:
-    """One sampling sequence's share of the pass's logits rows."""
-
-    work: SeqWork
-    draft: Draft | None
-    start: int  # first row: the position after the sequence's last fed token
-    stop: int  # start + k + 1
-
-    @property
-    def rows(self) -> slice:
-        return slice(self.start, self.stop)
-
-
-def sample_rows(
-    work: list[SeqWork], drafts: dict[int, Draft]
-) -> tuple[list[SampleRow], list[Span]]:
-    """The rows to sample, in logits order, and each sampling sequence's span of them."""
+def sample_rows(plan: StepPlan) -> list[SampleRow]:
+    """The rows to sample, in logits order: a sampling sequence's `SeqPlan.logits` rows."""
     rows: list[SampleRow] = []
-    spans: list[Span] = []
-    for w in (w for w in work if w.samples):
-        seq, d = w.seq, drafts.get(w.seq.seq_id)
-        extra = d.tokens if d else []
-        # Only a repetition penalty reads the history: skip copying the context otherwise.
-        ctx = seq.token_ids if seq.params.repetition_penalty != 1.0 else []
-        spans.append(Span(w, d, len(rows), len(rows) + len(extra) + 1))
+    for p in plan.sampling:
+        seq, extra = p.seq, p.draft_tokens
+        processors = seq.logits_processors
+        # Only a repetition penalty and the processors read the history: skip copying the
+        # context otherwise.
+        ctx = seq.token_ids if seq.params.repetition_penalty != 1.0 or processors else []
         for i in range(len(extra) + 1):
             history = ctx + extra[:i] if ctx else []
-            rows.append(SampleRow(seq.params, history, len(seq.output_ids) + i))
-    return rows, spans
+            rows.append(SampleRow(seq.params, history, len(seq.output_ids) + i, processors))
+    return rows
 
 
 def finite_rows(logits: torch.Tensor) -> list[bool]:  # logits: [rows, vocab]
@@ -69,17 +51,17 @@ def batch_picks(logits: torch.Tensor, rows: list[SampleRow]) -> list[int] | None
 
 
 def verify_span(
-    span: Span, logits: torch.Tensor, rows: list[SampleRow], picks: list[int] | None
+    p: SeqPlan, logits: torch.Tensor, rows: list[SampleRow], picks: list[int] | None
 ) -> VerifyResult:
-    """The tokens `span` emits: logits [rows, vocab] and rows of the whole pass."""
-    d, own = span.draft, rows[span.rows]
+    """The tokens `p` emits: logits [rows, vocab] and rows of the whole pass."""
+    d, own = p.draft, rows[p.logits]
     if d is not None and d.probs is not None:
         target = torch.stack(
-            [processed_logits(logits[span.start + i], r) for i, r in enumerate(own)]
+            [processed_logits(logits[p.logits.start + i], r) for i, r in enumerate(own)]
         )  # [k+1, vocab]
         seed = own[0].params.seed or 0
         return verify_sampled(d.tokens, d.probs, target, seed, own[0].out_pos)
-    targets = picks[span.rows] if picks is not None else None
+    targets = picks[p.logits] if picks is not None else None
     if targets is None:
-        targets = [s.token for s in sample(logits[span.rows], own)]
-    return verify_deterministic(d.tokens if d else [], targets)
+        targets = [s.token for s in sample(logits[p.logits], own)]
+    return verify_deterministic(p.draft_tokens, targets)

@@ -19,6 +19,7 @@ never runs keep the profile's relative shape at the level the engine observes.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,18 @@ class StepShape:
     context: int  # K: sum of their cached context lengths
     attention: int  # A: sum over them of rows * context
     prefill: int = 0  # P: prefill-chunk tokens in the same step
+
+    @classmethod
+    def of(cls, decode: Sequence[tuple[int, int]], prefill: int) -> StepShape:
+        """A step whose decode sequences each score (rows, context), beside `prefill` chunk
+        tokens."""
+        return cls(
+            num_decode=len(decode),
+            rows=sum(r for r, _ in decode),
+            context=sum(c for _, c in decode),
+            attention=sum(r * c for r, c in decode),
+            prefill=prefill,
+        )
 
 
 @dataclass(frozen=True)

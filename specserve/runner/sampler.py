@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine.request import SamplingParams
+from specserve.engine.request import LogitsProcessor, SamplingParams
 
 _M32 = 0xFFFFFFFF
 _M64 = 0xFFFFFFFFFFFFFFFF
@@ -24,9 +24,11 @@ class SampleRow:
 
     params: SamplingParams
     # Tokens before this position (prompt + output + earlier drafts); read only by the
-    # repetition penalty, so callers may leave it empty when the penalty is 1.
+    # repetition penalty and the processors, so callers may leave it empty when the penalty is 1
+    # and there are none.
     history: list[int]
     out_pos: int  # output position t being sampled (0 = first generated token)
+    processors: tuple[LogitsProcessor, ...] = ()  # the request's, applied first
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,12 @@ MIN_TEMPERATURE = 1e-2
 
 
 def processed_logits(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
-    """[V] -> [V] float32: penalties, temperature, top-k and top-p (removed tokens are -inf)."""
+    """[V] -> [V] float32: the request's processors, penalties, temperature, top-k and top-p
+    (removed tokens are -inf)."""
     p = row.params
     out = logits.float().clone()
+    for processor in row.processors:
+        out = processor(row.history, out)
     apply_repetition_penalty(out, row.history, p.repetition_penalty)
     if p.greedy:
         return out
@@ -114,9 +119,14 @@ def sample_row(logits: torch.Tensor, row: SampleRow) -> Sampled:
     return Sampled(token=token, logprob=float(logprobs[token]))
 
 
+def plain_greedy(row: SampleRow) -> bool:
+    """The row's pick is the raw logits' argmax: no penalty, no processor."""
+    return row.params.greedy and row.params.repetition_penalty == 1.0 and not row.processors
+
+
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[Sampled]:
     """logits [N, V] -> one Sampled per row."""
-    if all(r.params.greedy and r.params.repetition_penalty == 1.0 for r in rows):
+    if all(plain_greedy(r) for r in rows):
         logprobs = logits.float().log_softmax(-1)
         tokens = logits.argmax(-1)
         chosen = logprobs.gather(1, tokens[:, None])[:, 0]

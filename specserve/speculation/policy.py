@@ -179,12 +179,8 @@ class SpeculationPolicy:
         """m -> live seconds of this step with m extra rows, each reading `keys_per_row` keys."""
         assert self.cost is not None
         fixed_rows = [1 + (len(s.draft.tokens) if s.static and s.draft else 0) for s in seqs]
-        base = StepShape(
-            num_decode=len(seqs),
-            rows=sum(fixed_rows),
-            context=sum(s.context for s in seqs),
-            attention=sum(r * s.context for r, s in zip(fixed_rows, seqs, strict=True)),
-            prefill=prefill,
+        base = StepShape.of(
+            [(r, s.context) for r, s in zip(fixed_rows, seqs, strict=True)], prefill=prefill
         )
         cost = self.cost
 
