@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -327,13 +326,10 @@ def test_second_resolve_reuses_cache(
     monkeypatch.setattr(loader, "_dequantise", _raise)
     monkeypatch.setattr(hashing, "sha256_file", _raise)
 
-    start = time.perf_counter()
-    again = resolve_model_dir(None)
-    elapsed = time.perf_counter() - start
+    again = resolve_model_dir(None)  # neither dequantises nor hashes (both raise)
 
     assert again == default_model_dir
     assert weights.stat().st_mtime_ns == mtime
-    assert elapsed < 1.0
 
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
