@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -53,6 +54,44 @@ def add_flag(
         help=f"{help} [env: {env}; default: {default}]",
         **kwargs,
     )
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag: what `add_option` declares on a parser and a fleet file takes as a field."""
+
+    flag: str
+    env: str
+    help: str
+    default: Any  # as --help shows it; a string default goes through `parse`, as argparse does
+    parse: Callable[[str], Any] = str
+    choices: tuple[str, ...] | None = None
+    switch: bool = False  # on/off, off by default (default False)
+    live: bool = False  # a fleet pool changes it without restarting its replicas
+    # The EngineConfig field it sets (`("spec", "policy")`); () for a serve-only flag.
+    path: tuple[str, ...] = ()
+
+    @property
+    def dest(self) -> str:
+        """The flag's name in a parsed Namespace and in a fleet file."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def value(self) -> Any:
+        """The default as parsing gives it."""
+        if isinstance(self.default, str) and self.parse is not str:
+            return self.parse(self.default)
+        return self.default
+
+
+def add_option(
+    parser: argparse.ArgumentParser, option: Option, environ: Mapping[str, str] | None = None
+) -> None:
+    if option.switch:
+        add_switch(parser, option.flag, option.env, option.help, environ)
+    else:
+        o = option
+        add_flag(parser, o.flag, o.env, o.default, o.help, o.parse, environ, choices=o.choices)
 
 
 def add_switch(

@@ -13,7 +13,6 @@ token count. Enabling speculation therefore shrinks the target pool instead of r
 
 from __future__ import annotations
 
-import math
 import os
 import weakref
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from specserve.config import BYTE_UNITS, parse_bytes
 
 
 @dataclass(frozen=True)
@@ -79,24 +80,10 @@ class MemoryBudget:
         }
 
 
-_UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9}
-
-
-def parse_bytes(value: str) -> int:
-    """A byte count: '268435456', '256MiB', '8GiB', '1.5GB', '2e9'. ValueError otherwise."""
-    text = value.strip().lower()
-    suffix = next((u for u in _UNITS if text.endswith(u)), "")
-    scale = _UNITS.get(suffix, 1)
-    number = float(text[: len(text) - len(suffix)])
-    if not (math.isfinite(number) and number > 0):
-        raise ValueError(f"expected a positive number of bytes (like 256MiB), got {value!r}")
-    return int(number * scale)
-
-
 def resolve_max_memory(value: str, device: torch.device) -> int:
     """Bytes ('8000000000', '8GiB', '512MiB') or a fraction of free memory ('0.8')."""
     text = value.strip().lower()
-    if not text.endswith(tuple(_UNITS)):
+    if not text.endswith(tuple(BYTE_UNITS)):
         number = float(text)
         if 0 < number <= 1:
             return int(number * free_memory(device))
