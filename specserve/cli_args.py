@@ -23,7 +23,7 @@ def schema_options(cls: type = EngineConfig, path: tuple[str, ...] = ()) -> Iter
     hints = get_type_hints(cls)
     for f in fields(cls):
         kind = hints[f.name]
-        if is_dataclass(kind):
+        if isinstance(kind, type) and is_dataclass(kind):
             yield from schema_options(kind, (*path, f.name))
         elif FLAG in f.metadata:
             yield _option(f.metadata[FLAG], kind, f.default, (*path, f.name))

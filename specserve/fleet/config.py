@@ -28,8 +28,8 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from specserve.cli_args import engine_config
-from specserve.fleet.flags import LIVE_FIELDS, fields_of, fleet_parser, namespace, pool_parser
-from specserve.server.settings import ServerSettings
+from specserve.fleet.flags import FLEET_OPTIONS, LIVE_FIELDS, POOL_OPTIONS, fields_of
+from specserve.server.startup import server_settings
 from specserve.speculation.registry import REGISTRY
 
 POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -75,13 +75,13 @@ class _PoolBase(_Strict):
                     f"{', '.join(sorted(given))}: this pool takes them from its "
                     "speculation_profile (set speculation_profile to null to give them)"
                 )
-        engine_config(namespace(values, pool_parser()), resolve_speculate=False)
-        pool_settings(values)  # the request limits
+        engine_config(values, resolve_speculate=False)
+        server_settings(values)  # the request limits
         return self
 
 
 # Models built from the flag declarations: mypy sees them as Any.
-PoolConfig: Any = create_model("PoolConfig", __base__=_PoolBase, **fields_of(pool_parser()))
+PoolConfig: Any = create_model("PoolConfig", __base__=_PoolBase, **fields_of(POOL_OPTIONS))
 
 
 class Route(_Strict):
@@ -107,7 +107,7 @@ class Route(_Strict):
         return self
 
 
-_FleetBase: Any = create_model("_FleetBase", __base__=_Strict, **fields_of(fleet_parser()))
+_FleetBase: Any = create_model("_FleetBase", __base__=_Strict, **fields_of(FLEET_OPTIONS))
 
 
 class FleetConfig(_FleetBase):
@@ -190,19 +190,6 @@ def restart_key(pool: _PoolBase) -> str:
     return digest[:16]
 
 
-def pool_settings(values: dict[str, Any]) -> ServerSettings:
-    """The serve-side limits of one pool (its model name, prompt and admission limits), from
-    its flag values (`pool_values`), as `serve` builds them from its flags."""
-    from specserve.server.cli import DEFAULT_MODEL_ID
-
-    return ServerSettings(
-        model_id=values["model"] or DEFAULT_MODEL_ID,
-        max_input_tokens=values["max_input_tokens"],
-        max_concurrent_requests=values["max_concurrent_requests"],
-        max_choices=values["max_choices"],
-    )
-
-
 def check_models(config: FleetConfig, pools: list[str] | None = None) -> None:
     """FleetConfigError naming the pool whose `model` is no path on this machine: checked
     before a deploy, so a typo fails at once instead of after its replicas fail to start."""
@@ -221,4 +208,4 @@ def with_changes(config: FleetConfig, pool: str, changes: dict[str, Any]) -> Fle
     return parse_fleet(raw, f"fleet set {pool}")
 
 
-_FLAG_NAMES = frozenset(fields_of(pool_parser()))
+_FLAG_NAMES = frozenset(o.dest for o in POOL_OPTIONS)

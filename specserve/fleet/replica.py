@@ -25,14 +25,12 @@ from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.engine.request import RequestOutput, SamplingParams
-from specserve.fleet.config import pool_settings
-from specserve.fleet.flags import LIVE_FIELDS, pool_parser
-from specserve.fleet.flags import namespace as flag_namespace
-from specserve.server.cli import apply_profile
+from specserve.fleet.flags import LIVE_FIELDS, with_defaults
 from specserve.server.info import engine_info
 from specserve.server.metrics import EngineSnapshot, snapshot
-from specserve.server.provenance import ProfileChoice, Provenance, review
+from specserve.server.provenance import Provenance
 from specserve.server.settings import Limits, ServerSettings
+from specserve.server.startup import start, with_profile
 
 logger = logging.getLogger(__name__)
 
@@ -86,28 +84,25 @@ class PoolReplica:
     async def reconfigure(self, live: dict[str, Any]) -> None:
         """Apply the pool's live settings (Ray Serve user_config) between engine steps."""
         self.values.update(live)
-        args = flag_namespace(self.values, pool_parser())
-        choice = apply_profile(args)  # a profile sets N and the gate, at start and after
         if self._engine is None:
-            await asyncio.to_thread(self._start, args, choice)
+            await asyncio.to_thread(self._start)
             self._up.set()
             return
-        spec = engine_config(args).spec
+        values, _ = with_profile(with_defaults(self.values))  # a profile sets N and the gate
+        spec = engine_config(values).spec
         if spec != self.config.spec:
             await asyncio.to_thread(self.engine.run_locked, lambda e: e.set_speculation(spec))
             logger.info("pool %s: speculation now %s", self.pool, spec)
         self.config = replace(self.config, spec=spec)
         self.limits = replace(self.limits, speculate=spec.speculate)
 
-    def _start(self, args: Any, choice: ProfileChoice | None) -> None:
-        self.config = config = engine_config(args)
-        self.settings = pool_settings(self.values)
-        front = AsyncEngine(lambda: Engine(config))  # built in its step thread, as in `serve`
-        engine = front.engine
-        self.provenance = review(engine, choice, strict=args.strict_profile)
-        self.limits = Limits.from_engine(engine, self.settings)
+    def _start(self) -> None:
+        started = start(with_defaults(self.values))  # as `serve` starts its engine
+        self.config, self.settings = started.config, started.settings
+        self.provenance = started.provenance
+        self.limits = Limits.from_engine(started.engine.engine, self.settings)
         self.started = time.time()
-        self._engine = front
+        self._engine = started.engine
         logger.info("pool %s: replica %d up: %s", self.pool, os.getpid(), self.config.spec)
 
     def check_health(self) -> None:

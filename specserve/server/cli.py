@@ -1,9 +1,7 @@
 """`specserve serve`: load the engine, log what was resolved, serve HTTP, drain on shutdown.
 
-With --speculation-profile, the profile's N and gate replace --speculate and
---speculate-max-batch; once the engine has loaded, the profile is checked against the loaded
-target and proposer (see `server/provenance.py`): stale means a warning, or exit 2 under
---strict-profile.
+The engine starts as a fleet replica's does (`server/startup.py`, the speculation profile
+included); a stale profile under --strict-profile exits 2.
 
 Shutdown (SIGTERM or Ctrl-C) drains: /health turns 503 and new generation requests get 503,
 while the listener stays open and requests in flight finish. Those still running after
@@ -20,7 +18,6 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from types import FrameType
 from typing import Any
@@ -28,106 +25,17 @@ from typing import Any
 import torch
 import uvicorn
 
-from specserve.cli_args import add_engine_args, engine_config_from_args
-from specserve.cli_flags import add_flag, add_switch
+from specserve.cli_args import add_engine_args
+from specserve.cli_flags import add_option
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
-from specserve.server.keyfile import api_keys
-from specserve.server.provenance import ProfileChoice, Provenance, load_choice, review
+from specserve.server.provenance import Provenance
 from specserve.server.service import GenerationService
 from specserve.server.settings import ServerSettings
+from specserve.server.startup import SERVE_OPTIONS, FlagError, start
 
 logger = logging.getLogger("specserve.serve")
-
-DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-# (flag, environment variable, default, help, type) of the serve-only flags.
-SERVE_FLAGS: tuple[tuple[str, str, Any, str, Callable[[str], Any]], ...] = (
-    (
-        "--host",
-        "SPECSERVE_HOST",
-        "127.0.0.1",
-        "address to listen on; loopback by default, 0.0.0.0 for every interface",
-        str,
-    ),
-    ("--port", "PORT", 8080, "port to listen on", int),
-    (
-        "--max-input-tokens",
-        "MAX_INPUT_TOKENS",
-        None,
-        "longest prompt in tokens (unset = the context window minus one)",
-        int,
-    ),
-    (
-        "--max-concurrent-requests",
-        "MAX_CONCURRENT_REQUESTS",
-        128,
-        "generation requests in flight (running + queued); more get 429 with Retry-After",
-        int,
-    ),
-    (
-        "--max-choices",
-        "MAX_CHOICES",
-        8,
-        "most choices (OpenAI `n`) one request may ask for; they share the prompt's KV blocks",
-        int,
-    ),
-    (
-        "--api-key",
-        "API_KEY",
-        None,
-        "require 'Authorization: Bearer <key>' on every route except /health and /metrics",
-        str,
-    ),
-    (
-        "--api-key-file",
-        "API_KEY_FILE",
-        None,
-        "read --api-key from a file (mode 600); several lines are several keys, one per tenant: "
-        "a tenant's requests share cached prompts and suffix drafts only with its own",
-        str,
-    ),
-    (
-        "--max-body-bytes",
-        "MAX_BODY_BYTES",
-        2_000_000,
-        "largest request body; larger ones get 413",
-        int,
-    ),
-    (
-        "--drain-timeout",
-        "DRAIN_TIMEOUT",
-        30.0,
-        "seconds requests in flight get to finish at shutdown (the listener stays open, "
-        "/health answers 503); then they are aborted with an error",
-        float,
-    ),
-    (
-        "--speculation-profile",
-        "SPECULATION_PROFILE",
-        None,
-        "speculation profile JSON written by `specserve bench`: its N and gate replace "
-        "--speculate and --speculate-max-batch; checked against the loaded model and proposer",
-        str,
-    ),
-    (
-        "--profile-workload",
-        "PROFILE_WORKLOAD",
-        None,
-        "which of the profile's workloads to apply (unset = the profile's default)",
-        str,
-    ),
-)
-
-
-# (flag, environment variable, help) of the one serve-only switch.
-STRICT_PROFILE = (
-    "--strict-profile",
-    "STRICT_PROFILE",
-    "refuse to start (exit 2) when the speculation profile was measured on other artifacts",
-)
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -140,60 +48,27 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "environment variable named in its help.",
     )
     add_engine_args(p)
-    for flag, env, default, help_text, cast in SERVE_FLAGS:
-        add_flag(p, flag, env, default, help_text, cast)
-    add_switch(p, *STRICT_PROFILE)
+    for option in SERVE_OPTIONS:
+        add_option(p, option)
     p.set_defaults(func=cmd_serve)
     return p
-
-
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    try:
-        return ServerSettings(
-            model_id=args.model or DEFAULT_MODEL_ID,
-            max_input_tokens=args.max_input_tokens,
-            max_concurrent_requests=args.max_concurrent_requests,
-            max_choices=args.max_choices,
-            **api_keys(args.api_key, args.api_key_file),
-            max_body_bytes=args.max_body_bytes,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from exc
-
-
-def apply_profile(args: argparse.Namespace) -> ProfileChoice | None:
-    """Load --speculation-profile and put its setting into the engine flags."""
-    if args.speculation_profile is None:
-        return None
-    choice = load_choice(args.speculation_profile, args.profile_workload)
-    args.speculate, args.speculate_max_batch = choice.speculate, choice.speculate_max_batch
-    logger.info(
-        "speculation profile %s, workload %r: --speculate %d --speculate-max-batch %s",
-        choice.path,
-        choice.workload,
-        choice.speculate,
-        choice.speculate_max_batch,
-    )
-    return choice
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specserve.server.app import create_app
 
+    # Only the step thread runs multi-threaded regions, and it builds the engine itself (see
+    # engine/async_engine.py): this thread serves HTTP and keeps torch at one thread.
+    torch.set_num_threads(1)
     try:
-        choice = apply_profile(args)
-        config = engine_config_from_args(args)
-        settings = settings_from_args(args)
-        # Only the step thread runs multi-threaded regions, and it builds the engine itself
-        # (see engine/async_engine.py): this thread serves HTTP and keeps torch at one thread.
-        torch.set_num_threads(1)
-        async_engine = AsyncEngine(lambda: Engine(config))
-        engine = async_engine.engine
-        provenance = review(engine, choice, strict=args.strict_profile)
+        started = start(vars(args))
+    except FlagError as exc:
+        raise SystemExit(f"error: {exc}") from exc
     except ValueError as exc:  # StaleProfileError included
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log_startup(config, settings, engine, provenance)
+    async_engine, settings, provenance = started.engine, started.settings, started.provenance
+    log_startup(started.config, settings, async_engine.engine, provenance)
     app = create_app(async_engine, settings, provenance)
     server = DrainingServer(
         uvicorn.Config(
