@@ -1,15 +1,29 @@
-"""The command line: --version, where --host comes from, help texts that say their defaults."""
+"""The command line: --version, where --host comes from, help texts that say their defaults, and
+the engine flags generated from the config schema."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from specserve import __version__
 from specserve.cli import build_parser
+from specserve.cli_args import ENGINE_OPTIONS, engine_config
+from specserve.config import (
+    FLAG,
+    CacheConfig,
+    EngineConfig,
+    Flag,
+    SchedulerConfig,
+    SpecConfig,
+)
+from specserve.server.startup import SERVE_OPTIONS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -71,9 +85,6 @@ def test_readme_and_help_agree_on_proposer_auto() -> None:
 
 
 def test_numerics_flag_env_and_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    from specserve.cli_args import engine_config
-    from specserve.config import EngineConfig
-
     monkeypatch.delenv("NUMERICS", raising=False)
     args = build_parser().parse_args(["generate", "hi"])
     assert engine_config(args, resolve_speculate=False).numerics == "q8"  # the default
@@ -85,3 +96,90 @@ def test_numerics_flag_env_and_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert re.search(r"--numerics \S+ .*?\[env: NUMERICS; default: q8\]", _help("serve"))
     with pytest.raises(ValueError, match="numerics must be one of"):
         EngineConfig(numerics="fp8")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------- one configuration schema
+def _flagged_fields() -> list[Flag]:
+    """Every Flag in the config records' metadata, read without the generator."""
+    records = (EngineConfig, SpecConfig, CacheConfig, SchedulerConfig)
+    return [f.metadata[FLAG] for cls in records for f in fields(cls) if FLAG in f.metadata]
+
+
+def _option_strings(name: str) -> set[str]:
+    return {s for a in _subparser(name)._actions for s in a.option_strings}
+
+
+def test_the_engine_flags_are_the_schema_fields() -> None:
+    """No engine flag is declared by hand: generate's and serve's flags are the flagged config
+    fields, plus serve's own (SERVE_OPTIONS) and generate's sampling and output flags."""
+    schema = {flag.name for flag in _flagged_fields()}
+    assert schema == {o.flag for o in ENGINE_OPTIONS}
+    assert _option_strings("serve") == schema | {o.flag for o in SERVE_OPTIONS} | {"-h", "--help"}
+    sampling = {"--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed"}
+    own = sampling | {"--raw", "--stats", "-h", "--help"}
+    assert _option_strings("generate") == schema | own
+    envs = [flag.env for flag in _flagged_fields()] + [o.env for o in SERVE_OPTIONS]
+    assert len(envs) == len(set(envs))
+
+
+# Every flagged field away from its default, so each one's way from flag to field is checked.
+CHANGED = EngineConfig(
+    model="/models/m.gguf",
+    device="cuda:1",
+    dense_weights=True,
+    numerics="exact",
+    attention="reference",
+    num_threads=3,
+    max_model_len=512,
+    max_memory="1GiB",
+    cache=CacheConfig(max_kv_bytes=256 << 20, kv_dtype="float32", prefix_caching=False),
+    scheduler=SchedulerConfig(max_batch_tokens=100, max_running_requests=7),
+    spec=SpecConfig(
+        speculate=3,
+        proposer="draft",
+        policy="adaptive",
+        max_batch=5,
+        max_tokens=77,
+        draft_model="/models/d",
+        medusa="/heads",
+        force_medusa=True,
+        ngram_max=3,
+        suffix_cache_tokens=99,
+    ),
+)
+
+
+def _field_value(config: EngineConfig, path: tuple[str, ...]) -> Any:
+    return functools.reduce(getattr, path, config)
+
+
+def _flags_for(config: EngineConfig) -> dict[str, str | None]:
+    """{flag: its text} (None: a switch given) that say `config`."""
+    out: dict[str, str | None] = {}
+    for option in ENGINE_OPTIONS:
+        value = _field_value(config, option.path)
+        if not option.switch:
+            out[option.flag] = str(value)
+        elif value != _field_value(EngineConfig(), option.path):
+            out[option.flag] = None
+    return out
+
+
+def test_an_engine_config_round_trips_through_its_flags_and_their_env_forms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for option in ENGINE_OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+        assert _field_value(CHANGED, option.path) != _field_value(EngineConfig(), option.path)
+    flags = _flags_for(CHANGED)
+    argv = [s for flag, text in flags.items() for s in (flag, text) if s is not None]
+    assert engine_config(build_parser().parse_args(["generate", "hi", *argv])) == CHANGED
+    assert engine_config(build_parser().parse_args(["serve", *argv])) == CHANGED
+    for option in ENGINE_OPTIONS:
+        monkeypatch.setenv(option.env, flags.get(option.flag) or "1")
+    assert engine_config(build_parser().parse_args(["generate", "hi"])) == CHANGED
+    # and with nothing given, the config's own defaults (speculate unset counts as 0)
+    for option in ENGINE_OPTIONS:
+        monkeypatch.delenv(option.env)
+    args = build_parser().parse_args(["generate", "hi"])
+    assert engine_config(args, resolve_speculate=False) == EngineConfig()
