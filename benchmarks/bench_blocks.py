@@ -78,7 +78,7 @@ def on_dense(items: Items, xs: dict[int, torch.Tensor]) -> None:
 def decode_rate(numerics: Numerics, tokens: int, threads: int, repeats: int) -> float:
     """Best batch-1 greedy decode rate (tok/s after the first token) over `repeats` runs."""
     from specserve import LLM
-    from specserve.engine.request import SamplingParams
+    from specserve.request import SamplingParams
 
     llm = LLM(config=EngineConfig(numerics=numerics, num_threads=threads))
     engine = llm.engine

@@ -31,7 +31,7 @@ from specserve.cli import build_parser
 from specserve.cli_args import engine_config_from_args
 from specserve.engine.engine import Engine
 from specserve.engine.memory import parse_bytes
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 
 AMPLE = "1GiB"
 

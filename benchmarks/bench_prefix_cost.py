@@ -25,7 +25,7 @@ from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.cli import build_parser
 from specserve.cli_args import engine_config_from_args
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 
 
 def engine(cache: bool, threads: int) -> Engine:

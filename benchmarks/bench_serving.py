@@ -92,7 +92,7 @@ def summarise(
 
 
 def in_process(engine: Any, texts: list[str], conc: int, waves: int) -> tuple[float, list, dict]:
-    from specserve.engine.request import SamplingParams
+    from specserve.request import SamplingParams
 
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, temperature=0.0)
     runs: list[tuple[float, list[float]]] = []

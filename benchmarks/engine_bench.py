@@ -132,7 +132,7 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
 def run_ours(args: argparse.Namespace, dense: bool = False) -> dict[str, Any]:
     from specserve.config import CacheConfig, EngineConfig
     from specserve.engine.engine import Engine
-    from specserve.engine.request import SamplingParams
+    from specserve.request import SamplingParams
 
     blocks = -(-(args.prompt_tokens + args.new_tokens) // CacheConfig.block_size) + 1
     # No prefix caching: the repeats resend the same prompts, which HF computes every time.

@@ -45,7 +45,7 @@ from specserve.bench.workload_items import WorkloadItem, conversations, encode_i
 from specserve.bench.workloads import resolve_workload
 from specserve.config import POLICIES, PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 
 MODULE = "benchmarks.spec_bench"
 WORKLOADS = ("code-edit", "summarize", "chat-creative")

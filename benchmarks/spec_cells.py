@@ -24,7 +24,7 @@ from specserve.bench.workload_items import (
     with_history,
 )
 from specserve.engine.engine import Engine
-from specserve.engine.request import RequestOutput, SamplingParams
+from specserve.request import RequestOutput, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from specserve.bench.workload_items import encode_item
 from specserve.bench.workloads import BUILDERS, build_workload
 from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 
 SETTINGS: dict[str, SpecConfig] = {
     "off": SpecConfig(),

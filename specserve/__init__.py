@@ -1,8 +1,8 @@
 """specserve: LLM inference with lossless, load-aware speculative decoding."""
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
-from specserve.engine.request import SamplingParams
 from specserve.llm import LLM, Completion
+from specserve.request import SamplingParams
 
 __all__ = [
     "LLM",

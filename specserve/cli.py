@@ -61,7 +61,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
     from specserve.engine.engine import Engine
-    from specserve.engine.request import SamplingParams
+    from specserve.request import SamplingParams
 
     config = engine_config_from_args(args)
     try:

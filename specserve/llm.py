@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from specserve.config import EngineConfig
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import torch
 
 from benchmarks.random_model import SHAPES, write_random_model
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
 from specserve.models.registry import build_model
+from specserve.request import SamplingParams
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.speculation.draft import DraftModelProposer
 from tests.engine.helpers import make_engine, mixed_prompts

@@ -154,7 +154,7 @@ def _meta(args: argparse.Namespace, plan: Plan, command: str) -> dict[str, Any]:
 
 def _write_outputs(args: argparse.Namespace, cells: list[Cell], meta: dict[str, Any]) -> None:
     from specserve.bench.profile import make_profile
-    from specserve.models.hashing import write_json_atomically
+    from specserve.hashing import write_json_atomically
 
     slo = report.Slo(args.slo_ttft, args.slo_itl)
     stats = [report.cell_stats(c, slo) for c in cells]

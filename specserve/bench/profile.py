@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.models.fingerprint import Fingerprint, target_fingerprint
+from specserve.models.loader import resolve_model_dir
 from specserve.speculation.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
@@ -174,8 +175,6 @@ def fingerprints(
     """
     if isinstance(info.get("fingerprints"), dict):
         return info["fingerprints"].get("target"), info["fingerprints"].get("proposer")
-    from specserve.models.loader import resolve_model_dir
-
     spec = info.get("speculation") or {}
     model_id = str(info.get("model_id", ""))
     ref = model or (model_id if Path(model_id).exists() else None)

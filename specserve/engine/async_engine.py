@@ -42,7 +42,7 @@ from typing import TypeVar, cast
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import RequestOutput, SamplingParams
+from specserve.request import RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 from specserve.engine.plan import is_decode
-from specserve.engine.request import Sequence
+from specserve.request import Sequence
 from specserve.scheduler.scheduler import SeqWork
 from specserve.speculation.policy import DecodeSeq, SpeculationPolicy
 from specserve.speculation.proposer import Draft, Proposer

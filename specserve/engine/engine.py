@@ -20,7 +20,12 @@ from specserve.engine.live import Live, take_prompt_rows
 from specserve.engine.logprobs import span_logprobs
 from specserve.engine.plan import SeqPlan, StepPlan, plan_step
 from specserve.engine.prompt import encode_messages, encode_text
-from specserve.engine.request import (
+from specserve.engine.resources import EngineResources, load_resources
+from specserve.engine.respeculate import respeculate
+from specserve.engine.stats import EngineStats, StepRecord
+from specserve.engine.tokenizer import locked
+from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
+from specserve.request import (
     LogitsProcessor,
     RequestOutput,
     SamplingParams,
@@ -29,11 +34,6 @@ from specserve.engine.request import (
     TokenLogprob,
     check_request,
 )
-from specserve.engine.resources import EngineResources, load_resources
-from specserve.engine.respeculate import respeculate
-from specserve.engine.stats import EngineStats, StepRecord
-from specserve.engine.tokenizer import locked
-from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
 from specserve.speculation.verify import VerifyResult

@@ -10,7 +10,7 @@ import torch
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.logprobs import LogitsOf, prompt_logprobs
 from specserve.engine.plan import StepPlan
-from specserve.engine.request import RequestOutput, Sequence, TokenLogprob
+from specserve.request import RequestOutput, Sequence, TokenLogprob
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import SeqWork
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specserve.engine.request import Sequence
+from specserve.request import Sequence
 from specserve.runner.cost import StepShape
 from specserve.runner.model_runner import RunItem
 from specserve.scheduler.scheduler import SeqWork

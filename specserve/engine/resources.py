@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from specserve.config import EngineConfig
+from specserve.engine.cost_profile import profile_step_cost
 from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
 from specserve.models.tokenizer import load_tokenizer
 from specserve.runner.cost import LiveCost
-from specserve.runner.cost_profile import profile_step_cost
 from specserve.runner.model_runner import ModelRunner, RunItem, kv_cache_dtype
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler

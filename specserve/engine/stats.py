@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.engine.plan import StepPlan
-from specserve.engine.request import Sequence
+from specserve.request import Sequence
 from specserve.speculation.proposer import Draft, ProposerStats
 
 

@@ -33,6 +33,7 @@ from specserve.fleet.config import (
     load_fleet,
     parse_fleet,
     restart_key,
+    with_changes,
 )
 from specserve.storage import default_cache_dir, read_private, write_private
 
@@ -276,8 +277,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def cmd_set(args: argparse.Namespace) -> int:
     import yaml
-
-    from specserve.fleet.config import with_changes
 
     try:
         changes = dict(_key_value(c, yaml) for c in args.changes)

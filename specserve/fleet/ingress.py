@@ -21,11 +21,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from specserve.engine.prompt import encode_messages, encode_text
-from specserve.engine.request import RequestOutput, SamplingParams
 from specserve.fleet.config import FleetConfig, live_settings, restart_key
 from specserve.fleet.observe import FleetInfo, PoolInfo, ReplicaInfo, render_pools
 from specserve.fleet.replica import PoolDescription, ReplicaState
 from specserve.fleet.routing import Router, UnknownPool
+from specserve.request import RequestOutput, SamplingParams
 from specserve.server.app import api_app
 from specserve.server.context import ServerContext, route_label
 from specserve.server.errors import ApiError, ErrorKind, invalid

@@ -24,8 +24,8 @@ from specserve.cli_args import engine_config
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
-from specserve.engine.request import RequestOutput, SamplingParams
 from specserve.fleet.flags import LIVE_FIELDS, with_defaults
+from specserve.request import RequestOutput, SamplingParams
 from specserve.server.info import engine_info
 from specserve.server.metrics import EngineSnapshot, snapshot
 from specserve.server.provenance import Provenance

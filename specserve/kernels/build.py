@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded before any kernel: its libgomp is the one they share)
 
-from specserve.models.hashing import (
+from specserve.hashing import (
     read_json_object,
     sha256_file,
     untrusted_reason,

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specserve.models.hashing import cached_sha256
+from specserve.hashing import cached_sha256
 from specserve.models.registry import weight_files
 from specserve.storage import default_cache_dir
 

@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specserve.models.gguf_blocks import BLOCKS_FILE, REFUSED_FILE, write_blocks
-from specserve.models.hashing import (
+from specserve.hashing import (
     SEAL_FILE,
     cached_sha256,
     read_json_object,
@@ -33,6 +32,7 @@ from specserve.models.hashing import (
     unsealed_reason,
     write_json_atomically,
 )
+from specserve.models.gguf_blocks import BLOCKS_FILE, REFUSED_FILE, write_blocks
 from specserve.storage import default_cache_dir, private_dir
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine.request import LogitsProcessor, SamplingParams
+from specserve.request import LogitsProcessor, SamplingParams
 
 _M32 = 0xFFFFFFFF
 _M64 = 0xFFFFFFFFFFFFFFFF

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from specserve.config import SchedulerConfig
-from specserve.engine.request import SeqStatus, Sequence
+from specserve.request import SeqStatus, Sequence
 from specserve.scheduler.kv_blocks import NO_MATCH, BlockAllocator, PrefixMatch, blocks_for
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.prompt import encode_messages, encode_text
-from specserve.engine.request import RequestOutput, SamplingParams
+from specserve.request import RequestOutput, SamplingParams
 
 
 class Backend(Protocol):

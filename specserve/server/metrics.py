@@ -19,7 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from specserve.engine.request import RequestOutput
+from specserve.request import RequestOutput
 from specserve.server.engine_metrics import EngineCollector, EngineSnapshot, Labelled, snapshot
 
 __all__ = ["EngineSnapshot", "Labelled", "ServerMetrics", "queue_seconds", "snapshot"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from specserve.engine.request import RequestOutput, TokenLogprob
+from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.errors import ApiError, ErrorKind, error_body

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specserve.engine.request import TokenLogprob
+from specserve.request import TokenLogprob
 from specserve.server.openai_schemas import (
     ChatLogprobs,
     CompletionLogprobs,

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from specserve.server.caps import check_prompt_chars, check_reply_work
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.openai_schemas import (

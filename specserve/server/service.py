@@ -22,7 +22,7 @@ from typing import cast
 
 from starlette.requests import Request
 
-from specserve.engine.request import RequestOutput, TokenLogprob
+from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.metrics import ServerMetrics, queue_seconds

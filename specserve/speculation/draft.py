@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from specserve.config import EngineConfig, Numerics
-from specserve.engine.request import SamplingParams, Sequence
 from specserve.models.fingerprint import Fingerprint, target_fingerprint
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, model_class, read_config
 from specserve.models.tokenizer import load_tokenizer
+from specserve.request import SamplingParams, Sequence
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import BlockAllocator

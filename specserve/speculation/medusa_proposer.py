@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from specserve.config import SpecConfig
-from specserve.engine.request import Sequence
 from specserve.models.block_linear import linear_weight
 from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
 from specserve.models.llama import LlamaForCausalLM
+from specserve.request import Sequence
 from specserve.speculation.medusa import MedusaHeads, check_fingerprint, load_medusa
 from specserve.speculation.medusa_resolve import resolve_medusa
 from specserve.speculation.proposer import (

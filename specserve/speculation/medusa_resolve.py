@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from specserve.models.loader import resolve_model_dir
 from specserve.speculation.medusa import (
     SHIPPED_DIR,
     fingerprint,
@@ -84,8 +85,6 @@ def default_speculate(model: str | None, proposer: str, medusa: str | None = Non
     """N when --speculate is not given: the number of heads when Medusa serves, else 0."""
     if proposer not in ("auto", "medusa"):
         return 0
-    from specserve.models.loader import resolve_model_dir
-
     try:
         model_dir = resolve_model_dir(model)
     except ValueError:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specserve.engine.request import Sequence
+from specserve.request import Sequence
 from specserve.speculation.proposer import Draft, Loaded, Proposer, Registration
 
 

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 import torch
 
 from specserve.config import EngineConfig, SpecConfig
-from specserve.engine.request import Sequence
 from specserve.models.fingerprint import Fingerprint
 from specserve.models.llama import LlamaForCausalLM
+from specserve.request import Sequence
 
 UNSCORED = 0.5  # the confidence assumed for a token whose proposer gave none
 

@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from specserve.engine.request import Sequence
+from specserve.request import Sequence
 from specserve.speculation.ngram import match_confidence
 from specserve.speculation.proposer import Draft, IndexStats, Loaded, Proposer, Registration
 from specserve.speculation.suffix_index import TokenArena

@@ -17,9 +17,9 @@ from specserve.bench.workload_items import WorkloadItem, encode_item
 from specserve.bench.workloads import build_workload
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams, Sequence
 from specserve.engine.resources import load_resources
 from specserve.models.block_linear import linear_weight
+from specserve.request import SamplingParams, Sequence
 from specserve.speculation.proposer import Draft, Proposer
 from specserve.training.medusa_options import TrainOptions
 

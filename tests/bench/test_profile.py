@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from specserve import hashing
 from specserve.bench import profile as pf
-from specserve.models import hashing
 
 
 def model_dir(root: Path, weights: bytes = b"weights", config: str = '{"a": 1, "b": 2}') -> Path:

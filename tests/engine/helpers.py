@@ -5,7 +5,7 @@ from pathlib import Path
 
 from specserve.config import CacheConfig, EngineConfig, Numerics, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 
 
 def make_engine(

@@ -13,8 +13,8 @@ import pytest
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
-from specserve.engine.request import RequestOutput, SamplingParams
 from specserve.engine.resources import load_resources
+from specserve.request import RequestOutput, SamplingParams
 from tests.engine.helpers import make_engine, run_all
 
 

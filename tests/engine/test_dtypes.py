@@ -9,7 +9,7 @@ import torch
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from tests.engine.helpers import mixed_prompts, run_all
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specserve.engine.request import SamplingParams
 from specserve.models.loader import ModelLoadError
+from specserve.request import SamplingParams
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)

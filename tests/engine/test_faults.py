@@ -16,7 +16,7 @@ import torch
 
 import specserve.engine.verification as verification
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams, Sequence
+from specserve.request import SamplingParams, Sequence
 from specserve.runner.model_runner import RunItem, RunOutput
 from specserve.speculation.proposer import Draft
 from tests.engine.helpers import Outcome, assert_no_kv_held, collect, make_engine, run_all

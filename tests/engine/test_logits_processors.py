@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import LogitsProcessor, RequestOutput, SamplingParams, Sequence
+from specserve.request import LogitsProcessor, RequestOutput, SamplingParams, Sequence
 from specserve.speculation.proposer import Draft
 from tests.engine.helpers import assert_no_kv_held, make_engine
 

@@ -10,7 +10,7 @@ import torch
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.engine.memory import MemoryBudget, measure_peak, parse_bytes, resolve_max_memory
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from tests.engine.helpers import mixed_prompts
 
 CPU = torch.device("cpu")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from tests.engine.helpers import assert_no_kv_held, make_engine, run_all
 from tests.tiny import noisy_copy
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specserve.config import SpecConfig
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from tests.engine.helpers import make_engine, run_all
 
 LOOPY = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [12, 13, 14, 15, 16, 12, 13]]

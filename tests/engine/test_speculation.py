@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 
 # Repetitive prompts give the n-gram lookup something to find; the tiny model loops a lot too.

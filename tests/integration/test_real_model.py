@@ -10,9 +10,9 @@ import torch
 
 from specserve.config import Numerics
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
 from specserve.engine.resources import EngineResources
 from specserve.models.loader import resolve_model_dir
+from specserve.request import SamplingParams
 from tests.engine.helpers import make_engine, run_all
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,6 @@ from safetensors.torch import load_file, save_file
 
 from specserve.config import Numerics
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models import block_linear
@@ -29,6 +28,7 @@ from specserve.models.gguf_blocks import (
 )
 from specserve.models.llama import RMSNorm, project
 from specserve.models.registry import build_model
+from specserve.request import SamplingParams
 from tests.engine.helpers import make_engine, mixed_prompts, run_all
 from tests.kernels.test_ggml import GGML_TYPES, quantised
 from tests.tiny import make_model_dir

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from specserve.models import hashing, loader
+from specserve import hashing
+from specserve.models import loader
 from specserve.models.gguf_blocks import REFUSED_FILE
 from specserve.models.loader import (
     DEFAULT_MODEL_FILE,

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specserve.engine.cost_profile import profile_shapes, profile_step_cost
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel, StepShape
-from specserve.runner.cost_profile import profile_shapes, profile_step_cost
 from tests.engine.helpers import make_engine
 
 

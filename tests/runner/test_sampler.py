@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from specserve.runner.sampler import SampleRow, processed_logits, sample
 
 GREEDY = SamplingParams()

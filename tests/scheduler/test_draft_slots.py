@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specserve.config import SchedulerConfig
-from specserve.engine.request import SamplingParams, Sequence
+from specserve.request import SamplingParams, Sequence
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
 

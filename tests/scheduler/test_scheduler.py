@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from specserve.config import SchedulerConfig
-from specserve.engine.request import SamplingParams, Sequence
+from specserve.request import SamplingParams, Sequence
 from specserve.scheduler.kv_blocks import BlockAllocator
 from specserve.scheduler.scheduler import Scheduler
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams, Sequence
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.registry import build_model
 from specserve.models.tokenizer import load_tokenizer
+from specserve.request import SamplingParams, Sequence
 from specserve.runner.model_runner import ModelRunner, RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import blocks_for

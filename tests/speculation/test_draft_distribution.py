@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from specserve.runner.model_runner import RunItem
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.speculation import rejection

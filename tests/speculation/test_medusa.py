@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import SamplingParams, Sequence
 from specserve.models.registry import build_model
+from specserve.request import SamplingParams, Sequence
 from specserve.speculation.medusa import (
     HEADS_FILE,
     MedusaConfig,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specserve.config import PROPOSERS, EngineConfig, SpecConfig
-from specserve.engine.request import Sequence
+from specserve.request import Sequence
 from specserve.speculation import ngram
 from specserve.speculation.ngram import NgramProposer
 from specserve.speculation.proposer import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.engine.request import SamplingParams, SeqStatus, Sequence
+from specserve.request import SamplingParams, SeqStatus, Sequence
 from specserve.speculation.suffix import SuffixProposer
 
 NO_HIDDEN = torch.zeros(1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.engine.request import SamplingParams
+from specserve.request import SamplingParams
 from specserve.speculation.medusa import fingerprint, load_medusa
 from specserve.speculation.medusa_proposer import MedusaProposer
 from specserve.training.medusa_cli import add_medusa_parser
