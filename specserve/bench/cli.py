@@ -134,7 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _meta(args: argparse.Namespace, plan: Plan, command: str) -> dict[str, Any]:
-    from specserve.bench.profile import fingerprints
+    from specserve.speculation.profile import fingerprints
 
     info = plan.infos[-1] if plan.infos else {}
     target, proposer = fingerprints(info, args.model, args.draft_model)
@@ -153,8 +153,8 @@ def _meta(args: argparse.Namespace, plan: Plan, command: str) -> dict[str, Any]:
 
 
 def _write_outputs(args: argparse.Namespace, cells: list[Cell], meta: dict[str, Any]) -> None:
-    from specserve.bench.profile import make_profile
     from specserve.hashing import write_json_atomically
+    from specserve.speculation.profile import make_profile
 
     slo = report.Slo(args.slo_ttft, args.slo_itl)
     stats = [report.cell_stats(c, slo) for c in cells]

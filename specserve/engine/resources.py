@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from specserve.config import EngineConfig
-from specserve.engine.cost_profile import profile_step_cost
+from specserve.engine.cost_probe import measure_step_cost
 from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
@@ -220,7 +220,7 @@ def make_policy(
         return None
     if spec.policy == "adaptive" and cost is None:
         sched = config.scheduler
-        model = profile_step_cost(
+        model = measure_step_cost(
             runner,
             allocator,
             max_seqs=sched.max_running_requests,

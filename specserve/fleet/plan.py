@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from specserve.bench.profile import load_profile, profile_setting
 from specserve.fleet.config import POOL_HEADER
+from specserve.speculation.profile import load_profile, profile_setting
 from specserve.speculation.registry import REGISTRY
 
 WORKLOAD_HEADER = "x-specserve-workload"

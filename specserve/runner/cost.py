@@ -7,7 +7,7 @@ A step's cost is modelled as
 with T the decode/verify rows (one per decode sequence plus its drafts), K = sum_s ctx_s the
 cached keys of the decode sequences, A = sum_s rows_s * ctx_s the key reads of their rows, P the
 prefill-chunk tokens beside them. f(T) (projections, logits on every scored row, per-step
-overheads) is measured at start-up on real shapes (runner/cost_profile.py) and kept
+overheads) is measured at start-up on real shapes (engine/cost_probe.py) and kept
 non-decreasing; the attention coefficients come from the same shapes at two context lengths.
 
 `LiveCost` keeps the model honest from the engine's own step timings: per (B, T) cell, and

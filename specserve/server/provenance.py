@@ -13,7 +13,8 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from specserve.bench.profile import (
+from specserve.engine.engine import Engine
+from specserve.speculation.profile import (
     Fingerprint,
     StaleProfileError,
     load_profile,
@@ -22,7 +23,6 @@ from specserve.bench.profile import (
     review_profile,
     target_fingerprint,
 )
-from specserve.engine.engine import Engine
 from specserve.speculation.registry import REGISTRY
 
 logger = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specserve.bench import profile as pf
 from specserve.bench.cli import add_bench_parsers
 from specserve.bench.workload_items import ChatMessage, WorkloadItem, write_workload
+from specserve.speculation import profile as pf
 
 TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specserve.bench.profile import make_profile
 from specserve.fleet.config import parse_fleet
 from specserve.fleet.plan import plan_fleet
 from specserve.fleet.routing import Router
+from specserve.speculation.profile import make_profile
 
 
 def entry(n: int, gate: int | None) -> dict[str, object]:

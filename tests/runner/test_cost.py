@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specserve.engine.cost_profile import profile_shapes, profile_step_cost
+from specserve.engine.cost_probe import measure_step_cost, probe_shapes
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel, StepShape
 from tests.engine.helpers import make_engine
 
@@ -53,18 +53,18 @@ def test_live_cost_follows_observed_cells_and_keeps_the_profile_shape_elsewhere(
 
 
 def test_profile_shapes_cover_t_with_the_most_sequences() -> None:
-    shapes = profile_shapes(max_seqs=4, max_drafts=3, max_tokens=64)
+    shapes = probe_shapes(max_seqs=4, max_drafts=3, max_tokens=64)
     rows = [b * (k + 1) for b, k in shapes]
     assert rows == sorted(set(rows)) and rows[-1] == 16
     assert (4, 0) in shapes and (2, 1) not in shapes  # T=4: four sequences, not two
-    assert profile_shapes(64, 8, 64)[-1][0] <= 32
-    assert all(b * (k + 1) <= 20 for b, k in profile_shapes(16, 4, 20))
+    assert probe_shapes(64, 8, 64)[-1][0] <= 32
+    assert all(b * (k + 1) <= 20 for b, k in probe_shapes(16, 4, 20))
 
 
 def test_profile_on_a_tiny_model(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=128, max_running=4)
     alloc = engine.res.allocator
-    model = profile_step_cost(engine.res.runner, alloc, 4, 3, 64, context=32, budget_s=5)
+    model = measure_step_cost(engine.res.runner, alloc, 4, 3, 64, context=32, budget_s=5)
     assert alloc.num_free == alloc.num_blocks  # every scratch block returned
     assert model.curve.tokens[0] == 1 and model.curve.tokens[-1] == 16
     assert list(model.curve.seconds) == sorted(model.curve.seconds)
@@ -75,6 +75,6 @@ def test_profile_on_a_tiny_model(tiny_llama: Path) -> None:
 
 def test_profile_fits_a_small_pool(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=12, block_size=4, max_running=16)  # 48 slots
-    model = profile_step_cost(engine.res.runner, engine.res.allocator, 16, 2, 256, budget_s=5)
+    model = measure_step_cost(engine.res.runner, engine.res.allocator, 16, 2, 256, budget_s=5)
     assert model.context >= 1 and len(model.curve.tokens) >= 2
     assert engine.res.allocator.num_free == 12

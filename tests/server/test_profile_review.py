@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from specserve.bench.profile import make_profile, proposer_fingerprint, target_fingerprint
 from specserve.cli_flags import parse_bool
+from specserve.speculation.profile import make_profile, proposer_fingerprint, target_fingerprint
 from tests.server.conftest import TINY_FLAGS, Server, scrape, server_env, start_server
 
 STALE_GAUGE = "specserve_speculation_profile_stale"

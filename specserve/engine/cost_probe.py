@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 MAX_PROFILED_SEQS = 32
 
 
-def profile_shapes(max_seqs: int, max_drafts: int, max_tokens: int) -> list[tuple[int, int]]:
+def probe_shapes(max_seqs: int, max_drafts: int, max_tokens: int) -> list[tuple[int, int]]:
     """(B, k) per distinct T = B(k+1) <= max_tokens, most sequences first, sorted by T."""
     batches = [b for b in (1, 2, 4, 8, 16, 32) if b <= min(max_seqs, MAX_PROFILED_SEQS)]
     ks = sorted({k for k in (0, 1, 2, 4, max_drafts) if 0 <= k <= max_drafts})
@@ -38,7 +38,7 @@ def profile_shapes(max_seqs: int, max_drafts: int, max_tokens: int) -> list[tupl
     return [by_rows[t] for t in sorted(by_rows)]
 
 
-def profile_step_cost(
+def measure_step_cost(
     runner: ModelRunner,
     allocator: BlockAllocator,
     max_seqs: int,
@@ -49,7 +49,7 @@ def profile_step_cost(
     repeats: int = 2,
 ) -> StepCostModel:
     started = time.perf_counter()
-    shapes = profile_shapes(max_seqs, max_drafts, max_tokens)
+    shapes = probe_shapes(max_seqs, max_drafts, max_tokens)
     timer = _Timer(runner, allocator, repeats)
     widest = max(b for b, _ in shapes)
     context = max(1, min(context, timer.room(widest) - max_drafts - 1))

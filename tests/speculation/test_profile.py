@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specserve import hashing
-from specserve.bench import profile as pf
+from specserve.speculation import profile as pf
 
 
 def model_dir(root: Path, weights: bytes = b"weights", config: str = '{"a": 1, "b": 2}') -> Path:
@@ -106,7 +106,7 @@ def test_mismatched_profile_warns_and_strict_errors(
     path.write_text(json.dumps(profile_for(target, ngram)))
     profile = pf.load_profile(path)
     loaded = target | {"weights_sha256": "retrained"}
-    with caplog.at_level(logging.WARNING, logger="specserve.bench.profile"):
+    with caplog.at_level(logging.WARNING, logger="specserve.speculation.profile"):
         problems = pf.review_profile(profile, path, loaded, ngram)
     assert len(problems) == 1
     assert "is stale and must be re-measured" in caplog.text and str(path) in caplog.text
