@@ -36,6 +36,8 @@ from specserve.request import (
 )
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.speculation.proposer import HiddenRows
+from specserve.speculation.registry import REGISTRY
 from specserve.speculation.verify import VerifyResult
 
 logger = logging.getLogger(__name__)
@@ -224,6 +226,7 @@ class Engine:
             return
         finite = finite_rows(run.logits)
         picks = batch_picks(run.logits, rows)
+        every_row = REGISTRY.hidden_rows(self.res.proposer) is HiddenRows.ACCEPTED
         for p in plan.sampling:
             seq = p.seq
             if not all(finite[p.logits]):
@@ -237,7 +240,8 @@ class Engine:
                 continue
             try:
                 lps = span_logprobs(p, result.tokens, run.logits, rows)
-                hidden = run.hidden[p.logits.start + result.num_accepted]
+                last = p.logits.start + result.num_accepted  # produced the last commit
+                hidden = run.hidden[p.logits.start : last + 1] if every_row else run.hidden[last]
                 self._commit(p, result, hidden, lps)
             except Exception as exc:  # detokenization, stop checks, the proposer's sync
                 logger.exception("commit failed for %s", seq.request_id)

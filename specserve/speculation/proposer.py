@@ -104,9 +104,10 @@ class Proposer(Protocol):
 
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """The sequence's committed tokens changed (tokens accepted, rejected ones dropped).
-        `hidden` [hidden_size] is the target's final hidden state at the row that produced the
-        last committed token, from the same forward pass that verified; the kind's
-        registration declares whether it reads it (`Registration.hidden`)."""
+        `hidden` holds the target's final hidden states from the same forward pass that
+        verified, as the kind's registration asks (`Registration.hidden`): [hidden_size] at
+        the row that produced the last committed token, or with `HiddenRows.ACCEPTED`
+        [n, hidden_size] at every row of the step's span up to that one (n = accepted + 1)."""
         ...
 
     def release(self, seq: Sequence) -> None:
@@ -131,6 +132,9 @@ class HiddenRows(Enum):
 
     NONE = "none"
     LAST_ACCEPTED = "last accepted"  # the row that produced the last committed token
+    # Every row of the step's span up to that one: a drafter on the target's features (one
+    # state per committed position).
+    ACCEPTED = "accepted"
 
 
 @dataclass(frozen=True)

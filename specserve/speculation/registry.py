@@ -18,7 +18,7 @@ from specserve.config import EngineConfig, SpecConfig
 from specserve.models.fingerprint import Fingerprint
 from specserve.models.llama import LlamaForCausalLM
 from specserve.speculation import draft, medusa_proposer, ngram, suffix
-from specserve.speculation.proposer import Loaded, Proposer, Registration, Target
+from specserve.speculation.proposer import HiddenRows, Loaded, Proposer, Registration, Target
 
 AUTO = "auto"
 # SpecConfig fields that change live under any proposer (the policy and the engine read them);
@@ -48,6 +48,12 @@ class Registry:
             return [k for k in self._kinds.values() if k.auto]
         kinds = [self.get(proposer)]
         return kinds if proposer == self.fallback else [*kinds, self.get(self.fallback)]
+
+    def hidden_rows(self, proposer: Proposer | None) -> HiddenRows:
+        """Which hidden states the engine hands `proposer`'s `sync` (NONE for a kind that is
+        not registered: a test's)."""
+        kind = self._kinds.get(proposer.name) if proposer is not None else None
+        return kind.hidden if kind is not None else HiddenRows.NONE
 
     def may_load(self, proposer: str) -> bool:
         """Whether `--proposer NAME` may load an artifact (a fleet pool restarts to switch)."""
