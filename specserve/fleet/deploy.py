@@ -135,7 +135,11 @@ def deploy_schema(config: FleetConfig, others: list[dict[str, Any]] | None = Non
     # Ray logs a deployment's runtime_env and user_config: the API key travels as the path
     # of a file only its owner reads (fleet/secrets.py), never as its value.
     key_file = None if config.api_key is None else str(write_secret("api-key", config.api_key))
-    guard = {"api_key_file": key_file, "max_body_bytes": config.max_body_bytes}
+    guard = {
+        "api_key_file": key_file,
+        "max_body_bytes": config.max_body_bytes,
+        "private_metrics": config.private_metrics,
+    }
     in_flight = sum(p.max_concurrent_requests for p in config.pools.values())
     ingress = {
         "name": INGRESS,

@@ -29,7 +29,14 @@ POOL_SERVE_FLAGS = (
     "--strict-profile",
 )
 # serve flags the fleet takes once, for its ingress.
-FLEET_SERVE_FLAGS = ("--host", "--port", "--api-key", "--max-body-bytes", "--drain-timeout")
+FLEET_SERVE_FLAGS = (
+    "--host",
+    "--port",
+    "--api-key",
+    "--max-body-bytes",
+    "--drain-timeout",
+    "--private-metrics",
+)
 
 POOL_OPTIONS = ENGINE_OPTIONS + tuple(o for o in SERVE_OPTIONS if o.flag in POOL_SERVE_FLAGS)
 FLEET_OPTIONS = tuple(o for o in SERVE_OPTIONS if o.flag in FLEET_SERVE_FLAGS)

@@ -51,10 +51,16 @@ class GuardMiddleware:
     `params.for_tenant`)."""
 
     def __init__(
-        self, app: ASGIApp, keys: tuple[str, ...], max_body_bytes: int, on_reject: OnReject
+        self,
+        app: ASGIApp,
+        keys: tuple[str, ...],
+        max_body_bytes: int,
+        on_reject: OnReject,
+        private_metrics: bool = False,
     ) -> None:
         self.app = app
         self.keys = keys
+        self.public = PUBLIC_PATHS - {"/metrics"} if private_metrics else PUBLIC_PATHS
         self.tenants = [tenant_id(k) for k in keys] if len(keys) > 1 else None
         self.max_body_bytes = max_body_bytes
         self.on_reject = on_reject
@@ -65,7 +71,7 @@ class GuardMiddleware:
             return
         path: str = scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        needs_key = bool(self.keys) and path not in PUBLIC_PATHS
+        needs_key = bool(self.keys) and path not in self.public
         key = matching_key(headers.get("authorization"), self.keys) if needs_key else None
         if needs_key and key is None:
             err = ApiError(

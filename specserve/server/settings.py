@@ -21,6 +21,8 @@ class ServerSettings:
     # Several keys instead (--api-key-file, one a line): any one is accepted, and each is a
     # tenant: its requests share cached prompt blocks and suffix drafts only with each other.
     tenant_keys: tuple[str, ...] = ()
+    # /metrics behind the key too (by default it is open to scrapers, as /health is).
+    private_metrics: bool = False
     # Largest request body accepted; larger ones get 413.
     max_body_bytes: int = 2_000_000
     max_stop_sequences: int = 4

@@ -101,6 +101,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         None,
     ),
     Option(
+        "--private-metrics",
+        "PRIVATE_METRICS",
+        "with an API key, /metrics needs it too (by default scrapers read it without one)",
+        False,
+        switch=True,
+    ),
+    Option(
         "--strict-profile",
         "STRICT_PROFILE",
         "refuse to start (exit 2) when the speculation profile was measured on other artifacts",
@@ -170,4 +177,5 @@ def server_settings(values: Mapping[str, Any]) -> ServerSettings:
         max_choices=values["max_choices"],
         **api_keys(values.get("api_key"), values.get("api_key_file")),
         max_body_bytes=values.get("max_body_bytes", ServerSettings.max_body_bytes),
+        private_metrics=values.get("private_metrics", False),
     )

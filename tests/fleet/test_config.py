@@ -116,7 +116,13 @@ def test_pool_fields_are_serves_flags_with_serves_defaults(monkeypatch: pytest.M
     flags = {a.dest: a for a in serve._actions if a.option_strings}
     fields = PoolConfig.model_fields
     engine_and_pool = {d for d, a in flags.items() if d not in ("help", "host", "port")}
-    engine_and_pool -= {"api_key", "api_key_file", "max_body_bytes", "drain_timeout"}
+    engine_and_pool -= {
+        "api_key",
+        "api_key_file",
+        "max_body_bytes",
+        "drain_timeout",
+        "private_metrics",
+    }
     assert engine_and_pool <= set(fields), engine_and_pool - set(fields)
     for dest in engine_and_pool:
         # the declared default as parsing gives it (argparse runs a string default through the

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
-from specserve.server.middleware import token_matches
+from specserve.server.middleware import GuardMiddleware, token_matches
 from tests.server.conftest import Server, start_server
 
 KEY = "s3cret-key"
@@ -70,3 +74,26 @@ def test_token_matches() -> None:
     assert not token_matches(KEY, KEY)
     assert not token_matches(f"Bearer {KEY[:-1]}", KEY)
     assert not token_matches("Bearer ünïcode", KEY)
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_private_metrics_puts_metrics_behind_the_key(private: bool) -> None:
+    """--private-metrics (PRIVATE_METRICS): /metrics needs the key too; /health never does."""
+
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/metrics", ok), Route("/health", ok), Route("/info", ok)])
+    guarded = GuardMiddleware(app, (KEY,), 1000, lambda path, outcome: None, private)
+
+    async def get(path: str, key: str | None) -> int:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        transport = httpx.ASGITransport(app=guarded)
+        async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+            return (await client.get(path, headers=headers)).status_code
+
+    async def run() -> list[int]:
+        return [await get(p, k) for p in ("/metrics", "/health", "/info") for k in (None, KEY)]
+
+    metrics_open = 401 if private else 200
+    assert asyncio.run(run()) == [metrics_open, 200, 200, 200, 401, 200]
