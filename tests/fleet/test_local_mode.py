@@ -72,7 +72,9 @@ def test_each_route_reaches_its_pool(fleet: tuple[FleetContexts, Any]) -> None:
         code = {"x-specserve-pool": "code"}
         assert drafted(await c.post("/generate", json=gen(), headers=code)) > 0
         assert drafted(await c.post("/generate", json=gen(model="smol-code"))) > 0
-        r = await c.post("/v1/completions", json={"prompt": LOOPY, "max_tokens": 24})  # path
+        # by path; greedy, EOS ignored: a sampled reply could end or wander before any draft
+        completion = {"prompt": LOOPY, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        r = await c.post("/v1/completions", json=completion)
         usage = r.json()["usage"]["completion_tokens_details"]
         assert r.status_code == 200
         assert usage["accepted_prediction_tokens"] + usage["rejected_prediction_tokens"] > 0
