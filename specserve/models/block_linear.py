@@ -13,7 +13,7 @@ from specserve.models.llama import LlamaForCausalLM, RMSNorm
 
 # Exact numerics only: above this many rows (a prefill chunk, a large batch) decoding the weights
 # once and calling the dense GEMM beats re-expanding every block per group of rows:
-# scripts/bench_blocks.py, whose results are in docs/benchmarks.md (the two meet near 32 rows on
+# benchmarks/bench_blocks.py, whose results are in docs/benchmarks.md (the two meet near 32 rows on
 # 2 AVX2 cores). The GEMM sums in another order, so a row's exact result can change when its
 # step holds more than this many rows. q8 runs the block kernel for every M.
 DIRECT_MAX_ROWS = 24
