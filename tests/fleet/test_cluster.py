@@ -143,7 +143,10 @@ def stream(url: str, headers: dict[str, str], max_new: int, first: threading.Eve
     return thread, events
 
 
-def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
+# Until a condition holds, polled. The bound is only where a broken build gives up: with two
+# CPU-bound processes beside the suite, a replacement replica took 182 s to start (60 s for Ray
+# to start its worker, 120 s to import and build the engine).
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
