@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from specserve.fleet.cluster import connect, start_cluster, stop_cluster
 from specserve.fleet.config import (
     FleetConfigError,
     check_models,
@@ -35,7 +35,6 @@ from specserve.fleet.config import (
     restart_key,
     with_changes,
 )
-from specserve.storage import default_cache_dir, read_private, write_private
 
 logger = logging.getLogger("specserve.fleet")
 
@@ -88,70 +87,6 @@ def add_fleet_parser(subparsers: Any) -> None:
     plan.set_defaults(func=cmd_plan)
 
 
-# ---------------------------------------------------------------------------- the cluster
-def address_file() -> Path:
-    return default_cache_dir() / "fleet-address"
-
-
-# Ray Serve gives a starting HTTP proxy 5 s to report ready before it kills and restarts it; on a
-# busy machine a Ray worker takes longer than that to start, and starting Serve then fails. A
-# cluster `fleet up` starts (and a test's) passes its workers these instead.
-SERVE_ENV = {
-    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "55",
-    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
-}
-
-
-def loopback_only() -> None:
-    """Before Ray is imported: a single-machine cluster whose every port binds 127.0.0.1.
-    (Ray otherwise swaps 127.0.0.1 for the machine's reachable address; its switch for that
-    is named after the platforms where it is the default.)"""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-
-def connect(address: str | None) -> None:
-    """Join the Ray cluster the fleet runs in; SystemExit when there is none."""
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address is None and address_file().is_file():
-        try:  # a file someone else wrote would send this client (and its token) elsewhere
-            address = read_private(address_file(), "fleet address file").strip()
-        except ValueError as exc:
-            raise SystemExit(f"error: not trusting {exc}; remove it or pass --address") from exc
-        loopback_only()  # the cluster `fleet up` started here
-        os.environ.setdefault("RAY_AUTH_MODE", "token")  # with the token it saved
-    if address is None:
-        raise SystemExit("error: no fleet found: start one with `specserve fleet up`")
-    import ray
-
-    try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise SystemExit(f"error: cannot reach the Ray cluster at {address}: {exc}") from exc
-
-
-def start_cluster(num_cpus: int | None) -> str:
-    """A Ray cluster in this process, on 127.0.0.1, without the dashboard."""
-    loopback_only()
-    for name, value in SERVE_ENV.items():  # inherited by the cluster's workers
-        os.environ.setdefault(name, value)
-    import ray
-
-    cpus = num_cpus if num_cpus is not None else os.cpu_count()
-    ray.init(
-        num_cpus=cpus,
-        include_dashboard=False,
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-    )
-    address = str(ray.get_runtime_context().gcs_address)
-    address_file().parent.mkdir(parents=True, exist_ok=True)
-    write_private(address_file(), address)
-    token = Path.home() / ".ray" / "auth_token"  # Ray writes it 0644
-    if token.is_file():
-        token.chmod(0o600)
-    return address
-
-
 # ------------------------------------------------------------------------------- commands
 def cmd_up(args: argparse.Namespace) -> int:
     import yaml
@@ -179,7 +114,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except DEPLOY_ERRORS as exc:
         print(f"error: {_message(exc)}", file=sys.stderr)
         if owned:
-            _stop_cluster()
+            stop_cluster()
         return 1
     url = f"http://{config.host}:{config.port}"
     print(
@@ -198,7 +133,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if stop["now"]:
             _drain(config.drain_timeout)
     finally:
-        _stop_cluster()
+        stop_cluster()
     return 0
 
 
@@ -214,18 +149,6 @@ def _drain(timeout_s: float) -> None:
         return
     if left:
         print(f"drain timeout: {left} request(s) still running are cut off", flush=True)
-
-
-def _stop_cluster() -> None:
-    import ray
-    from ray import serve
-
-    try:
-        serve.shutdown()
-    finally:
-        ray.shutdown()
-        address_file().unlink(missing_ok=True)
-        print("fleet stopped", flush=True)
 
 
 def _message(exc: Exception) -> str:

@@ -58,7 +58,7 @@ def test_up_reports_a_refused_deploy_and_stops_its_cluster(
     path.write_text(yaml.safe_dump(two_pools(fleet_model)))
     stopped: list[bool] = []
     monkeypatch.setattr(cli, "start_cluster", lambda num_cpus: "127.0.0.1:1")
-    monkeypatch.setattr(cli, "_stop_cluster", lambda: stopped.append(True))
+    monkeypatch.setattr(cli, "stop_cluster", lambda: stopped.append(True))
 
     def refuse(config: Any, timeout_s: float = 0) -> None:
         raise RayServeException("deploy refused")

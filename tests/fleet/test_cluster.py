@@ -80,7 +80,7 @@ def fleet(fleet_model: Path, die_file: Path) -> Iterator[Fleet]:
     port = free_port()
     # The cluster's workers inherit this environment: tests/hooks (engine steps of >= 5 ms, so
     # long streams outlast what a test does meanwhile; the die file).
-    from specserve.fleet.cli import SERVE_ENV
+    from specserve.fleet.cluster import SERVE_ENV
 
     hooks = floored_env(SPECSERVE_TEST_DIE_FILE=str(die_file)) | SERVE_ENV
     saved = {k: os.environ.get(k) for k in hooks}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.fleet.cli import address_file, connect
+from specserve.fleet.cluster import address_file, connect
 from specserve.fleet.secrets import write_private
 
 
