@@ -22,11 +22,6 @@ PUBLIC_PATHS = frozenset({"/health", "/metrics"})
 OnReject = Callable[[str, str], None]  # (path, outcome)
 
 
-def token_matches(header: str | None, api_key: str) -> bool:
-    """Constant-time check of an `Authorization: Bearer <key>` header."""
-    return matching_key(header, (api_key,)) is not None
-
-
 def matching_key(header: str | None, keys: tuple[str, ...]) -> int | None:
     """Which of `keys` an `Authorization: Bearer <key>` header holds, if any. Every key is
     compared in constant time, whichever matched."""

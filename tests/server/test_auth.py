@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from specserve.server.middleware import GuardMiddleware, token_matches
+from specserve.server.middleware import GuardMiddleware, matching_key
 from tests.server.conftest import Server, start_server
 
 KEY = "s3cret-key"
@@ -65,6 +65,10 @@ def test_openai_sdk_with_and_without_key(auth_server: Server) -> None:
     bad = openai.OpenAI(base_url=auth_server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.completions.create(model=model.id, prompt="hi", max_tokens=2)
+
+
+def token_matches(header: str | None, key: str) -> bool:
+    return matching_key(header, (key,)) is not None
 
 
 def test_token_matches() -> None:
