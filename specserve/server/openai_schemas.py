@@ -2,9 +2,9 @@
 
 Fields OpenAI defines but this server cannot honour are accepted only at their neutral value, so
 that clients sending defaults work and clients asking for more get a clear 400. Extensions:
-`top_k`, `repetition_penalty`, `speculate`, `ignore_eos`; usage reports speculation as
-`completion_tokens_details.accepted_prediction_tokens` / `rejected_prediction_tokens`, plus the
-extension `speculation_steps`.
+`top_k`, `repetition_penalty`, `speculate`, `speculation_policy`, `ignore_eos`; usage reports
+speculation as `completion_tokens_details.accepted_prediction_tokens` /
+`rejected_prediction_tokens`, plus the extension `speculation_steps`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from specserve.server.schemas import (
     Strict,
     UnicodeChecked,
     cache_salt_field,
+    speculation_policy_field,
 )
 
 FinishReasonOpenAI = Literal["stop", "length"]
@@ -61,6 +62,7 @@ class SamplingFields(Strict):
     speculate: int | None = Field(
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
     )
+    speculation_policy: Literal["static"] | None = speculation_policy_field()
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
     cache_salt: str | None = cache_salt_field()
 

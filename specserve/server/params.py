@@ -199,6 +199,7 @@ def prepare_tgi(
         stop=check_stop(p.stop, limits, "parameters.stop"),
         ignore_eos=p.ignore_eos,
         speculate=check_speculate(p.speculate, limits, "parameters.speculate"),
+        speculation_policy=p.speculation_policy,
         # TGI reports every token's logprob (and the top_n_tokens alternatives)
         logprobs=check_top_logprobs(p.top_n_tokens or 0, "parameters.top_n_tokens"),
         prompt_logprobs=p.decoder_input_details,
@@ -304,6 +305,7 @@ def openai_sampling(
         stop=check_stop(stops, limits, "stop"),
         ignore_eos=req.ignore_eos,
         speculate=check_speculate(req.speculate, limits, "speculate"),
+        speculation_policy=req.speculation_policy,
         logprobs=logprobs,
         cache_salt=req.cache_salt,
     )

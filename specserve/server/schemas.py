@@ -1,9 +1,9 @@
 """TGI request and response shapes, plus /info.
 
 Field names and meanings follow text-generation-inference. Extensions (not in TGI) are marked;
-they are optional, so TGI clients never need them: `speculate`, `ignore_eos` and `model`
-in the parameters, and the per-request speculation counts `drafted_tokens` / `accepted_tokens` /
-`speculation_steps` in the details.
+they are optional, so TGI clients never need them: `speculate`, `speculation_policy`,
+`ignore_eos`, `cache_salt` and `model` in the parameters, and the per-request speculation counts
+`drafted_tokens` / `accepted_tokens` / `speculation_steps` in the details.
 """
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ def cache_salt_field() -> Any:
         max_length=256,
         description="extension (vLLM's): reuse cached prompt prefixes and draft from other "
         "requests' outputs only of requests with the same salt",
+    )
+
+
+def speculation_policy_field() -> Any:
+    """The `speculation_policy` extension of both APIs."""
+    return Field(
+        default=None,
+        description="extension: 'static' verifies every draft whole (up to `speculate`) even "
+        "when the server's --speculation-policy is adaptive; null: the server's policy",
     )
 
 
@@ -116,6 +125,7 @@ class GenerateParameters(Strict):
     speculate: int | None = Field(
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
     )
+    speculation_policy: Literal["static"] | None = speculation_policy_field()
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
     cache_salt: str | None = cache_salt_field()
     model: str | None = Field(

@@ -181,3 +181,13 @@ def test_cache_salt_reaches_the_engine_from_both_apis() -> None:
     assert prepare_completion(req, encode, LIMITS).params.cache_salt == "t2"
     with pytest.raises(ValueError, match="cache_salt"):
         CompletionRequest.model_validate({"prompt": "hi", "cache_salt": ""})
+
+
+def test_speculation_policy_reaches_the_engine_from_both_apis() -> None:
+    assert prepare_tgi(tgi(speculation_policy="static"), encode, LIMITS).params.speculation_policy
+    assert prepare_tgi(tgi(), encode, LIMITS).params.speculation_policy is None
+    req = CompletionRequest.model_validate({"prompt": "hi", "speculation_policy": "static"})
+    assert prepare_completion(req, encode, LIMITS).params.speculation_policy == "static"
+    # only "static" is a request's to choose: "adaptive" needs the server's cost model
+    with pytest.raises(ValueError, match="speculation_policy"):
+        CompletionRequest.model_validate({"prompt": "hi", "speculation_policy": "adaptive"})
