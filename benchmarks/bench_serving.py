@@ -2,7 +2,9 @@
 
 For each compute-thread count and concurrency, three sides run one after the other (never two
 at once): the engine stepped in this process (as `LLM.generate` does), `specserve serve` over
-HTTP streaming (`/generate_stream`), and the same server non-streaming (`/generate`). Every
+HTTP streaming (`/generate_stream`), and the same server non-streaming (`/generate`). The sides
+take turns wave by wave, in a rotated order, so that drift in the machine's speed during the run
+moves all three alike. Every
 request is a hand-written chat prompt (text no built-in workload uses) rendered by the model's
 template, greedy, EOS ignored, 128 new tokens, speculation off, no prefix cache (each prompt is
 sent more than once). A concurrency-c cell sends c requests at once, `--waves` times.
@@ -72,10 +74,16 @@ class Cell:
     decode_tok_s: float | None  # median per request, after the first token
     itl_p50_ms: float | None
     itl_p99_ms: float | None
+    client_cpu_ms: float | None  # the load generator's CPU time per token (HTTP sides)
 
 
 def summarise(
-    side: str, threads: int, conc: int, wall: float, runs: list[tuple[float, list[float]]]
+    side: str,
+    threads: int,
+    conc: int,
+    wall: float,
+    cpu: float | None,
+    runs: list[tuple[float, list[float]]],
 ) -> Cell:
     """runs: per request, (send time, token arrival times); a non-streaming run has one stamp
     per token, all at the finish."""
@@ -88,31 +96,34 @@ def summarise(
         gaps = sorted(b - a for _, st in runs for a, b in itertools.pairwise(st))
         itl50 = 1000 * gaps[len(gaps) // 2]
         itl99 = 1000 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
-    return Cell(side, threads, conc, len(runs), tokens, tokens / wall, e2e, decode, itl50, itl99)
+    client = None if cpu is None else 1000 * cpu / tokens
+    return Cell(
+        side, threads, conc, len(runs), tokens, tokens / wall, e2e, decode, itl50, itl99, client
+    )
 
 
-def in_process(engine: Any, texts: list[str], conc: int, waves: int) -> tuple[float, list, dict]:
+# wall seconds, the load generator's CPU seconds (None in process), per request
+# (send time, token stamps), and each prompt's token ids
+Run = tuple[float, float | None, list[tuple[float, list[float]]], dict[str, list[int]]]
+
+
+def in_process(engine: Any, batch: list[str]) -> Run:
+    """One wave: `batch` sent at once to the engine stepped in this process."""
     from specserve.request import SamplingParams
 
     params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, temperature=0.0)
-    runs: list[tuple[float, list[float]]] = []
-    outputs: dict[str, list[int]] = {}
-    started = time.perf_counter()
-    for w in range(waves):
-        batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
-        sent = time.perf_counter()
-        ids = {engine.add_request(t, params): t for t in batch}
-        stamps: dict[str, list[float]] = {rid: [] for rid in ids}
-        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
-        while engine.has_work():
-            outs = engine.step()
-            now = time.perf_counter()
-            for out in outs:
-                stamps[out.request_id] += [now] * len(out.new_token_ids)
-                tokens[out.request_id] += out.new_token_ids
-        runs += [(sent, stamps[rid]) for rid in ids]
-        outputs |= {ids[rid]: tokens[rid] for rid in ids}
-    return time.perf_counter() - started, runs, outputs
+    sent = time.perf_counter()
+    ids = {engine.add_request(t, params): t for t in batch}
+    stamps: dict[str, list[float]] = {rid: [] for rid in ids}
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    while engine.has_work():
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            stamps[out.request_id] += [now] * len(out.new_token_ids)
+            tokens[out.request_id] += out.new_token_ids
+    runs = [(sent, stamps[rid]) for rid in ids]
+    return time.perf_counter() - sent, None, runs, {ids[rid]: tokens[rid] for rid in ids}
 
 
 async def _one(client: httpx.AsyncClient, url: str, text: str, stream: bool) -> Any:
@@ -128,32 +139,57 @@ async def _one(client: httpx.AsyncClient, url: str, text: str, stream: bool) -> 
         done = time.perf_counter()
         ids = [t["id"] for t in r.json()["details"]["tokens"]]
         return text, sent, [done] * len(ids), ids
+    return await _stream(url, body, sent)
+
+
+async def _stream(url: str, body: dict[str, Any], sent: float) -> Any:
+    """POST /generate_stream over a bare connection, reading the chunked SSE reply by hand.
+
+    httpx's streaming costs the load generator ~1 ms of CPU per event on this machine (measured
+    with `time.process_time`), taken from the cores the server computes on; this costs ~0.1 ms.
+    The server cannot tell the difference: the same request, the same bytes back."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        f"POST /generate_stream HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
     stamps: list[float] = []
-    ids = []
-    async with client.stream("POST", url + "/generate_stream", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if line.startswith("data:"):
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise RuntimeError(event["error"])
-                stamps.append(time.perf_counter())
-                ids.append(event["token"]["id"])
-    return text, sent, stamps, ids
+    ids: list[int] = []
+    try:
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"/generate_stream answered {status!r}")
+        headers = (await reader.readuntil(b"\r\n\r\n")).lower()
+        if b"transfer-encoding: chunked" not in headers:
+            raise RuntimeError("expected a chunked SSE reply")
+        pending = b""
+        while size := int((await reader.readline()).strip() or b"0", 16):
+            pending += (await reader.readexactly(size + 2))[:-2]
+            *events, pending = pending.split(b"\n\n")
+            for line in (ln for ev in events for ln in ev.split(b"\n")):
+                if line.startswith(b"data:"):
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise RuntimeError(event["error"])
+                    stamps.append(time.perf_counter())
+                    ids.append(event["token"]["id"])
+    finally:
+        writer.close()
+    return body["inputs"], sent, stamps, ids
 
 
-async def over_http(url: str, texts: list[str], conc: int, waves: int, stream: bool) -> Any:
-    runs: list[tuple[float, list[float]]] = []
-    outputs: dict[str, list[int]] = {}
-    limits = httpx.Limits(max_connections=conc + 2)
+async def over_http(url: str, batch: list[str], stream: bool) -> Run:
+    """One wave: `batch` sent at once to the server."""
+    limits = httpx.Limits(max_connections=len(batch) + 2)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        started = time.perf_counter()
-        for w in range(waves):
-            batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
-            done = await asyncio.gather(*(_one(client, url, t, stream) for t in batch))
-            runs += [(sent, stamps) for _, sent, stamps, _ in done]
-            outputs |= {text: ids for text, _, _, ids in done}
-        return time.perf_counter() - started, runs, outputs
+        started, cpu = time.perf_counter(), time.process_time()
+        done = await asyncio.gather(*(_one(client, url, t, stream) for t in batch))
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    runs = [(sent, stamps) for _, sent, stamps, _ in done]
+    return wall, cpu, runs, {t: ids for t, _, _, ids in done}
 
 
 def start_server(threads: int, log: Path) -> subprocess.Popen[bytes]:
@@ -175,7 +211,13 @@ def render(texts: list[str]) -> list[str]:
     return [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
 
 
+SIDES = ("in process", "HTTP streaming", "HTTP non-streaming")
+
+
 def run_threads(threads: int, concs: list[int], waves: int, log: Path) -> list[Cell]:
+    """Waves interleaved: each wave runs on the three sides back to back, the side order rotated
+    from wave to wave, so that a machine getting slower or faster during the run moves all three
+    alike. The server idles while the engine in this process runs, and the other way round."""
     import torch
 
     from specserve.config import CacheConfig, EngineConfig, SpecConfig
@@ -183,36 +225,46 @@ def run_threads(threads: int, concs: list[int], waves: int, log: Path) -> list[C
 
     texts = render(PROMPTS)
     cells: list[Cell] = []
-    outputs: dict[tuple[str, int], dict[str, list[int]]] = {}
-    torch.set_num_threads(threads)
-    config = EngineConfig(
-        num_threads=threads, spec=SpecConfig(speculate=0), cache=CacheConfig(prefix_caching=False)
-    )
-    engine = Engine(config)
-    in_process(engine, texts[:1], 1, 1)  # warm-up
-    for conc in concs:
-        wall, runs, outputs[("in process", conc)] = in_process(engine, texts, conc, waves)
-        cells.append(summarise("in process", threads, conc, wall, runs))
-    del engine
-    torch.set_num_threads(1)  # the load generator's share of the machine
+    outputs: dict[str, list[int]] = {}
     proc = start_server(threads, log)
     url = f"http://127.0.0.1:{PORT}"
     try:
-        asyncio.run(over_http(url, texts[:1], 1, 1, True))  # warm-up
+        torch.set_num_threads(threads)
+        config = EngineConfig(
+            num_threads=threads,
+            spec=SpecConfig(speculate=0),
+            cache=CacheConfig(prefix_caching=False),
+        )
+        engine = Engine(config)
+        sides = {
+            "in process": lambda batch: in_process(engine, batch),
+            "HTTP streaming": lambda batch: asyncio.run(over_http(url, batch, True)),
+            "HTTP non-streaming": lambda batch: asyncio.run(over_http(url, batch, False)),
+        }
+        for side in SIDES[:2]:
+            sides[side](texts[:1])  # warm-up
         for conc in concs:
-            for side, stream in (("HTTP streaming", True), ("HTTP non-streaming", False)):
-                wall, runs, outputs[(side, conc)] = asyncio.run(
-                    over_http(url, texts, conc, waves, stream)
-                )
-                cells.append(summarise(side, threads, conc, wall, runs))
+            walls = dict.fromkeys(SIDES, 0.0)
+            cpus: dict[str, float | None] = dict.fromkeys(SIDES)
+            runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in SIDES}
+            for w in range(waves):
+                batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
+                for side in SIDES[w % 3 :] + SIDES[: w % 3]:
+                    wall, cpu, wave_runs, wave_outputs = sides[side](batch)
+                    walls[side] += wall
+                    if cpu is not None:
+                        cpus[side] = (cpus[side] or 0.0) + cpu
+                    runs[side] += wave_runs
+                    for text, ids in wave_outputs.items():
+                        if outputs.setdefault(text, ids) != ids:
+                            raise SystemExit(f"{side}: output differs for {text[:40]!r}")
+            cells += [
+                summarise(side, threads, conc, walls[side], cpus[side], runs[side])
+                for side in SIDES
+            ]
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    reference = outputs[("in process", concs[0])]
-    for key, out in outputs.items():
-        for text, ids in out.items():
-            if text in reference and ids != reference[text]:
-                raise SystemExit(f"{key}: output differs from the in-process one for {text[:40]!r}")
     return cells
 
 
@@ -228,11 +280,12 @@ def report(info: dict[str, Any], cells: list[Cell]) -> str:
         rows.append([
             str(c.threads), str(c.concurrency), c.side, f"{c.aggregate_tok_s:.1f}",
             f"{c.e2e_tok_s:.1f}", fmt(c.decode_tok_s), fmt(c.itl_p50_ms), fmt(c.itl_p99_ms),
+            "-" if c.client_cpu_ms is None else f"{c.client_cpu_ms:.2f}",
             f"{rate(c) / rate(ref):.2f}x",
         ])  # fmt: skip
     header = [
         "threads", "concurrency", "side", "aggregate tok/s", "e2e tok/s per request",
-        "decode tok/s", "ITL p50 ms", "ITL p99 ms", "/ in process",
+        "decode tok/s", "ITL p50 ms", "ITL p99 ms", "client CPU ms/token", "/ in process",
     ]  # fmt: skip
     return machine_lines(info) + "\n\n" + markdown_table(header, rows)
 
