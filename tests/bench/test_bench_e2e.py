@@ -16,6 +16,7 @@ import pytest
 from specserve.bench.cli import add_bench_parsers
 from specserve.bench.workload_items import ChatMessage, WorkloadItem, write_workload
 from specserve.speculation import profile as pf
+from tests import http
 
 TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -55,7 +56,7 @@ def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         while time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if http.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from specserve.fleet.config import FleetConfig, parse_fleet, with_changes
+from tests import http
 from tests.fleet.conftest import LOOPY, two_pools
 from tests.server.conftest import floored_env, free_port
 
@@ -31,7 +31,7 @@ class Fleet:
     config: FleetConfig
 
     def info(self) -> dict[str, Any]:
-        return dict(httpx.get(self.url + "/info", timeout=60).json())
+        return dict(http.get(self.url + "/info", timeout=60).json())
 
     def pids(self, pool: str) -> list[int]:
         return [r["pid"] for r in self.info()["pools"][pool]["replicas"]]
@@ -39,7 +39,7 @@ class Fleet:
     def metric(self, name: str, **labels: str) -> float:
         from prometheus_client.parser import text_string_to_metric_families
 
-        text = httpx.get(self.url + "/metrics", timeout=60).text
+        text = http.get(self.url + "/metrics", timeout=60).text
         samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
         return sum(
             s.value for s in samples if s.name == name and labels.items() <= s.labels.items()
@@ -47,7 +47,7 @@ class Fleet:
 
     def generate(self, headers: dict[str, str] | None = None, **params: Any) -> dict[str, Any]:
         body = {"inputs": LOOPY, "parameters": {"max_new_tokens": 24, "details": True, **params}}
-        r = httpx.post(self.url + "/generate", json=body, headers=headers, timeout=120)
+        r = http.post(self.url + "/generate", json=body, headers=headers, timeout=120)
         assert r.status_code == 200, r.text
         details: dict[str, Any] = r.json()["details"]
         assert details["finish_reason"] == "length"
@@ -130,7 +130,7 @@ def stream(url: str, headers: dict[str, str], max_new: int, first: threading.Eve
     body = {"inputs": "hello", "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
 
     def run() -> None:
-        with httpx.stream(
+        with http.stream(
             "POST", url + "/generate_stream", json=body, headers=headers, timeout=300
         ) as s:
             for line in s.iter_lines():
@@ -158,18 +158,18 @@ def test_routes_by_header_model_and_path(fleet: Fleet) -> None:
     assert fleet.generate()["drafted_tokens"] == 0  # default pool: chat, N=0
     assert fleet.generate(CODE)["drafted_tokens"] > 0
     assert fleet.generate(model="smol-code")["drafted_tokens"] > 0
-    r = httpx.post(
+    r = http.post(
         fleet.url + "/v1/completions", json={"prompt": LOOPY, "max_tokens": 16}, timeout=120
     )
     assert r.status_code == 200, r.text
     assert fleet.metric("specserve_requests_total", pool="code", route="/v1/completions") == 1
-    r = httpx.post(fleet.url + "/generate", json={"inputs": "x"}, headers={"x-specserve-pool": "z"})
+    r = http.post(fleet.url + "/generate", json={"inputs": "x"}, headers={"x-specserve-pool": "z"})
     assert r.status_code == 422 and "the pools are chat, code" in r.text
 
 
 def test_streams_through_the_proxy(fleet: Fleet) -> None:
     body = {"inputs": LOOPY, "parameters": {"max_new_tokens": 16, "details": True}}
-    with httpx.stream(
+    with http.stream(
         "POST", fleet.url + "/generate_stream", json=body, headers=CODE, timeout=120
     ) as s:
         events = [json.loads(x[5:]) for x in s.iter_lines() if x.startswith("data:")]
@@ -180,7 +180,7 @@ def test_streams_through_the_proxy(fleet: Fleet) -> None:
         "max_tokens": 8,
         "stream": True,
     }
-    with httpx.stream("POST", fleet.url + "/v1/chat/completions", json=chat, timeout=120) as s:
+    with http.stream("POST", fleet.url + "/v1/chat/completions", json=chat, timeout=120) as s:
         lines = [x[5:].strip() for x in s.iter_lines() if x.startswith("data:")]
     assert lines[-1] == "[DONE]" and json.loads(lines[-2])["choices"][0]["finish_reason"]
 
@@ -278,7 +278,7 @@ def test_deploys_leave_other_serve_applications_running(fleet: Fleet) -> None:
 
     # The fleet was deployed, then redeployed (above), after the neighbour.
     assert str(serve.status().applications["neighbour"].status).endswith("RUNNING")
-    assert httpx.get(fleet.url + "/neighbour", timeout=60).text == "neighbour"
+    assert http.get(fleet.url + "/neighbour", timeout=60).text == "neighbour"
 
 
 def test_a_killed_replica_is_replaced(fleet: Fleet) -> None:
@@ -300,17 +300,17 @@ def test_a_replica_whose_engine_thread_died_is_replaced(fleet: Fleet, die_file: 
     [code], [chat] = fleet.pids("code"), fleet.pids("chat")
     die_file.touch()
     try:
-        r = httpx.post(fleet.url + "/generate", json={"inputs": "hi"}, headers=CODE, timeout=120)
+        r = http.post(fleet.url + "/generate", json={"inputs": "hi"}, headers=CODE, timeout=120)
     finally:
         die_file.unlink()
     assert r.status_code >= 500, r.text  # its engine died under it
     died = time.monotonic()
-    health = httpx.get(fleet.url + "/health", timeout=60)
+    health = http.get(fleet.url + "/health", timeout=60)
     assert health.status_code == 503 and health.json()["pools"]["code"] == 0, health.text
     assert fleet.generate(CHAT)["finish_reason"] == "length"  # the other pool serves on
     wait_until("a new code replica", lambda: fleet.pids("code") not in ([], [code]))
     logging.getLogger(__name__).warning("replaced %.1f s after", time.monotonic() - died)
-    wait_until("/health 200", lambda: httpx.get(fleet.url + "/health", timeout=60).is_success)
+    wait_until("/health 200", lambda: http.get(fleet.url + "/health", timeout=60).is_success)
     assert fleet.generate(CODE)["drafted_tokens"] > 0
     assert fleet.pids("chat") == [chat]
 
@@ -323,8 +323,8 @@ def test_drain_refuses_new_requests_and_waits_for_those_in_flight(fleet: Fleet) 
     thread, events = stream(fleet.url, CODE, 3000, first)  # >= 15 s (floored steps)
     assert first.wait(60)
     assert drain(timeout_s=1.0) == 1  # it is still running when the timeout ends
-    health = httpx.get(fleet.url + "/health", timeout=60)
+    health = http.get(fleet.url + "/health", timeout=60)
     assert health.status_code == 503 and health.json()["status"] == "draining", health.text
-    r = httpx.post(fleet.url + "/generate", json={"inputs": "hi"}, headers=CHAT, timeout=60)
+    r = http.post(fleet.url + "/generate", json={"inputs": "hi"}, headers=CHAT, timeout=60)
     assert r.status_code == 503, r.text
     assert thread.is_alive() and "error" not in events[-1]  # not cut by the drain itself

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import http
 from tests.tiny import TINY_CONTEXT, make_tiny_model
 
 # Flags' environment forms that would leak from the caller's shell into the servers.
@@ -129,7 +130,7 @@ def start_server(
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_tail()}")
         try:
-            if httpx.get(server.url + "/health", timeout=1).status_code == 200:
+            if http.get(server.url + "/health", timeout=1).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass
@@ -163,7 +164,7 @@ def smol_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 # --------------------------------------------------------------------------------- helpers
 def scrape(url: str) -> dict[str, float]:
     """Every sample of /metrics as `name{label="v",...}` -> value (labels sorted)."""
-    text = httpx.get(url + "/metrics").text
+    text = http.get(url + "/metrics").text
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

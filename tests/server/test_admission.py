@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from specserve.config import CacheConfig, EngineConfig
@@ -21,6 +20,7 @@ from specserve.engine.engine import Engine
 from specserve.server.app import create_app
 from specserve.server.context import ServerContext
 from specserve.server.settings import ServerSettings
+from tests import http
 from tests.server.test_isolation import ThreadServer
 
 BIG = "x " * 1_000_000  # 2 MB of prompt
@@ -75,7 +75,7 @@ def test_a_2mb_body_at_429_is_not_tokenised(
     server, ctx = app
     held = ctx.service.admit("/test", 2)  # every slot taken
     try:
-        r = httpx.post(server.url + route, json=BODIES[route], timeout=30)
+        r = http.post(server.url + route, json=BODIES[route], timeout=30)
     finally:
         ctx.service.close(held)
     assert r.status_code == 429, r.text[:300]
@@ -89,12 +89,12 @@ def test_prompts_are_tokenised_in_a_worker_thread_without_the_engine_lock(
     assert ctx.prompt_tokenizer.lock is not ctx.tokenizer.lock
     with ctx.tokenizer.lock:  # as if the engine's detokenizer held it for a long while
         for body in ({"inputs": "hello"}, {"prompt": "hello"}, {"messages": HI}):
-            r = httpx.post(server.url + "/tokenize", json=body, timeout=30)
+            r = http.post(server.url + "/tokenize", json=body, timeout=30)
             assert r.status_code == 200, r.text
-        r = httpx.post(server.url + "/detokenize", json={"tokens": [5, 6]}, timeout=30)
+        r = http.post(server.url + "/detokenize", json={"tokens": [5, 6]}, timeout=30)
         assert r.status_code == 200, r.text
     assert encodes and server.thread.name not in encodes
-    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
+    r = http.post(server.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
     assert r.status_code == 200 and server.thread.name not in encodes
 
 
@@ -104,10 +104,10 @@ def test_tokenize_refuses_a_prompt_longer_than_any_context_before_tokenising(
     server, ctx = app
     cap = ctx.limits.max_prompt_chars
     assert cap is not None and cap < len(BIG)
-    r = httpx.post(server.url + "/tokenize", json={"prompt": BIG}, timeout=30)
+    r = http.post(server.url + "/tokenize", json={"prompt": BIG}, timeout=30)
     assert r.status_code == 422, r.text
     assert "prompt" in r.json()["error"] and f"the limit is {cap}" in r.json()["error"]
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": BIG}, timeout=30)
+    r = http.post(server.url + "/v1/completions", json={"prompt": BIG}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     assert encodes == []
 
@@ -117,13 +117,13 @@ def test_n_choices_take_n_slots(app: tuple[ThreadServer, ServerContext]) -> None
     body = {"prompt": "hi", "max_tokens": 2, "n": 2}
     held = ctx.service.admit("/test")  # one of two slots taken
     try:
-        r = httpx.post(server.url + "/v1/completions", json=body)
+        r = http.post(server.url + "/v1/completions", json=body)
         assert r.status_code == 429, r.text
-        r = httpx.post(server.url + "/v1/completions", json={**body, "n": 3})
+        r = http.post(server.url + "/v1/completions", json={**body, "n": 3})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "n"
         assert "--max-concurrent-requests" in r.json()["error"]["message"]
     finally:
         ctx.service.close(held)
-    assert httpx.post(server.url + "/v1/completions", json=body).status_code == 200
+    assert http.post(server.url + "/v1/completions", json=body).status_code == 200
     assert ctx.service.active == 0

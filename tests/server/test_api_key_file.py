@@ -11,11 +11,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from specserve.server.keyfile import api_keys, read_key_file
 from specserve.server.middleware import tenant_id
+from tests import http
 from tests.server.conftest import TINY_FLAGS, Server, scrape, server_env, start_server
 
 KEY = "file-s3cret"
@@ -71,9 +71,9 @@ def keyed_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def test_the_key_from_the_file_is_required(keyed_server: Server) -> None:
     body = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
-    assert httpx.post(keyed_server.url + "/generate", json=body).status_code == 401
+    assert http.post(keyed_server.url + "/generate", json=body).status_code == 401
     headers = {"Authorization": f"Bearer {KEY}"}
-    r = httpx.post(keyed_server.url + "/generate", json=body, headers=headers)
+    r = http.post(keyed_server.url + "/generate", json=body, headers=headers)
     assert r.status_code == 200, r.text
     cmdline = Path(f"/proc/{keyed_server.proc.pid}/cmdline").read_bytes()
     assert KEY.encode() not in cmdline and os.path.exists(f"/proc/{keyed_server.proc.pid}")
@@ -102,7 +102,7 @@ def test_each_key_is_a_tenant_with_its_own_prefix_cache(tenant_server: Server) -
 
     def send(key: str | None) -> int:
         headers = {} if key is None else {"Authorization": f"Bearer {key}"}
-        return httpx.post(url + "/generate", json=body, headers=headers, timeout=60).status_code
+        return http.post(url + "/generate", json=body, headers=headers, timeout=60).status_code
 
     assert send(None) == 401 and send("someone-else") == 401
     assert send(TENANTS[0]) == 200

@@ -14,6 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from specserve.server.middleware import GuardMiddleware, matching_key
+from tests import http
 from tests.server.conftest import Server, start_server
 
 KEY = "s3cret-key"
@@ -39,21 +40,21 @@ def auth_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 )
 def test_missing_or_wrong_key_gets_401(auth_server: Server, headers: dict[str, str]) -> None:
     body = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
-    r = httpx.post(auth_server.url + "/generate", json=body, headers=headers)
+    r = http.post(auth_server.url + "/generate", json=body, headers=headers)
     assert r.status_code == 401
     assert r.headers["www-authenticate"] == "Bearer"
     assert r.json()["error_type"] == "unauthorized"
-    r = httpx.get(auth_server.url + "/v1/models", headers=headers)
+    r = http.get(auth_server.url + "/v1/models", headers=headers)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(auth_server.url + "/info", headers=headers).status_code == 401
+    assert http.get(auth_server.url + "/info", headers=headers).status_code == 401
 
 
 def test_right_key_passes_and_probes_stay_open(auth_server: Server) -> None:
     good = {"Authorization": f"Bearer {KEY}"}
     body = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
-    assert httpx.post(auth_server.url + "/generate", json=body, headers=good).status_code == 200
-    assert httpx.get(auth_server.url + "/health").status_code == 200
-    metrics = httpx.get(auth_server.url + "/metrics").text
+    assert http.post(auth_server.url + "/generate", json=body, headers=good).status_code == 200
+    assert http.get(auth_server.url + "/health").status_code == 200
+    metrics = http.get(auth_server.url + "/metrics").text
     assert 'specserve_requests_total{outcome="unauthorized",route="/generate"}' in metrics
 
 

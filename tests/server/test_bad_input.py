@@ -7,13 +7,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests import http
 from tests.server.conftest import Server
 
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 30  # > 64 tokens
 
 
 def tgi(server: Server, parameters: dict[str, object], inputs: str = "Hello") -> httpx.Response:
-    return httpx.post(server.url + "/generate", json={"inputs": inputs, "parameters": parameters})
+    return http.post(server.url + "/generate", json={"inputs": inputs, "parameters": parameters})
 
 
 @pytest.mark.parametrize(
@@ -56,25 +57,25 @@ def test_prompt_over_max_input_tokens(tiny_server: Server) -> None:
     r = tgi(tiny_server, {}, inputs=LONG_PROMPT)
     assert r.status_code == 422
     assert "inputs" in r.json()["error"] and "64 (--max-input-tokens)" in r.json()["error"]
-    r = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": LONG_PROMPT})
+    r = http.post(tiny_server.url + "/v1/completions", json={"prompt": LONG_PROMPT})
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "prompt" and "64" in err["message"]
     chat = {"messages": [{"role": "user", "content": LONG_PROMPT}]}
-    r = httpx.post(tiny_server.url + "/v1/chat/completions", json=chat)
+    r = http.post(tiny_server.url + "/v1/chat/completions", json=chat)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
 def test_empty_and_missing_inputs(tiny_server: Server) -> None:
     r = tgi(tiny_server, {}, inputs="")
     assert r.status_code == 422 and "inputs: must not be empty" in r.json()["error"]
-    r = httpx.post(tiny_server.url + "/generate", json={"parameters": {}})
+    r = http.post(tiny_server.url + "/generate", json={"parameters": {}})
     assert r.status_code == 422 and "inputs: Field required" in r.json()["error"]
 
 
 @pytest.mark.parametrize("route", ["/generate", "/generate_stream", "/v1/completions"])
 def test_invalid_json(tiny_server: Server, route: str) -> None:
-    r = httpx.post(
+    r = http.post(
         tiny_server.url + route,
         content=b'{"inputs": "x",',
         headers={"content-type": "application/json"},
@@ -106,7 +107,7 @@ def test_invalid_json(tiny_server: Server, route: str) -> None:
 def test_openai_bad_parameters(
     tiny_server: Server, body: dict[str, object], param: str, needle: str
 ) -> None:
-    r = httpx.post(tiny_server.url + "/v1/completions", json=body)
+    r = http.post(tiny_server.url + "/v1/completions", json=body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error"
@@ -120,7 +121,7 @@ def test_chat_top_logprobs_needs_logprobs_and_a_cap(tiny_server: Server) -> None
         ({"top_logprobs": 2}, "needs logprobs: true"),
         ({"logprobs": True, "top_logprobs": 21}, "between 0 and 20"),
     ):
-        r = httpx.post(tiny_server.url + "/v1/chat/completions", json={**chat, **extra})
+        r = http.post(tiny_server.url + "/v1/chat/completions", json={**chat, **extra})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["param"] == "top_logprobs" and needle in err["message"], err
@@ -128,26 +129,26 @@ def test_chat_top_logprobs_needs_logprobs_and_a_cap(tiny_server: Server) -> None
 
 def test_openai_temperature_zero_is_greedy(tiny_server: Server) -> None:
     body = {"prompt": "The quick brown", "max_tokens": 6, "temperature": 0, "seed": 1}
-    a = httpx.post(tiny_server.url + "/v1/completions", json=body).json()
-    b = httpx.post(tiny_server.url + "/v1/completions", json={**body, "seed": 2}).json()
+    a = http.post(tiny_server.url + "/v1/completions", json=body).json()
+    b = http.post(tiny_server.url + "/v1/completions", json={**body, "seed": 2}).json()
     assert a["choices"][0]["text"] == b["choices"][0]["text"]
 
 
 def test_chat_rejects_tools_and_bad_roles(tiny_server: Server) -> None:
     url = tiny_server.url + "/v1/chat/completions"
     msgs = [{"role": "user", "content": "hi"}]
-    r = httpx.post(url, json={"messages": msgs, "tools": [{"type": "function"}]})
+    r = http.post(url, json={"messages": msgs, "tools": [{"type": "function"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
-    r = httpx.post(url, json={"messages": [{"role": "robot", "content": "hi"}]})
+    r = http.post(url, json={"messages": [{"role": "robot", "content": "hi"}]})
     assert r.status_code == 400 and "messages[0].role" in r.json()["error"]["message"]
-    r = httpx.post(url, json={"messages": []})
+    r = http.post(url, json={"messages": []})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
 def test_body_over_limit_gets_413(tiny_server: Server) -> None:
     big = b'{"inputs": "' + b"a" * 300_000 + b'"}'
     headers = {"content-type": "application/json"}
-    r = httpx.post(tiny_server.url + "/generate", content=big, headers=headers)
+    r = http.post(tiny_server.url + "/generate", content=big, headers=headers)
     assert r.status_code == 413 and "200000" in r.json()["error"]
 
     def chunked() -> Iterator[bytes]:  # no Content-Length: the limit applies while reading
@@ -156,7 +157,7 @@ def test_body_over_limit_gets_413(tiny_server: Server) -> None:
             yield b"a" * 10_000
         yield b'"}'
 
-    r = httpx.post(tiny_server.url + "/v1/completions", content=chunked(), headers=headers)
+    r = http.post(tiny_server.url + "/v1/completions", content=chunked(), headers=headers)
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "payload_too_large"
     assert tgi(tiny_server, {"max_new_tokens": 2}).status_code == 200
@@ -178,7 +179,7 @@ def test_body_over_limit_gets_413(tiny_server: Server) -> None:
 )
 def test_lone_surrogate_is_a_4xx(tiny_server: Server, route: str, body: str) -> None:
     headers = {"content-type": "application/json"}
-    r = httpx.post(tiny_server.url + route, content=body.encode(), headers=headers)
+    r = http.post(tiny_server.url + route, content=body.encode(), headers=headers)
     assert r.status_code == (400 if route.startswith("/v1/") else 422), r.text
     assert "lone surrogate" in r.text and "valid Unicode" in r.text
     assert tgi(tiny_server, {"max_new_tokens": 2}).status_code == 200
@@ -187,7 +188,7 @@ def test_lone_surrogate_is_a_4xx(tiny_server: Server, route: str, body: str) -> 
 @pytest.mark.parametrize("route", ["/generate", "/generate_stream", "/v1/completions"])
 def test_non_utf8_body_gets_400_in_the_family_shape(tiny_server: Server, route: str) -> None:
     body = b'{"inputs": "caf\xe9", "prompt": "caf\xe9"}'  # latin-1, not UTF-8
-    r = httpx.post(
+    r = http.post(
         tiny_server.url + route, content=body, headers={"content-type": "application/json"}
     )
     assert r.status_code == 400
@@ -203,7 +204,7 @@ def test_non_utf8_body_gets_400_in_the_family_shape(tiny_server: Server, route: 
     [("/generate", "inputs"), ("/v1/completions", "prompt"), ("/v1/chat/completions", "messages")],
 )
 def test_empty_body_names_what_is_missing(tiny_server: Server, route: str, field: str) -> None:
-    r = httpx.post(tiny_server.url + route, headers={"content-type": "application/json"})
+    r = http.post(tiny_server.url + route, headers={"content-type": "application/json"})
     assert r.status_code in (400, 422)
     text = r.text
     assert "body: missing" in text and field in text, text
@@ -214,7 +215,7 @@ def test_empty_body_names_what_is_missing(tiny_server: Server, route: str, field
 def test_wrong_json_types_are_refused(tiny_server: Server, value: object) -> None:
     r = tgi(tiny_server, {"max_new_tokens": value})
     assert r.status_code == 422 and "parameters.max_new_tokens" in r.json()["error"], r.text
-    r = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": value})
+    r = http.post(tiny_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": value})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
 
 
@@ -226,35 +227,35 @@ def test_unknown_model_is_404_model_not_found(tiny_server: Server) -> None:
             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         ),
     ]:
-        r = httpx.post(tiny_server.url + route, json={**body, "model": "gpt-4"})
+        r = http.post(tiny_server.url + route, json={**body, "model": "gpt-4"})
         assert r.status_code == 404, r.text
         err = r.json()["error"]
         assert err["code"] == "model_not_found" and err["param"] == "model"
         assert "gpt-4" in err["message"]
-        served = httpx.get(tiny_server.url + "/v1/models").json()["data"][0]["id"]
+        served = http.get(tiny_server.url + "/v1/models").json()["data"][0]["id"]
         short = served.rstrip("/").rsplit("/", 1)[-1]
         for name in (served, short, short.upper()):
-            r = httpx.post(tiny_server.url + route, json={**body, "model": name})
+            r = http.post(tiny_server.url + route, json={**body, "model": name})
             assert r.status_code == 200, (name, r.text)
 
 
 def test_max_tokens_and_max_completion_tokens_must_agree(tiny_server: Server) -> None:
     url = tiny_server.url + "/v1/chat/completions"
     msgs = [{"role": "user", "content": "hi"}]
-    r = httpx.post(url, json={"messages": msgs, "max_tokens": 3, "max_completion_tokens": 5})
+    r = http.post(url, json={"messages": msgs, "max_tokens": 3, "max_completion_tokens": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
     assert "conflicts with max_tokens" in r.json()["error"]["message"]
-    r = httpx.post(url, json={"messages": msgs, "max_tokens": 3, "max_completion_tokens": 3})
+    r = http.post(url, json={"messages": msgs, "max_tokens": 3, "max_completion_tokens": 3})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
 
 
 def test_retrieve_model_and_head_health(tiny_server: Server) -> None:
-    served = httpx.get(tiny_server.url + "/v1/models").json()["data"][0]
-    r = httpx.get(f"{tiny_server.url}/v1/models/{served['id']}")
+    served = http.get(tiny_server.url + "/v1/models").json()["data"][0]
+    r = http.get(f"{tiny_server.url}/v1/models/{served['id']}")
     assert r.status_code == 200 and r.json() == served
-    r = httpx.get(tiny_server.url + "/v1/models/gpt-4")
+    r = http.get(tiny_server.url + "/v1/models/gpt-4")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = httpx.head(tiny_server.url + "/health")
     assert r.status_code == 200 and r.content == b""
-    r = httpx.get(tiny_server.url + "/v1/no-such-route")
+    r = http.get(tiny_server.url + "/v1/no-such-route")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

@@ -3,7 +3,6 @@ with log-probabilities, and prompt characters checked before tokenising."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from specserve.server.errors import ApiError
@@ -11,6 +10,7 @@ from specserve.server.openai_schemas import ChatCompletionRequest, CompletionReq
 from specserve.server.params import prepare_chat, prepare_completion, prepare_tgi
 from specserve.server.schemas import GenerateRequest
 from specserve.server.settings import Limits
+from tests import http
 from tests.server.conftest import Server
 from tests.server.test_params import encode
 
@@ -75,14 +75,14 @@ def test_the_reply_cap_over_http_in_both_shapes(tiny_server: Server) -> None:
         "logprobs": True,
         "top_logprobs": 20,
     }
-    r = httpx.post(tiny_server.url + "/v1/chat/completions", json=chat)
+    r = http.post(tiny_server.url + "/v1/chat/completions", json=chat)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "top_logprobs" and "at most 100000" in err["message"]
     body = {"prompt": "hi", "max_tokens": 4000, "logprobs": 20, "n": 2}
-    r = httpx.post(tiny_server.url + "/v1/completions", json=body)
+    r = http.post(tiny_server.url + "/v1/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
     streamed = {**body, "stream": True}  # a stream formats as it goes: no cap
-    with httpx.stream("POST", tiny_server.url + "/v1/completions", json=streamed) as s:
+    with http.stream("POST", tiny_server.url + "/v1/completions", json=streamed) as s:
         assert s.status_code == 200
         assert next(s.iter_lines()).startswith("data: ")  # leaving aborts it

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 from huggingface_hub import InferenceClient
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests import http
 from tests.server.conftest import Server
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ def test_speculation_is_lossless_on_the_real_model(smol_server: Server) -> None:
     for speculate in (None, 0):
         params = {"max_new_tokens": 24, "details": True, "speculate": speculate}
         body = {"inputs": prompt, "parameters": {k: v for k, v in params.items() if v is not None}}
-        outs.append(httpx.post(smol_server.url + "/generate", json=body, timeout=60).json())
+        outs.append(http.post(smol_server.url + "/generate", json=body, timeout=60).json())
     assert outs[0]["generated_text"] == outs[1]["generated_text"]
     assert outs[0]["details"]["drafted_tokens"] > 0 and outs[1]["details"]["drafted_tokens"] == 0
 

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import http
 from tests.server.conftest import Server, idle, scrape, sse_events
 
 SPEC = {"max_new_tokens": 3000, "ignore_eos": True}  # speculation at the server's N
@@ -71,7 +72,7 @@ def test_non_streaming_chat_disconnect_while_speculating(
     before = idle(server.url)
     body = {**ROUTES["/v1/chat/completions"], "stream": False}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.0)
+        http.post(server.url + "/v1/chat/completions", json=body, timeout=1.0)
     after = idle(server.url)
     route = "/v1/chat/completions"
     assert _cancelled(after, route) - _cancelled(before, route) == 1

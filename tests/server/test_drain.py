@@ -15,6 +15,7 @@ from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.server.app import create_app
 from specserve.server.settings import ServerSettings
+from tests import http
 from tests.server.conftest import (
     LONG,
     TINY_FLAGS,
@@ -34,10 +35,10 @@ def test_drain_timeout_ends_open_requests_with_errors(tiny_model: Path, tmp_path
     blocking: dict[str, httpx.Response] = {}
 
     def non_streaming() -> None:
-        blocking["r"] = httpx.post(server.url + "/generate", json=BODY, timeout=60)
+        blocking["r"] = http.post(server.url + "/generate", json=BODY, timeout=60)
 
     try:
-        with httpx.stream("POST", server.url + "/generate_stream", json=BODY, timeout=60) as s:
+        with http.stream("POST", server.url + "/generate_stream", json=BODY, timeout=60) as s:
             events = sse_events(s.iter_lines())
             assert "token" in next(events)
             thread = threading.Thread(target=non_streaming)
@@ -46,7 +47,7 @@ def test_drain_timeout_ends_open_requests_with_errors(tiny_model: Path, tmp_path
             server.proc.terminate()
             health = _wait_draining(server.url)  # the listener is still open
             assert health.json() == {"status": "draining"}
-            refused = httpx.post(server.url + "/generate", json={"inputs": "hi"})
+            refused = http.post(server.url + "/generate", json={"inputs": "hi"})
             assert refused.status_code == 503 and refused.json()["error_type"] == "unavailable"
             rest = list(events)
         last = rest[-1]
@@ -69,7 +70,7 @@ def test_drain_timeout_ends_open_requests_with_errors(tiny_model: Path, tmp_path
 def _wait_draining(url: str, timeout: float = 30) -> httpx.Response:
     """/health once the server has taken the signal (503), however busy the machine."""
     deadline = time.monotonic() + timeout
-    while (health := httpx.get(url + "/health")).status_code == 200:
+    while (health := http.get(url + "/health")).status_code == 200:
         assert time.monotonic() < deadline, "the server never started draining"
         time.sleep(0.02)
     assert health.status_code == 503, health.text
@@ -81,21 +82,20 @@ def test_dead_engine_thread_turns_health_503(tiny_model: Path) -> None:
     front = AsyncEngine(Engine(config))
     app = create_app(front, ServerSettings(model_id="tiny"))
     with ThreadServer(app) as server:
-        assert httpx.get(server.url + "/health").status_code == 200
+        assert http.get(server.url + "/health").status_code == 200
 
         def broken(item: object) -> None:
             raise RuntimeError("loop bug")
 
         front._apply = broken  # type: ignore[method-assign]
         front.abort("wake-up")
-        for _ in range(100):
-            if not front.alive:
-                break
+        deadline = time.monotonic() + 60
+        while front.alive and time.monotonic() < deadline:
             time.sleep(0.02)
-        health = httpx.get(server.url + "/health")
+        health = http.get(server.url + "/health")
         assert health.status_code == 503
         assert health.json() == {"status": "engine_failed", "error": "RuntimeError: loop bug"}
         started = time.monotonic()
-        r = httpx.post(server.url + "/generate", json={"inputs": "hi"}, timeout=60)
+        r = http.post(server.url + "/generate", json={"inputs": "hi"}, timeout=60)
         assert r.status_code == 503 and "the engine stopped" in r.json()["error"]
         assert time.monotonic() - started < 30  # refused, not queued for nobody (a 60 s wait)

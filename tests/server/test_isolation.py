@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 
@@ -22,6 +21,7 @@ from specserve.engine.engine import Engine
 from specserve.server.app import create_app
 from specserve.server.context import ServerContext
 from specserve.server.settings import ServerSettings
+from tests import http
 from tests.server.conftest import TINY_FLAGS, free_port, idle, sse_events, start_server
 
 
@@ -60,7 +60,7 @@ def inproc(tiny_model: Path) -> Iterator[tuple[ThreadServer, ServerContext]]:
 
 
 def ok(url: str) -> None:
-    r = httpx.post(url + "/generate", json={"inputs": "hello", "parameters": {"max_new_tokens": 4}})
+    r = http.post(url + "/generate", json={"inputs": "hello", "parameters": {"max_new_tokens": 4}})
     assert r.status_code == 200, r.text
 
 
@@ -77,10 +77,10 @@ def test_handler_exception_fails_only_that_request(
 
     monkeypatch.setattr(ctx, "encode_chat", flaky)
     url = server.url + "/v1/chat/completions"
-    r = httpx.post(url, json={"messages": [{"role": "user", "content": "BOOM"}]})
+    r = http.post(url, json={"messages": [{"role": "user", "content": "BOOM"}]})
     assert r.status_code == 500
     assert "injected fault" in r.json()["error"]["message"]
-    r = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    r = http.post(url, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     assert r.status_code == 200
     ok(server.url)
 
@@ -100,13 +100,13 @@ def test_forward_failure_fails_the_request_not_the_server(
         return real_run(items)
 
     monkeypatch.setattr(runner, "run", fail_once)
-    r = httpx.post(server.url + "/generate", json={"inputs": "hello"})
+    r = http.post(server.url + "/generate", json={"inputs": "hello"})
     failed = "generation failed: forward pass failed: RuntimeError: device fell over"
     assert r.status_code == 500
     assert r.json() == {"error": failed, "error_type": "generation"}
     calls["n"] = 0
     body = {"inputs": "hello", "parameters": {"max_new_tokens": 4}}
-    with httpx.stream("POST", server.url + "/generate_stream", json=body) as s:
+    with http.stream("POST", server.url + "/generate_stream", json=body) as s:
         events = list(sse_events(s.iter_lines()))
     assert events == [{"error": failed, "error_type": "generation"}]
     idle(server.url)
@@ -123,7 +123,7 @@ def test_exception_mid_stream_becomes_an_error_event(
 
     monkeypatch.setattr(ctx, "token_texts", broken)
     body = {"inputs": "hello", "parameters": {"max_new_tokens": 50, "ignore_eos": True}}
-    with httpx.stream("POST", server.url + "/generate_stream", json=body) as s:
+    with http.stream("POST", server.url + "/generate_stream", json=body) as s:
         events = list(sse_events(s.iter_lines()))
     assert len(events) == 1 and "bad split" in str(events[0]["error"])
     monkeypatch.undo()
@@ -135,8 +135,8 @@ def test_draining_refuses_new_work(inproc: tuple[ThreadServer, ServerContext]) -
     server, ctx = inproc
     ctx.service.draining = True
     try:
-        assert httpx.get(server.url + "/health").status_code == 503
-        r = httpx.post(server.url + "/generate", json={"inputs": "hi"})
+        assert http.get(server.url + "/health").status_code == 503
+        r = http.post(server.url + "/generate", json={"inputs": "hi"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
     finally:
         ctx.service.draining = False
@@ -155,7 +155,7 @@ def test_sigterm_drains_in_flight_requests(tiny_model: Path, tmp_path: Path) -> 
                 "details": True,
             },
         }
-        with httpx.stream("POST", server.url + "/generate_stream", json=body, timeout=60) as s:
+        with http.stream("POST", server.url + "/generate_stream", json=body, timeout=60) as s:
             events = sse_events(s.iter_lines())
             first = next(events)
             server.proc.terminate()  # SIGTERM while the request is in flight

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import http
 from tests.server.conftest import Server, idle, scrape
 
 EXPECTED = {
@@ -40,8 +40,8 @@ COPY_PROMPT = "one two three four five six seven eight one two three four five s
 
 
 def test_metrics_parse_with_expected_families(tiny_server: Server) -> None:
-    httpx.post(tiny_server.url + "/generate", json={"inputs": "hi"})
-    r = httpx.get(tiny_server.url + "/metrics")
+    http.post(tiny_server.url + "/generate", json={"inputs": "hi"})
+    r = http.get(tiny_server.url + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     families = {f.name: f.type for f in text_string_to_metric_families(r.text)}
     for name, kind in EXPECTED.items():
@@ -57,7 +57,7 @@ def test_speculation_counters_move_when_speculating(tiny_server: Server) -> None
         "inputs": COPY_PROMPT,
         "parameters": {"max_new_tokens": 40, "ignore_eos": True, "details": True},
     }
-    details = httpx.post(tiny_server.url + "/generate", json=body).json()["details"]
+    details = http.post(tiny_server.url + "/generate", json=body).json()["details"]
     after = idle(tiny_server.url)
 
     def moved(key: str) -> float:
@@ -82,7 +82,7 @@ def test_speculation_counters_move_when_speculating(tiny_server: Server) -> None
 def test_speculate_zero_request_drafts_nothing(tiny_server: Server) -> None:
     before = idle(tiny_server.url)
     body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 20, "speculate": 0}}
-    assert httpx.post(tiny_server.url + "/generate", json=body).status_code == 200
+    assert http.post(tiny_server.url + "/generate", json=body).status_code == 200
     after = scrape(tiny_server.url)
     drafted = 'specserve_spec_drafted_tokens_total{proposer="ngram"}'
     assert after.get(drafted, 0) == before.get(drafted, 0)
@@ -94,14 +94,14 @@ def test_speculate_zero_request_drafts_nothing(tiny_server: Server) -> None:
 
 def test_prefix_cache_counters_move_on_a_repeated_prompt(tiny_server: Server) -> None:
     body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 4}}
-    httpx.post(tiny_server.url + "/generate", json=body).raise_for_status()
+    http.post(tiny_server.url + "/generate", json=body).raise_for_status()
     before = idle(tiny_server.url)
-    httpx.post(tiny_server.url + "/generate", json=body).raise_for_status()
+    http.post(tiny_server.url + "/generate", json=body).raise_for_status()
     after = idle(tiny_server.url)
     queried = after["specserve_prefix_cache_queried_tokens_total"]
     hit = after["specserve_prefix_cache_hit_tokens_total"]
     assert queried > before["specserve_prefix_cache_queried_tokens_total"]
     assert hit - before["specserve_prefix_cache_hit_tokens_total"] > 0
     assert after["specserve_kv_cache_blocks_cached"] > 0
-    info = httpx.get(tiny_server.url + "/info").json()["memory"]
+    info = http.get(tiny_server.url + "/info").json()["memory"]
     assert info["prefix_caching"] is True and info["kv_blocks_cached"] > 0

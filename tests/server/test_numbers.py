@@ -8,9 +8,9 @@ import json
 import math
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import http
 from tests.server.conftest import Server
 
 
@@ -29,7 +29,7 @@ def numbers(value: Any) -> list[float]:
 
 def test_tgi_top_n_tokens_after_top_k_is_finite(tiny_server: Server) -> None:
     body = {"inputs": "hi", "parameters": {"top_k": 2, "top_n_tokens": 5, "details": True}}
-    r = httpx.post(tiny_server.url + "/generate", json=body)
+    r = http.post(tiny_server.url + "/generate", json=body)
     assert r.status_code == 200, r.text
     details = r.json()["details"]
     assert all(math.isfinite(x) for x in numbers(r.json()))
@@ -46,7 +46,7 @@ def test_chat_top_logprobs_after_top_p_is_finite(tiny_server: Server) -> None:
         "logprobs": True,
         "top_logprobs": 3,
     }
-    r = httpx.post(tiny_server.url + "/v1/chat/completions", json=body)
+    r = http.post(tiny_server.url + "/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert all(math.isfinite(x) for x in numbers(r.json()))
     assert r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["logprob"] == -9999
@@ -54,7 +54,7 @@ def test_chat_top_logprobs_after_top_p_is_finite(tiny_server: Server) -> None:
 
 def test_tiny_temperature_samples_finite_numbers(tiny_server: Server) -> None:
     params = {"temperature": 1e-30, "max_new_tokens": 4, "details": True, "top_n_tokens": 2}
-    r = httpx.post(tiny_server.url + "/generate", json={"inputs": "hi", "parameters": params})
+    r = http.post(tiny_server.url + "/generate", json={"inputs": "hi", "parameters": params})
     assert r.status_code == 200, r.text
     assert all(math.isfinite(x) for x in numbers(r.json()))
 
@@ -76,25 +76,25 @@ def test_non_finite_floats_are_a_4xx(
     raw = json.dumps(body).replace('"inf"', "Infinity").replace('"-inf"', "-Infinity")
     raw = raw.replace('"nan"', "NaN")
     headers = {"content-type": "application/json"}
-    r = httpx.post(tiny_server.url + route, content=raw.encode(), headers=headers)
+    r = http.post(tiny_server.url + route, content=raw.encode(), headers=headers)
     assert r.status_code == (400 if route.startswith("/v1/") else 422), r.text
     assert param in r.text and "finite" in r.text, r.text
 
 
 def test_repetition_penalty_is_bounded(tiny_server: Server) -> None:
     body = {"inputs": "hi", "parameters": {"repetition_penalty": 101.0}}
-    r = httpx.post(tiny_server.url + "/generate", json=body)
+    r = http.post(tiny_server.url + "/generate", json=body)
     assert r.status_code == 422
     assert "parameters.repetition_penalty" in r.text and "100" in r.text
-    r = httpx.post(
+    r = http.post(
         tiny_server.url + "/v1/completions", json={"prompt": "hi", "repetition_penalty": 1e9}
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty"
 
 
 def test_info_numbers_are_finite(tiny_server: Server) -> None:
-    httpx.post(tiny_server.url + "/generate", json={"inputs": "hi", "parameters": {
+    http.post(tiny_server.url + "/generate", json={"inputs": "hi", "parameters": {
         "max_new_tokens": 8, "top_k": 2, "details": True}})  # fmt: skip
-    r = httpx.get(tiny_server.url + "/info")
+    r = http.get(tiny_server.url + "/info")
     assert r.status_code == 200, r.text
     assert all(math.isfinite(x) for x in numbers(r.json()))

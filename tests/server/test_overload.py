@@ -6,6 +6,7 @@ import contextlib
 
 import httpx
 
+from tests import http
 from tests.server.conftest import LONG, Server, idle, scrape, sse_events, wait_for
 
 BODY = {"inputs": "The quick brown fox", "parameters": LONG}
@@ -23,18 +24,18 @@ def test_beyond_max_concurrent_gets_429_and_server_keeps_serving(long_server: Se
             streams.append(sse_events(r.iter_lines()))
             next(streams[-1])  # admitted and generating
         assert scrape(long_server.url)["specserve_requests_in_flight"] == 4
-        r = httpx.post(long_server.url + "/generate", json=BODY)
+        r = http.post(long_server.url + "/generate", json=BODY)
         assert r.status_code == 429
         assert r.headers["retry-after"] == "1"
         assert r.json()["error_type"] == "overloaded"
         assert "--max-concurrent-requests" in r.json()["error"]
-        r = httpx.post(long_server.url + "/v1/completions", json={"prompt": "hi"})
+        r = http.post(long_server.url + "/v1/completions", json={"prompt": "hi"})
         assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
-        assert httpx.get(long_server.url + "/health").status_code == 200
+        assert http.get(long_server.url + "/health").status_code == 200
     after = idle(long_server.url)
     key = 'specserve_requests_total{outcome="overloaded",route="/generate"}'
     assert after[key] - before.get(key, 0) == 1
-    r = httpx.post(long_server.url + "/generate", json={"inputs": "hi"})
+    r = http.post(long_server.url + "/generate", json={"inputs": "hi"})
     assert r.status_code == 200
 
 
@@ -65,7 +66,7 @@ def test_stream_disconnect_aborts_and_frees_kv(long_server: Server) -> None:
 def test_non_streaming_disconnect_aborts_and_frees_kv(long_server: Server) -> None:
     before = idle(long_server.url)
     try:
-        httpx.post(long_server.url + "/generate", json=BODY, timeout=0.5)
+        http.post(long_server.url + "/generate", json=BODY, timeout=0.5)
     except httpx.ReadTimeout:
         pass  # the client gives up and closes the connection
     else:

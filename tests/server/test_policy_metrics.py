@@ -9,10 +9,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import http
 from tests.server.conftest import Server, idle, start_server, wait_for
 from tests.server.test_metrics import COPY_PROMPT
 
@@ -34,7 +34,7 @@ def adaptive_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def test_info_shows_policy_gates_and_cost_curve(adaptive_server: Server) -> None:
-    info = httpx.get(adaptive_server.url + "/info").json()
+    info = http.get(adaptive_server.url + "/info").json()
     spec = info["speculation"]
     assert spec["policy"] == "adaptive" and spec["speculate"] == 3
     assert spec["max_batch"] == 1 and spec["max_tokens"] is None
@@ -58,8 +58,8 @@ def test_info_shows_live_cost_calibration_and_the_index_and_reset_empties_it(
     # adaptive policy would decide from this (busy) machine's step times.
     params = {"max_new_tokens": 24, "ignore_eos": True, "speculation_policy": "static"}
     body = {"inputs": COPY_PROMPT, "parameters": params}
-    assert httpx.post(url + "/generate", json=body).status_code == 200
-    spec = httpx.get(url + "/info").json()["speculation"]
+    assert http.post(url + "/generate", json=body).status_code == 200
+    spec = http.get(url + "/info").json()["speculation"]
     live = spec["live_cost"]
     assert live["decode_steps"] > 0 and live["cells"]
     cell = live["cells"][0]
@@ -68,16 +68,16 @@ def test_info_shows_live_cost_calibration_and_the_index_and_reset_empties_it(
     assert spec["proposed_tokens"] > 0
     cache = spec["suffix_cache"]
     assert cache["tokens"] >= 24 and cache["requests"] >= 1 and cache["bytes"] > 0
-    text = httpx.get(url + "/metrics").text
+    text = http.get(url + "/metrics").text
     assert "specserve_spec_calibration_tested_total" in text
     assert "specserve_spec_calibration_probability" in text
-    reset = httpx.post(url + "/reset_suffix_cache")
+    reset = http.post(url + "/reset_suffix_cache")
     assert reset.status_code == 200 and reset.json() == {"reset": True}
-    assert httpx.get(url + "/info").json()["speculation"]["suffix_cache"]["tokens"] == 0
+    assert http.get(url + "/info").json()["speculation"]["suffix_cache"]["tokens"] == 0
 
 
 def test_policy_metrics_parse(adaptive_server: Server) -> None:
-    text = httpx.get(adaptive_server.url + "/metrics").text
+    text = http.get(adaptive_server.url + "/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["specserve_spec_k_chosen"].type == "histogram"
     buckets = [
@@ -96,7 +96,7 @@ def test_policy_metrics_move_after_requests(adaptive_server: Server) -> None:
     url = adaptive_server.url
     before = idle(url)
     body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 30, "ignore_eos": True}}
-    assert httpx.post(url + "/generate", json=body).status_code == 200
+    assert http.post(url + "/generate", json=body).status_code == 200
     alone = idle(url)
     assert alone[K_COUNT] > before[K_COUNT]  # one count per sequence per decode step
     assert alone[GATED] == before[GATED]  # one running sequence: the max-batch gate stays open
@@ -105,11 +105,11 @@ def test_policy_metrics_move_after_requests(adaptive_server: Server) -> None:
     # A second request while a long one runs: two sequences exceed --speculate-max-batch 1.
     long_body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 1500, "ignore_eos": True}}
     long_run = threading.Thread(
-        target=httpx.post, args=(url + "/generate",), kwargs={"json": long_body, "timeout": 120}
+        target=http.post, args=(url + "/generate",), kwargs={"json": long_body, "timeout": 120}
     )
     long_run.start()
     wait_for(url, lambda m: m["specserve_batch_size"] == 1)
-    assert httpx.post(url + "/generate", json=body, timeout=120).status_code == 200
+    assert http.post(url + "/generate", json=body, timeout=120).status_code == 200
     long_run.join()
     after = idle(url)
     assert after[GATED] > alone[GATED]

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from specserve.cli_flags import parse_bool
 from specserve.speculation.profile import make_profile, proposer_fingerprint, target_fingerprint
+from tests import http
 from tests.server.conftest import TINY_FLAGS, Server, scrape, server_env, start_server
 
 STALE_GAUGE = "specserve_speculation_profile_stale"
@@ -56,7 +56,7 @@ def stale_server(tiny_model: Path, stale_profile: Path, work: Path) -> Iterator[
 
 
 def test_stale_profile_warns_and_reports(stale_server: Server) -> None:
-    info = httpx.get(stale_server.url + "/info").json()
+    info = http.get(stale_server.url + "/info").json()
     prof = info["speculation_profile"]
     assert prof["stale"] is True and prof["workload"] == "code-edit"  # the default: the first
     assert any("weights changed" in p for p in prof["problems"]), prof["problems"]
@@ -83,7 +83,7 @@ def test_matching_profile_applies_its_workload(tiny_model: Path, work: Path) -> 
     path = write_profile(work / "current.json", target, proposer_fingerprint("ngram"))
     server = serve_with(tiny_model, path, work, "--profile-workload", "chat")
     try:
-        info = httpx.get(server.url + "/info").json()
+        info = http.get(server.url + "/info").json()
         m = scrape(server.url)
     finally:
         server.stop()
@@ -96,7 +96,7 @@ def test_matching_profile_applies_its_workload(tiny_model: Path, work: Path) -> 
 
 def test_no_profile_exports_no_stale_gauge(tiny_server: Server) -> None:
     assert STALE_GAUGE not in scrape(tiny_server.url)
-    assert httpx.get(tiny_server.url + "/info").json()["speculation_profile"] is None
+    assert http.get(tiny_server.url + "/info").json()["speculation_profile"] is None
 
 
 def test_parse_bool() -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import http
 from tests.server.conftest import Server, idle, scrape, start_server
 from tests.tiny import noisy_copy
 
@@ -235,7 +236,7 @@ def probes(url: str) -> list[str]:
     out = []
     for speculate in (0, 3):
         body = {"inputs": "def add", "parameters": {"max_new_tokens": 24, "speculate": speculate}}
-        r = httpx.post(url + "/generate", json=body, timeout=60)
+        r = http.post(url + "/generate", json=body, timeout=60)
         assert r.status_code == 200, r.text
         out.append(r.json()["generated_text"])
     return out

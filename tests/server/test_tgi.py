@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import httpx
-
+from tests import http
 from tests.server.conftest import Server, sse_events
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 
 
 def generate(server: Server, parameters: Mapping[str, object], route: str = "/generate") -> dict:
-    r = httpx.post(server.url + route, json={"inputs": PROMPT, "parameters": parameters})
+    r = http.post(server.url + route, json={"inputs": PROMPT, "parameters": parameters})
     assert r.status_code == 200, r.text
     body: dict = r.json()
     return body
@@ -20,7 +19,7 @@ def generate(server: Server, parameters: Mapping[str, object], route: str = "/ge
 
 def stream(server: Server, parameters: Mapping[str, object]) -> list[dict]:
     body = {"inputs": PROMPT, "parameters": parameters}
-    with httpx.stream("POST", server.url + "/generate_stream", json=body) as r:
+    with http.stream("POST", server.url + "/generate_stream", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         return list(sse_events(r.iter_lines()))
@@ -60,9 +59,9 @@ def test_stream_without_details_has_none(tiny_server: Server) -> None:
 
 def test_compat_route_dispatches_on_stream(tiny_server: Server) -> None:
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 5}}
-    r = httpx.post(tiny_server.url + "/", json=body)
+    r = http.post(tiny_server.url + "/", json=body)
     assert r.status_code == 200 and isinstance(r.json(), list)
-    with httpx.stream("POST", tiny_server.url + "/", json={**body, "stream": True}) as s:
+    with http.stream("POST", tiny_server.url + "/", json={**body, "stream": True}) as s:
         events = list(sse_events(s.iter_lines()))
     assert events[-1]["generated_text"] == r.json()[0]["generated_text"]
 
@@ -112,8 +111,8 @@ def test_decoder_input_details_and_truncate(tiny_server: Server) -> None:
 
 
 def test_info_and_health(tiny_server: Server) -> None:
-    assert httpx.get(tiny_server.url + "/health").status_code == 200
-    info = httpx.get(tiny_server.url + "/info").json()
+    assert http.get(tiny_server.url + "/health").status_code == 200
+    info = http.get(tiny_server.url + "/info").json()
     assert info["max_input_tokens"] == 64 and info["max_total_tokens"] == 4096
     assert info["max_concurrent_requests"] == 4
     assert info["max_running_requests"] == 64
