@@ -17,8 +17,23 @@ FinishReason = str  # "length" | "eos" | "stop" | "abort" | "error"
 
 # A per-request logits processor: (the token ids before the row's position, prompt and drafts
 # before it included; the row's logits [vocab] float32) -> the logits to sample from [vocab]. It
-# may write the row in place. Not in the public API yet (constrained decoding will plug in here).
+# may write the row in place. Grammars (specserve/grammar.py) plug in here.
 LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
+
+
+GRAMMAR_KINDS = ("json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on the output (specserve/grammar.py): every token keeps the text inside it."""
+
+    kind: str  # "json_schema" (source: the schema as JSON text), "regex" or "lark"
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {GRAMMAR_KINDS}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,8 @@ class SamplingParams:
     # Isolation (vLLM's name): a request reuses cached prompt blocks, and drafts from other
     # requests' outputs, only of requests with the same salt. None: the shared namespace.
     cache_salt: str | None = None
+    # Constrained decoding: the output stays inside this grammar, and ends (EOS) where it does.
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -67,6 +84,10 @@ class SamplingParams:
             raise ValueError(
                 "speculation_policy must be 'static' or 'adaptive', "
                 f"got {self.speculation_policy!r}"
+            )
+        if self.grammar is not None and self.ignore_eos:
+            raise ValueError(
+                "ignore_eos cannot be combined with a grammar: the output ends where it does"
             )
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")

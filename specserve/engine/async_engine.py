@@ -157,7 +157,10 @@ class AsyncEngine:
         """Stream one request's outputs. Raises ValueError (before any output) on bad input.
         `after`: see `Engine.add_prepared`. `stream=False`: the first output with tokens, then
         one output at the finish carrying everything after it."""
-        ids, params = self.engine.prepare(prompt, params)
+        if params.grammar is None:
+            ids, params = self.engine.prepare(prompt, params)
+        else:  # compiling a grammar (the first one builds llguidance's tokenizer, ~1 s)
+            ids, params = await asyncio.to_thread(self.engine.prepare, prompt, params)
         rid = request_id or f"async-{next(self._ids)}"
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in use")

@@ -25,6 +25,7 @@ from specserve.engine.respeculate import respeculate
 from specserve.engine.stats import EngineStats, StepRecord
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
+from specserve.grammar import Grammars
 from specserve.request import (
     LogitsProcessor,
     RequestOutput,
@@ -47,6 +48,9 @@ class Engine:
     def __init__(self, config: EngineConfig, resources: EngineResources | None = None) -> None:
         self.config = config
         self.res = resources or load_resources(config)
+        self.grammars = Grammars(
+            self.res.tokenizer, self.res.model.arch.vocab_size, self.res.eos_ids
+        )
         self.res.tokenizer = locked(self.res.tokenizer)  # shared by the event loop and steps
         self.scheduler = self.res.scheduler
         self.stats = EngineStats()
@@ -92,6 +96,8 @@ class Engine:
             max_model_len=self.max_model_len,
             kv_capacity=alloc.num_blocks * alloc.block_size,
         )
+        if params.grammar is not None:
+            self.grammars.compile(params.grammar)  # ValueError: invalid or over the limits
         if not params.greedy and params.seed is None:
             params = replace(params, seed=random.getrandbits(63))
         return ids, params
@@ -106,11 +112,14 @@ class Engine:
     ) -> str:
         """`after`: a live request with the same prompt (an earlier choice of the same call);
         this one queues once that one's prompt is computed, to reuse its cached blocks.
-        `logits_processors`: see `Sequence.logits_processors` (not in the public API yet)."""
+        `logits_processors`: see `Sequence.logits_processors`; a grammar's comes first."""
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(seq_id=next(self._ids), request_id=request_id, prompt_ids=ids, params=params)
+        if params.grammar is not None:
+            constraint = self.grammars.processor(params.grammar, len(ids))
+            logits_processors = (constraint, *logits_processors)
         seq.logits_processors = logits_processors
         self._live[request_id] = Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
         sibling = self._live.get(after) if after is not None else None

@@ -112,7 +112,9 @@ class ChatCompletionRequest(SamplingFields):
         description="and of this many most likely tokens at each position (0-20; needs logprobs)",
     )
     response_format: dict[str, Any] | None = Field(
-        default=None, description='only {"type": "text"}'
+        default=None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+        '"json_schema": {"name": ..., "schema": {...}}}',
     )
     tools: list[dict[str, Any]] | None = Field(default=None, description="not supported")
     tool_choice: str | dict[str, Any] | None = Field(default=None, description="only none")

@@ -14,9 +14,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from specserve.request import SamplingParams
+from specserve.request import GrammarSpec, SamplingParams
 from specserve.server.caps import check_prompt_chars, check_reply_work
 from specserve.server.errors import ApiError, ErrorKind, invalid
+from specserve.server.grammars import response_format, tgi_grammar
 from specserve.server.openai_schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -205,13 +206,12 @@ def prepare_tgi(
         prompt_logprobs=p.decoder_input_details,
         cache_salt=p.cache_salt,
     )
-    return Prepared(ids, params)
+    return Prepared(ids, with_grammar(params, tgi_grammar(p.grammar), "parameters.grammar"))
 
 
 def _tgi_unsupported(p: GenerateParameters) -> None:
     require_default("parameters.best_of", p.best_of, (None, 1), "max_best_of is 1")
     require_default("parameters.frequency_penalty", p.frequency_penalty, (None, 0.0), "only 0")
-    require_default("parameters.grammar", p.grammar, (None,), "must be null")
     require_default("parameters.typical_p", p.typical_p, (None, 1.0), "only 1.0")
     require_default("parameters.watermark", p.watermark, (False,), "must be false")
     require_default("parameters.adapter_id", p.adapter_id, (None,), "must be null")
@@ -252,8 +252,7 @@ def prepare_chat(
     logprobs = check_top_logprobs(req.top_logprobs or 0, "top_logprobs") if req.logprobs else None
     require_default("tools", req.tools or None, (None,), "tools are not supported")
     require_default("tool_choice", req.tool_choice, (None, "none"), 'only "none"')
-    fmt = (req.response_format or {}).get("type", "text")
-    require_default("response_format", fmt, ("text",), 'only {"type": "text"}')
+    grammar = response_format(req.response_format)
     messages = message_dicts(req.messages)
     check_prompt_chars(sum(len(m["content"]) for m in messages), limits, "messages")
     ids = encode_chat(messages)
@@ -270,7 +269,16 @@ def prepare_chat(
     max_new = resolve_max_new(asked, None, len(ids), limits, field)
     if logprobs is not None and not req.stream:
         check_reply_work(req.n, max_new, logprobs, "top_logprobs")
-    return Prepared(ids, openai_sampling(req, max_new, limits, logprobs))
+    params = openai_sampling(req, max_new, limits, logprobs)
+    return Prepared(ids, with_grammar(params, grammar, "response_format"))
+
+
+def with_grammar(params: SamplingParams, grammar: GrammarSpec | None, field: str) -> SamplingParams:
+    if grammar is None:
+        return params
+    if params.ignore_eos:
+        raise invalid(field, "cannot be combined with ignore_eos: the output ends where it does")
+    return replace(params, grammar=grammar)
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:

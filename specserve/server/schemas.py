@@ -95,7 +95,11 @@ class GenerateParameters(Strict):
         description="sample; a temperature != 1, top_k or top_p < 1 also turns sampling on",
     )
     frequency_penalty: float | None = Field(default=None, description="only 0 is supported")
-    grammar: dict[str, Any] | None = Field(default=None, description="not supported; must be null")
+    grammar: dict[str, Any] | None = Field(
+        default=None,
+        description='constrain the output: {"type": "json", "value": <JSON schema>} or '
+        '{"type": "regex", "value": "<regex>"}',
+    )
     max_new_tokens: int | None = Field(
         default=None, ge=1, description="default: 100, capped by the context left after the prompt"
     )

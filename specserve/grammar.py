@@ -1,0 +1,168 @@
+"""Constrained decoding: a grammar (JSON schema, regex or Lark) as a mask on every scored row.
+
+llguidance (MIT; a Rust core, no Python dependencies, ~8 MB installed) compiles a grammar against
+the model's tokenizer and gives, at each position, the set of tokens that keep the text inside
+the grammar. On the embedded model's 49k vocabulary: the tokenizer conversion ~1.2 s once, a
+three-key JSON schema ~9 ms to compile, a mask ~27 us per row (ad-hoc probe, docs/benchmarks.md
+has the committed numbers). xgrammar was not taken: it pulls triton, and this server runs on CPU.
+
+`GrammarSpec` (request.py) is what a request asks for. `Grammars` compiles a spec once, under
+llguidance's parser limits, so a pathological schema or regex is refused with ValueError (a 4xx)
+instead of stalling whoever compiles it, and caches the compiled matcher per spec. Each sequence
+gets a `GrammarProcessor` of its own: a copy of that matcher, and a logits processor (the hook
+of request.py, applied to every row scored for the sequence, draft rows included).
+
+The processor is a function of the row's history alone. It remembers the output tokens its
+matcher has consumed; each call rolls the matcher back to the longest common prefix with the
+row's output tokens and consumes the rest. So rows of a draft consume the drafted tokens before
+them, drafts rejected in one step are undone in the next, and a preempted sequence that is
+recomputed replays the same states: the mask of a row never depends on what else ran. A draft
+token the grammar forbids cannot be consumed; the rows after it are left unmasked and never
+used, since verification stops at that token (the row before it was masked and cannot pick it).
+
+JSON is generated with one fixed separator style (`", "`, `": "`, no other whitespace), so the
+text between two values (`", "key": "`) is forced as a whole: the speculation issue's forced
+drafts rely on it, and a client parsing the reply cannot tell.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from specserve.request import GrammarSpec
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CACHE_SIZE = 128  # compiled grammars kept (each a few hundred KB at most)
+# llguidance's work limits, a fifth and a quarter of its defaults: a mask step stops at
+# STEP_LEXER_FUEL (~14k per ms) and the lexer's build at INITIAL_LEXER_FUEL (~50k per ms); a
+# grammar that runs out is in error and refused (compile) or its request fails (a step). The
+# regex (x{1000}){1000} took 2.3-3.0 s over its first mask with the defaults, 0.36 s with these
+# (measured beside other work), spent where the grammar is compiled, not in the engine's thread;
+# its later masks still cost ~0.1 s each (a limit of this design: see docs/structure.md).
+INITIAL_LEXER_FUEL = 200_000
+STEP_LEXER_FUEL = 50_000
+
+
+def grammar_text(spec: GrammarSpec) -> str:
+    """The spec as an llguidance grammar (not yet checked). ValueError: a schema that is not
+    a JSON object."""
+    from llguidance import LLMatcher
+
+    if spec.kind == "json_schema":
+        try:
+            schema = json.loads(spec.source)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the JSON schema is not valid JSON: {exc}") from exc
+        if not isinstance(schema, dict):
+            raise ValueError("the JSON schema must be a JSON object")
+        return str(LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS))  # type: ignore[arg-type]
+    if spec.kind == "regex":
+        return str(LLMatcher.grammar_from_regex(spec.source))
+    return str(LLMatcher.grammar_from_lark(spec.source))
+
+
+class Grammars:
+    """Compiled grammars of one tokenizer, shared by the threads that prepare requests and the
+    engine's thread (every method takes the lock)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
+        self._hf = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_ids = sorted(eos_ids)
+        self._ll: Any = None  # llguidance's tokenizer, built on first use (~1 s)
+        self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def compile(self, spec: GrammarSpec) -> None:
+        """Compile `spec` (cached). ValueError naming the problem if it is invalid or exceeds
+        the parser's limits."""
+        with self._lock:
+            self._matcher(spec)
+
+    def processor(self, spec: GrammarSpec, prompt_len: int) -> GrammarProcessor:
+        """A fresh constraint for one sequence whose output starts after `prompt_len` tokens."""
+        with self._lock:
+            return GrammarProcessor(self._matcher(spec).deep_copy(), prompt_len, self.eos_ids)
+
+    def _matcher(self, spec: GrammarSpec) -> Any:
+        from llguidance import LLMatcher
+
+        cached = self._compiled.get(spec)
+        if cached is not None:
+            self._compiled.move_to_end(spec)
+            return cached
+        from llguidance import LLParserLimits
+
+        text = grammar_text(spec)
+        limits = LLParserLimits(
+            initial_lexer_fuel=INITIAL_LEXER_FUEL,
+            step_lexer_fuel=STEP_LEXER_FUEL,
+            verbose_errors=False,
+        )
+        matcher = LLMatcher(self._tokenizer(), text, log_level=0, limits=limits)
+        if not matcher.is_error():
+            # The first mask builds the lexer's states: here, off the engine's thread, and a
+            # grammar that exhausts the limits doing it is refused now.
+            matcher.compute_logit_bias()
+        if matcher.is_error():
+            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error()}")
+        self._compiled[spec] = matcher
+        if len(self._compiled) > CACHE_SIZE:
+            self._compiled.popitem(last=False)
+        return matcher
+
+    def _tokenizer(self) -> Any:
+        if self._ll is None:
+            import llguidance.hf
+
+            self._ll = llguidance.hf.from_tokenizer(
+                self._hf, n_vocab=self.vocab_size, eos_token=self.eos_ids
+            )
+        return self._ll
+
+
+class GrammarProcessor:
+    """One sequence's constraint; see the module docstring. Called by the engine's thread only."""
+
+    def __init__(self, matcher: Any, prompt_len: int, eos_ids: list[int]) -> None:
+        self.matcher = matcher
+        self.prompt_len = prompt_len
+        self.eos_ids = eos_ids
+        self.consumed: list[int] = []  # output tokens the matcher has taken, in order
+
+    def __call__(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if not self.advance(history[self.prompt_len :]):
+            return logits  # after a forbidden draft token: a row verification never uses
+        allowed = torch.frombuffer(bytearray(self.matcher.compute_logit_bias()), dtype=torch.uint8)
+        if self.matcher.is_error():  # the grammar ran out of its limits: fail this request
+            raise RuntimeError(f"grammar: {self.matcher.get_error()}")
+        n = min(allowed.numel(), logits.numel())
+        if not bool(allowed[:n].any()):  # nothing can follow (should not happen): end the text
+            allowed = torch.zeros(n, dtype=torch.uint8)
+            allowed[[e for e in self.eos_ids if e < n]] = 1
+        logits[:n].masked_fill_(allowed[:n] == 0, float("-inf"))
+        logits[n:] = float("-inf")
+        return logits
+
+    def advance(self, output: list[int]) -> bool:
+        """Bring the matcher to the state after `output`; False if the grammar forbids one of
+        its tokens (the matcher then stands after the longest allowed prefix)."""
+        keep = 0
+        for a, b in zip(self.consumed, output, strict=False):
+            if a != b:
+                break
+            keep += 1
+        if keep < len(self.consumed):
+            self.matcher.rollback(len(self.consumed) - keep)
+            del self.consumed[keep:]
+        rest = output[keep:]
+        if not rest:
+            return True
+        taken = self.matcher.try_consume_tokens(rest)
+        self.consumed += rest[:taken]
+        return bool(taken == len(rest))

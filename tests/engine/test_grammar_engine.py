@@ -1,0 +1,106 @@
+"""Grammars in the engine: outputs stay inside them, speculation on and off emit the same tokens
+under them (greedy and seeded, drafts really made and really rejected, forbidden drafts rejected
+at the mask), beside unconstrained requests, and through preemption."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specserve.request import GrammarSpec, SamplingParams
+from tests.engine.helpers import assert_no_kv_held, collect, make_engine, run_all
+from tests.engine.test_logits_processors import Insist
+
+PHONE = GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "colour": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["ok", "n", "colour"],
+    "additionalProperties": False,
+}
+JSON = GrammarSpec("json_schema", json.dumps(SCHEMA))
+# Prompts whose n-grams the proposer drafts from: some follow the grammar, most do not.
+PROMPTS = [
+    "The quick brown fox 123-4567 and 123-4567 and 123-",
+    'def add(a, b): {"ok": true, "n": 5, "colour": "red"} {"ok": true, "n": 5, "colour": "red"}',
+    "Speculative decoding proposes tokens and verifies them in one pass. Speculative decoding",
+]
+GREEDY = SamplingParams(max_new_tokens=48)
+SEEDED = SamplingParams(max_new_tokens=48, temperature=0.9, seed=11)
+
+
+def constrained(params: SamplingParams, grammar: GrammarSpec) -> SamplingParams:
+    return SamplingParams(**{**params.__dict__, "grammar": grammar})
+
+
+def texts(engine_dir: Path, outs: list[list[int]]) -> list[str]:
+    from specserve.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(engine_dir)
+    return [tok.decode(o, skip_special_tokens=True) for o in outs]
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_outputs_stay_inside_the_grammar(tiny_llama: Path, params: SamplingParams) -> None:
+    engine = make_engine(tiny_llama)
+    phone = collect(engine, PROMPTS, constrained(params, PHONE))
+    assert all(o.finish_reason == "eos" for o in phone)
+    assert all(re.fullmatch(PHONE.source, t) for t in texts(tiny_llama, [o.tokens for o in phone]))
+    for text in texts(tiny_llama, run_all(engine, PROMPTS, constrained(params, JSON))):
+        value = json.loads(text)
+        assert set(value) == {"ok", "n", "colour"} and value["colour"] in ("red", "green", "blue")
+        assert isinstance(value["ok"], bool) and 0 <= value["n"] <= 99
+    assert_no_kv_held(engine)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("grammar", [PHONE, JSON], ids=["regex", "json"])
+def test_speculation_on_and_off_emit_the_same_tokens(
+    tiny_llama: Path, params: SamplingParams, grammar: GrammarSpec
+) -> None:
+    p = constrained(params, grammar)
+    want = run_all(make_engine(tiny_llama), PROMPTS, p)
+    engine = make_engine(tiny_llama, speculate=3, proposer="ngram")
+    assert run_all(engine, PROMPTS, p) == want
+    stats = engine.stats.proposer
+    assert stats.drafted_tokens > stats.accepted_tokens > 0  # drafted, some kept, some not
+    assert_no_kv_held(engine)
+
+
+def test_drafts_the_grammar_forbids_are_rejected(tiny_llama: Path) -> None:
+    p = constrained(GREEDY, PHONE)
+    want = run_all(make_engine(tiny_llama), PROMPTS, p)
+    engine = make_engine(tiny_llama, speculate=3)
+    letter = engine.tokenizer.encode("x", add_special_tokens=False)[0]
+    engine.res.proposer = Insist(letter)  # every draft token: a letter, never in a phone number
+    outs = collect(engine, PROMPTS, p)
+    assert [o.tokens for o in outs] == want
+    assert engine.stats.proposer.drafted_tokens > 0 and engine.stats.proposer.accepted_tokens == 0
+
+
+def test_unconstrained_neighbours_and_preemption_change_nothing(tiny_llama: Path) -> None:
+    plain = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    mixed = [constrained(GREEDY, JSON), plain, constrained(SEEDED, PHONE), plain]
+    prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[0], PROMPTS[2]]
+    pairs = zip(prompts, mixed, strict=True)
+    alone = [run_all(make_engine(tiny_llama), [t], [p])[0] for t, p in pairs]
+    # 40 blocks of 4 tokens for four requests of up to ~130 tokens each: some are preempted.
+    engine = make_engine(tiny_llama, num_blocks=40, speculate=3, proposer="ngram")
+    assert run_all(engine, prompts, mixed) == alone
+    assert engine.scheduler.num_preemptions > 0
+    assert_no_kv_held(engine)
+
+
+def test_an_invalid_grammar_is_refused_before_it_runs(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama)
+    bad = constrained(GREEDY, GrammarSpec("json_schema", '{"type": "strin"}'))
+    with pytest.raises(ValueError, match="invalid json schema"):
+        engine.add_request("hi", bad)
+    assert not engine.has_work()

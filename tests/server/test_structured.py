@@ -1,0 +1,176 @@
+"""Structured outputs over HTTP against the embedded SmolLM2 (speculation on): OpenAI's
+`response_format` through the unchanged openai SDK (json_schema, `parse()` with a pydantic model,
+json_object, streamed), TGI's `grammar` through huggingface_hub, bad grammars refused with a 4xx
+naming the problem, and the same tokens and logprobs with speculation on and off."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+import openai
+import pytest
+from huggingface_hub import InferenceClient
+from pydantic import BaseModel, Field
+
+from tests import http
+from tests.server.conftest import Server
+
+pytestmark = pytest.mark.integration
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+ASK = [{"role": "user", "content": "Describe a pet cat in JSON: its name, age and colour."}]
+
+
+class Cat(BaseModel):
+    name: str = Field(max_length=16)
+    age: int = Field(ge=0, le=30)
+    colour: Literal["black", "white", "ginger", "grey"]
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        "colour": {"enum": ["black", "white", "ginger", "grey"]},
+    },
+    "required": ["name", "age", "colour"],
+    "additionalProperties": False,
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "cat", "schema": SCHEMA, "strict": True}}
+PHONE = r"\(0[0-9]{2}\) [0-9]{3}-[0-9]{4}"
+
+
+@pytest.fixture(scope="module")
+def client(smol_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_json_schema_reply_validates(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        max_tokens=80,
+        temperature=0,
+        response_format=FORMAT,  # type: ignore[arg-type]
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    Cat.model_validate_json(reply.choices[0].message.content or "")
+
+
+def test_parse_with_a_pydantic_model_and_json_object(client: openai.OpenAI) -> None:
+    parsed = client.chat.completions.parse(
+        model=MODEL,
+        messages=ASK,
+        max_tokens=80,
+        temperature=0.7,
+        seed=3,
+        response_format=Cat,  # type: ignore[arg-type]
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Cat)
+    anything = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,  # type: ignore[arg-type]
+        max_tokens=80,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    if anything.choices[0].finish_reason == "stop":  # (an open object may run to max_tokens)
+        assert isinstance(json.loads(anything.choices[0].message.content or ""), dict)
+    assert (anything.choices[0].message.content or "").startswith("{")
+
+
+def test_streamed_deltas_join_to_the_schema(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,  # type: ignore[arg-type]
+        max_tokens=80,
+        temperature=0,
+        response_format=FORMAT,  # type: ignore[arg-type]
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    Cat.model_validate_json(text)
+
+
+def test_tgi_grammar_through_huggingface_hub(smol_server: Server) -> None:
+    tgi = InferenceClient(smol_server.url)
+    prompt = "Call us at (020) 555-0199 or at"
+    text = tgi.text_generation(prompt, max_new_tokens=20, grammar={"type": "regex", "value": PHONE})
+    assert re.fullmatch(PHONE, text)
+    as_json = tgi.text_generation(
+        "A cat in JSON:", max_new_tokens=80, grammar={"type": "json", "value": SCHEMA}
+    )
+    Cat.model_validate_json(as_json)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "message"),
+    [
+        (
+            "/generate",
+            {"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "(a"}}},
+            "invalid regex",
+        ),
+        (
+            "/generate",
+            {"inputs": "hi", "parameters": {"grammar": {"type": "xml", "value": "<a/>"}}},
+            "parameters.grammar.type",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": ASK,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "strin"}},
+                },
+            },
+            "invalid json schema",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": ASK, "response_format": {"type": "json_object"}, "ignore_eos": True},
+            "ignore_eos",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": ASK, "response_format": {"type": "yaml"}},
+            "response_format.type",
+        ),
+    ],
+)
+def test_bad_grammars_are_a_4xx_naming_the_problem(
+    smol_server: Server, route: str, body: dict[str, object], message: str
+) -> None:
+    r = http.post(smol_server.url + route, json=body)
+    assert r.status_code == (400 if route.startswith("/v1/") else 422), r.text
+    assert message in r.text
+    ok = http.post(smol_server.url + "/generate", json={"inputs": "hi"})
+    assert ok.status_code == 200
+
+
+def test_speculation_on_and_off_same_tokens_and_logprobs_under_a_grammar(
+    smol_server: Server,
+) -> None:
+    prompt = 'Cat: {"name": "Tom", "age": 3, "colour": "grey"}\nCat: {"name": "Tom", "age":'
+    replies = {}
+    for speculate in (0, 4):
+        params = {
+            "max_new_tokens": 60,
+            "details": True,
+            "speculate": speculate,
+            "grammar": {"type": "json", "value": SCHEMA},
+        }
+        r = http.post(smol_server.url + "/generate", json={"inputs": prompt, "parameters": params})
+        assert r.status_code == 200, r.text
+        replies[speculate] = r.json()
+    off, on = replies[0]["details"], replies[4]["details"]
+    assert [(t["id"], t["logprob"]) for t in on["tokens"]] == [
+        (t["id"], t["logprob"]) for t in off["tokens"]
+    ]
+    assert off["drafted_tokens"] == 0
+    assert on["drafted_tokens"] > on["accepted_tokens"] > 0  # drafted, kept some, rejected some
+    Cat.model_validate_json(replies[4]["generated_text"])

@@ -1,0 +1,104 @@
+"""The grammar constraint alone (specserve/grammar.py): compiled once per spec, invalid and
+pathological grammars refused, and a processor whose mask is a function of the history only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.grammar import GrammarProcessor, Grammars
+from specserve.models.tokenizer import load_tokenizer
+from specserve.request import GrammarSpec, SamplingParams
+
+PHONE = GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "colour": {"enum": ["red", "green"]}},
+    "required": ["ok", "colour"],
+    "additionalProperties": False,
+}
+
+
+def nested(depth: int) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "object"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.fixture(scope="module")
+def grammars(tiny_llama: Path) -> Grammars:
+    tok = load_tokenizer(tiny_llama)
+    return Grammars(tok, len(tok), frozenset({tok.convert_tokens_to_ids("<|im_end|>")}))
+
+
+def allowed(proc: GrammarProcessor, history: list[int], vocab: int) -> set[int]:
+    row = proc(history, torch.zeros(vocab))
+    return set(torch.isfinite(row).nonzero().flatten().tolist())
+
+
+def encode(grammars: Grammars, text: str) -> list[int]:
+    return list(grammars._hf.encode(text, add_special_tokens=False))
+
+
+def test_the_mask_follows_the_history_and_rolls_back(grammars: Grammars) -> None:
+    vocab = grammars.vocab_size
+    prompt = [5, 6, 7]
+    proc = grammars.processor(PHONE, len(prompt))
+    digits = set(encode(grammars, "0123456789"))
+    first = allowed(proc, prompt, vocab)
+    assert first and all(grammars._hf.decode([t])[0].isdigit() for t in first)
+    text = encode(grammars, "123-4567")
+    end = allowed(proc, prompt + text, vocab)
+    assert end == set(grammars.eos_ids)  # the regex is complete: only EOS
+    # Back to an earlier history (a rejected draft): the same mask as a fresh processor's.
+    again = allowed(proc, prompt, vocab)
+    assert again == first == allowed(grammars.processor(PHONE, 3), prompt, vocab)
+    assert digits & first
+
+
+def test_a_forbidden_draft_token_leaves_later_rows_unmasked(grammars: Grammars) -> None:
+    vocab = grammars.vocab_size
+    proc = grammars.processor(PHONE, 0)
+    letter = encode(grammars, "x")
+    row = proc(letter, torch.zeros(vocab))
+    assert torch.isfinite(row).all()  # a row after a forbidden token: left as it came
+    assert not proc.advance(letter) and proc.consumed == []
+    assert allowed(proc, encode(grammars, "1"), vocab)  # and the matcher still works
+
+
+def test_compiled_once_per_spec(grammars: Grammars) -> None:
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    grammars.compile(spec)
+    first = grammars._compiled[spec]
+    grammars.compile(GrammarSpec("json_schema", json.dumps(SCHEMA)))
+    assert grammars._compiled[spec] is first
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (GrammarSpec("json_schema", '{"type": "strin"}'), "invalid json schema"),
+        (GrammarSpec("json_schema", "[1, 2]"), "must be a JSON object"),
+        (GrammarSpec("json_schema", "{nope"), "not valid JSON"),
+        (GrammarSpec("regex", "(a"), "invalid regex"),
+        (GrammarSpec("lark", "start: foo"), "invalid lark"),
+        # nested past the compiler's recursion limit: refused, not compiled for long
+        (GrammarSpec("json_schema", json.dumps(nested(200))), "recursion limit"),
+    ],
+)
+def test_invalid_and_pathological_grammars_are_refused(
+    grammars: Grammars, spec: GrammarSpec, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        grammars.compile(spec)
+
+
+def test_grammar_params_are_checked() -> None:
+    with pytest.raises(ValueError, match="grammar kind"):
+        GrammarSpec("xml", "<a/>")
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(grammar=PHONE, ignore_eos=True)
