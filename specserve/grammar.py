@@ -87,7 +87,8 @@ class Grammars:
     def processor(self, spec: GrammarSpec, prompt_len: int) -> GrammarProcessor:
         """A fresh constraint for one sequence whose output starts after `prompt_len` tokens."""
         with self._lock:
-            return GrammarProcessor(self._matcher(spec).deep_copy(), prompt_len, self.eos_ids)
+            matcher = self._matcher(spec).deep_copy()
+            return GrammarProcessor(matcher, prompt_len, self.eos_ids, self._tokenizer())
 
     def _matcher(self, spec: GrammarSpec) -> Any:
         from llguidance import LLMatcher
@@ -129,11 +130,25 @@ class Grammars:
 class GrammarProcessor:
     """One sequence's constraint; see the module docstring. Called by the engine's thread only."""
 
-    def __init__(self, matcher: Any, prompt_len: int, eos_ids: list[int]) -> None:
+    def __init__(self, matcher: Any, prompt_len: int, eos_ids: list[int], tokenizer: Any) -> None:
         self.matcher = matcher
         self.prompt_len = prompt_len
         self.eos_ids = eos_ids
+        self.tokenizer = tokenizer  # llguidance's, for the forced text
         self.consumed: list[int] = []  # output tokens the matcher has taken, in order
+
+    def forced(self, output: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens of the text the grammar forces after `output` (the committed
+        tokens): the forced bytes' own tokenization, cut where the grammar would refuse it. A
+        forced string is not a forced tokenization (the model may split it otherwise), so these
+        are a draft for verification to decide, not tokens to commit."""
+        if limit <= 0 or not self.advance(output):
+            return []
+        text = self.matcher.compute_ff_bytes()
+        if not text:
+            return []
+        tokens = list(self.tokenizer.tokenize_bytes(text))[:limit]
+        return tokens[: self.matcher.validate_tokens(tokens)]
 
     def __call__(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
         if not self.advance(history[self.prompt_len :]):

@@ -102,3 +102,14 @@ def test_grammar_params_are_checked() -> None:
         GrammarSpec("xml", "<a/>")
     with pytest.raises(ValueError, match="ignore_eos"):
         SamplingParams(grammar=PHONE, ignore_eos=True)
+
+
+def test_forced_text_is_drafted_as_its_tokens(grammars: Grammars) -> None:
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    proc = grammars.processor(spec, 0)
+    forced = proc.forced([], 16)
+    assert grammars._hf.decode(forced) == '{"ok": '  # key order and separators are fixed
+    assert proc.forced([], 2) == forced[:2]
+    after = encode(grammars, '{"ok": true')
+    assert grammars._hf.decode(proc.forced(after, 16)) == ', "colour": "'
+    assert proc.forced(after, 0) == []

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from specserve.engine.plan import is_decode
+from specserve.grammar import GrammarProcessor
 from specserve.request import Sequence
 from specserve.scheduler.scheduler import SeqWork
 from specserve.speculation.policy import DecodeSeq, SpeculationPolicy
@@ -60,6 +61,27 @@ def propose(
     return out
 
 
+def force_drafts(work: list[SeqWork], proposed: list[Draft | None]) -> list[Draft | None]:
+    """Per sequence of `work` under a grammar that forces the next text: that text's tokens as
+    its draft (up to its slots), unless the proposer's draft already starts with them and goes
+    further. The other sequences keep `proposed`."""
+    out = list(proposed)
+    for i, w in enumerate(work):
+        constraint = grammar_of(w.seq)
+        if constraint is None or w.max_drafts <= 0 or w.seq.is_finished:
+            continue
+        forced = constraint.forced(w.seq.output_ids, w.max_drafts)
+        d = proposed[i]
+        if not forced or (d is not None and d.tokens[: len(forced)] == forced):
+            continue
+        out[i] = Draft(tokens=forced, confidence=[1.0] * len(forced), forced=True)
+    return out
+
+
+def grammar_of(seq: Sequence) -> GrammarProcessor | None:
+    return next((p for p in seq.logits_processors if isinstance(p, GrammarProcessor)), None)
+
+
 def _propose_alone(proposer: Proposer, w: SeqWork, fail: Fail) -> Draft:
     try:
         proposer.release(w.seq)  # whatever the failed batch left half done
@@ -71,8 +93,11 @@ def _propose_alone(proposer: Proposer, w: SeqWork, fail: Fail) -> Draft:
     return draft
 
 
-def is_static(policy: SpeculationPolicy | None, seq: Sequence) -> bool:
-    """Whether `seq` verifies its whole draft (the static policy, or its own request)."""
+def is_static(policy: SpeculationPolicy | None, seq: Sequence, draft: Draft | None = None) -> bool:
+    """Whether `seq` verifies its whole draft (the static policy, its own request, or forced
+    text)."""
+    if draft is not None and draft.forced:
+        return True
     return policy is None or not policy.adaptive or seq.params.speculation_policy == "static"
 
 
@@ -94,7 +119,11 @@ def keep_prefixes(
     if policy is None or not decode:
         return proposed
     views = [
-        DecodeSeq(work[i].seq.num_tokens, is_static(policy, work[i].seq), draft=proposed[i])
+        DecodeSeq(
+            work[i].seq.num_tokens,
+            is_static(policy, work[i].seq, proposed[i]),
+            draft=proposed[i],
+        )
         for i in decode
     ]
     prefill = sum(w.num_tokens for w in work if not is_decode(w))

@@ -15,7 +15,13 @@ import torch
 
 from specserve.config import EngineConfig, SpecConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
-from specserve.engine.drafting import decode_views, keep_prefixes, propose, static_caps
+from specserve.engine.drafting import (
+    decode_views,
+    force_drafts,
+    keep_prefixes,
+    propose,
+    static_caps,
+)
 from specserve.engine.live import Live, take_prompt_rows
 from specserve.engine.logprobs import span_logprobs
 from specserve.engine.plan import SeqPlan, StepPlan, plan_step
@@ -206,6 +212,7 @@ class Engine:
         work = batch.work
         vocab = self.res.model.arch.vocab_size
         proposed = propose(self.res.proposer, work, vocab, lambda s, e: self._fail([s], e))
+        proposed = force_drafts(work, proposed)
         kept = keep_prefixes(self.res.policy, work, proposed)
         lengths = {w.seq.seq_id: len(d.tokens) for w, d in zip(work, kept, strict=True) if d}
         trimmed = self.scheduler.trim_drafts(work, lengths)
@@ -269,7 +276,7 @@ class Engine:
             return
         if p.draft is not None:
             self.stats.record_draft(seq, p.draft, result.num_accepted)
-            if self.res.policy is not None:
+            if self.res.policy is not None and not p.draft.forced:
                 self.res.policy.record(p.draft, result.num_accepted)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()

@@ -16,6 +16,7 @@ class EngineStats:
     nonspec_steps: int = 0
     tokens_emitted: int = 0
     proposer: ProposerStats = field(default_factory=ProposerStats)
+    forced: ProposerStats = field(default_factory=ProposerStats)  # drafts of grammar-forced text
 
     def record_draft(self, seq: Sequence, draft: Draft, accepted: int) -> None:
         """A verified draft's outcome: the request's counts and the proposer's (the policy
@@ -24,7 +25,7 @@ class EngineStats:
         seq.spec.drafted += k
         seq.spec.accepted += accepted
         seq.spec.steps += 1
-        self.proposer.record(k, accepted)
+        (self.forced if draft.forced else self.proposer).record(k, accepted)
 
     def count_step(self, plan: StepPlan) -> StepRecord:
         scheduled = plan.scheduled
@@ -35,7 +36,10 @@ class EngineStats:
         else:
             self.nonspec_steps += 1
         proposed = {p.seq.seq_id: p.proposed for p in scheduled if p.proposed is not None}
-        self.proposer.proposed_tokens += sum(len(d.tokens) for d in proposed.values())
+        self.proposer.proposed_tokens += sum(
+            len(d.tokens) for d in proposed.values() if not d.forced
+        )
+        self.forced.proposed_tokens += sum(len(d.tokens) for d in proposed.values() if d.forced)
         return StepRecord(
             num_running=plan.num_running,
             num_tokens=plan.num_tokens,

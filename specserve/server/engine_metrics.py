@@ -77,6 +77,8 @@ class EngineSnapshot:
     policy: PolicySnapshot | None  # None when speculation is off
     cache: CacheStats | None = None  # None without prefix caching
     kv_blocks_cached: int = 0
+    forced_drafted_tokens: int = 0  # drafts of text a grammar forced (any proposer)
+    forced_accepted_tokens: int = 0
 
 
 def snapshot(engine: Engine) -> EngineSnapshot:
@@ -100,6 +102,8 @@ def snapshot(engine: Engine) -> EngineSnapshot:
         drafted_tokens=stats.proposer.drafted_tokens,
         accepted_tokens=stats.proposer.accepted_tokens,
         accepted_per_position=tuple(stats.proposer.accepted_per_position),
+        forced_drafted_tokens=stats.forced.drafted_tokens,
+        forced_accepted_tokens=stats.forced.accepted_tokens,
         policy=(
             policy_snapshot(engine.res.policy, engine.config.spec.speculate)
             if engine.res.policy is not None
@@ -231,6 +235,14 @@ def _spec_samples(fam: _Families, at: list[str], s: EngineSnapshot) -> None:
     for name, doc, _ in specs:
         fam.declare(CounterMetricFamily, name, doc, ["proposer"])
     fam.declare(CounterMetricFamily, *by_pos, ["proposer", "position"])
+    forced = (
+        ("specserve_spec_forced_drafted_tokens", "Drafted tokens of text a grammar forced"),
+        ("specserve_spec_forced_accepted_tokens", "Forced-text draft tokens accepted"),
+    )
+    for (name, doc), value in zip(
+        forced, (s.forced_drafted_tokens, s.forced_accepted_tokens), strict=True
+    ):
+        fam.counter(name, doc, at, value)
     if s.proposer is None:
         return
     for name, doc, value in specs:

@@ -31,6 +31,9 @@ class Draft:
     # before it were (lookup: match length and continuation counts; Medusa: head probability;
     # draft model: q). Calibrated online before the policy trusts it. None: not scored.
     confidence: list[float] | None = None
+    # Text a grammar forces (engine/drafting.py `force_drafts`), not the proposer's: verified
+    # whole, counted apart, kept out of the proposer's calibration.
+    forced: bool = False
 
     def __post_init__(self) -> None:
         if self.confidence is not None and len(self.confidence) != len(self.tokens):
@@ -51,7 +54,7 @@ class Draft:
             return self
         probs = self.probs[:k] if self.probs is not None else None
         conf = self.confidence[:k] if self.confidence is not None else None
-        return Draft(tokens=self.tokens[:k], probs=probs, confidence=conf)
+        return Draft(tokens=self.tokens[:k], probs=probs, confidence=conf, forced=self.forced)
 
 
 @dataclass

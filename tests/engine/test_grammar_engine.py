@@ -1,6 +1,7 @@
 """Grammars in the engine: outputs stay inside them, speculation on and off emit the same tokens
 under them (greedy and seeded, drafts really made and really rejected, forbidden drafts rejected
-at the mask), beside unconstrained requests, and through preemption."""
+at the mask), beside unconstrained requests, and through preemption; the text a grammar forces
+is drafted (and changes no token)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from specserve.request import GrammarSpec, SamplingParams
+from specserve.speculation.proposer import Draft
 from tests.engine.helpers import assert_no_kv_held, collect, make_engine, run_all
 from tests.engine.test_logits_processors import Insist
 
@@ -104,3 +106,37 @@ def test_an_invalid_grammar_is_refused_before_it_runs(tiny_llama: Path) -> None:
     with pytest.raises(ValueError, match="invalid json schema"):
         engine.add_request("hi", bad)
     assert not engine.has_work()
+
+
+class Silent:
+    """A proposer that never finds a draft: every draft a step verifies is forced text."""
+
+    name = "silent"
+
+    def propose(self, seqs: list[object], ks: list[int]) -> list[Draft]:
+        return [Draft([]) for _ in ks]
+
+    def sync(self, seq: object, hidden: object) -> None:
+        del seq, hidden
+
+    def release(self, seq: object) -> None:
+        del seq
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_forced_text_is_drafted_and_changes_nothing(
+    tiny_llama: Path, params: SamplingParams
+) -> None:
+    p = constrained(params, JSON)
+    want = run_all(make_engine(tiny_llama), PROMPTS, p)
+    engine = make_engine(tiny_llama, speculate=4)
+    engine.res.proposer = Silent()
+    outs = collect(engine, PROMPTS, p)
+    assert [o.tokens for o in outs] == want
+    forced, lookup = engine.stats.forced, engine.stats.proposer
+    assert forced.drafted_tokens >= forced.accepted_tokens > 0 and lookup.drafted_tokens == 0
+    # A request's speculate: 0 turns forced drafts off too.
+    off = make_engine(tiny_llama, speculate=4)
+    off.res.proposer = Silent()
+    assert run_all(off, PROMPTS, SamplingParams(**{**p.__dict__, "speculate": 0})) == want
+    assert off.stats.forced.drafted_tokens == 0

@@ -15,7 +15,7 @@ from huggingface_hub import InferenceClient
 from pydantic import BaseModel, Field
 
 from tests import http
-from tests.server.conftest import Server
+from tests.server.conftest import Server, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -174,3 +174,5 @@ def test_speculation_on_and_off_same_tokens_and_logprobs_under_a_grammar(
     assert off["drafted_tokens"] == 0
     assert on["drafted_tokens"] > on["accepted_tokens"] > 0  # drafted, kept some, rejected some
     Cat.model_validate_json(replies[4]["generated_text"])
+    # the text the schema forces (`", "colour": "`) was among the drafts
+    assert scrape(smol_server.url)["specserve_spec_forced_accepted_tokens_total"] > 0
