@@ -1,0 +1,319 @@
+"""Speculation under a grammar at batch 1: extraction of hand-written documents into JSON schemas.
+
+Every request is one document (written for this benchmark; no built-in workload uses the text)
+with the instruction to extract fields into JSON, the chat template applied, greedy, the output
+constrained by the item's schema (llguidance, fixed separators; every string at most 60
+characters and every array at most 6 items, so that a small model's repetition cannot run an
+output past the token budget). Three sides, each its own engine
+in this process with the prefix cache off (no side reuses another's prompt), taking turns item by
+item:
+
+- off: `--speculate 0`;
+- forced only: `--speculate N` with a proposer that never finds a draft, so every verified draft
+  is text the grammar forced (`", "key": "`, closing quotes and braces, the rest of an enum);
+- lookup + forced: `--speculate N` with the n-gram proposer (drafts from the prompt, which the
+  values are copied from), forced text where the grammar forces it.
+
+Per side: end-to-end tok/s over all requests (prefill included), the ratio to off, and the
+drafted/accepted counts of each kind. Outputs are compared token for token across the sides and
+each is parsed and checked against its schema's required keys.
+
+Usage (repo root): python -m benchmarks.bench_structured [--speculate 4] [--threads 2]
+    [--repeats 2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+NEW_TOKENS = 384
+
+DOCS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "Invoice 2291 from Harbour Lane Bakery, dated 14 March, to Clifftop Guest House: forty "
+        "sourdough loaves at 3.20 each and twelve rye loaves at 2.80 each. Payment due within "
+        "fourteen days to the account of Harbour Lane Bakery.",
+        {
+            "type": "object",
+            "properties": {
+                "invoice_number": {"type": "integer"},
+                "seller": {"type": "string", "maxLength": 60},
+                "buyer": {"type": "string", "maxLength": 60},
+                "date": {"type": "string", "maxLength": 60},
+                "items": {
+                    "type": "array",
+                    "maxItems": 6,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "product": {"type": "string", "maxLength": 60},
+                            "quantity": {"type": "integer"},
+                            "unit_price": {"type": "number"},
+                        },
+                        "required": ["product", "quantity", "unit_price"],
+                        "additionalProperties": False,
+                    },
+                },
+                "payment_days": {"type": "integer"},
+            },
+            "required": ["invoice_number", "seller", "buyer", "date", "items", "payment_days"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Minutes of the Ferndale Allotment Society, 2 June. Present: Margaret Oyelaran (chair), "
+        "Tomasz Wierzbicki (treasurer), Ines Carvalho. The treasurer reported a balance of 412 "
+        "pounds. Agreed: replace the north gate lock before July; Ines Carvalho to order two "
+        "water butts. Next meeting: 7 July at the pavilion.",
+        {
+            "type": "object",
+            "properties": {
+                "organisation": {"type": "string", "maxLength": 60},
+                "date": {"type": "string", "maxLength": 60},
+                "attendees": {
+                    "type": "array",
+                    "maxItems": 6,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "maxLength": 60},
+                            "role": {"enum": ["chair", "treasurer", "member"]},
+                        },
+                        "required": ["name", "role"],
+                        "additionalProperties": False,
+                    },
+                },
+                "balance_pounds": {"type": "integer"},
+                "actions": {
+                    "type": "array",
+                    "maxItems": 6,
+                    "items": {"type": "string", "maxLength": 60},
+                },
+                "next_meeting": {"type": "string", "maxLength": 60},
+            },
+            "required": [
+                "organisation",
+                "date",
+                "attendees",
+                "balance_pounds",
+                "actions",
+                "next_meeting",
+            ],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Bug report from Priya Natarajan: the export button in the Ledgerly desktop app, "
+        "version 4.7.1 on Windows 11, freezes the window when the report has more than 10,000 "
+        "rows. Expected a CSV file; got no response for two minutes. Severity: high. "
+        "Reproducible every time.",
+        {
+            "type": "object",
+            "properties": {
+                "reporter": {"type": "string", "maxLength": 60},
+                "product": {"type": "string", "maxLength": 60},
+                "version": {"type": "string", "maxLength": 60},
+                "platform": {"type": "string", "maxLength": 60},
+                "summary": {"type": "string", "maxLength": 60},
+                "expected": {"type": "string", "maxLength": 60},
+                "actual": {"type": "string", "maxLength": 60},
+                "severity": {"enum": ["low", "medium", "high", "critical"]},
+                "reproducible": {"type": "boolean"},
+            },
+            "required": [
+                "reporter",
+                "product",
+                "version",
+                "platform",
+                "summary",
+                "expected",
+                "actual",
+                "severity",
+                "reproducible",
+            ],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Recipe: Barley and leek broth for four. Ingredients: 2 leeks, 100 g pearl barley, "
+        "1 carrot, 1.2 litres vegetable stock, a bay leaf. Sweat the leeks and carrot for ten "
+        "minutes, add barley, stock and bay leaf, simmer for forty minutes. Vegetarian.",
+        {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "maxLength": 60},
+                "servings": {"type": "integer"},
+                "ingredients": {
+                    "type": "array",
+                    "maxItems": 6,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "maxLength": 60},
+                            "amount": {"type": "string", "maxLength": 60},
+                        },
+                        "required": ["name", "amount"],
+                        "additionalProperties": False,
+                    },
+                },
+                "total_minutes": {"type": "integer"},
+                "vegetarian": {"type": "boolean"},
+            },
+            "required": ["title", "servings", "ingredients", "total_minutes", "vegetarian"],
+            "additionalProperties": False,
+        },
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    requests: int
+    tokens: int
+    seconds: float
+    tok_s: float
+    lookup_drafted: int
+    lookup_accepted: int
+    forced_drafted: int
+    forced_accepted: int
+    valid: int  # outputs that parse and carry every required key
+
+
+class Silent:
+    """A proposer that never finds a draft (forced text is then the only draft)."""
+
+    name = "silent"
+
+    def propose(self, seqs: list[Any], ks: list[int]) -> list[Any]:
+        from specserve.speculation.proposer import Draft
+
+        return [Draft([]) for _ in ks]
+
+    def sync(self, seq: Any, hidden: Any) -> None:
+        del seq, hidden
+
+    def release(self, seq: Any) -> None:
+        del seq
+
+
+def build(speculate: int, threads: int, silent: bool) -> Any:
+    from specserve.config import CacheConfig, EngineConfig, SpecConfig
+    from specserve.engine.engine import Engine
+
+    config = EngineConfig(
+        num_threads=threads,
+        spec=SpecConfig(speculate=speculate, proposer="ngram"),
+        cache=CacheConfig(prefix_caching=False),
+    )
+    engine = Engine(config)
+    if silent:
+        engine.res.proposer = Silent()  # type: ignore[assignment]
+    return engine
+
+
+def run_one(engine: Any, messages: list[dict[str, str]], schema: dict[str, Any]) -> list[int]:
+    from specserve.request import GrammarSpec, SamplingParams
+
+    spec = GrammarSpec("json_schema", json.dumps(schema, sort_keys=True))
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, grammar=spec)
+    rid = engine.add_request(engine.encode_chat(messages), params)
+    tokens: list[int] = []
+    while engine.has_work():
+        for out in engine.step():
+            if out.request_id == rid:
+                tokens += out.new_token_ids
+    return tokens
+
+
+def valid(text: str, schema: dict[str, Any]) -> bool:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and set(schema["required"]) <= set(value)
+
+
+def main() -> None:
+    from benchmarks.machine import machine_info, machine_lines, markdown_table
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--speculate", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="passes over the documents")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    info = machine_info("benchmarks.bench_structured", sys.argv[1:])
+    import torch
+
+    torch.set_num_threads(args.threads)
+    engines = {
+        "off": build(0, args.threads, silent=False),
+        "forced only": build(args.speculate, args.threads, silent=True),
+        "lookup + forced": build(args.speculate, args.threads, silent=False),
+    }
+    names = list(engines)
+    seconds = dict.fromkeys(names, 0.0)
+    tokens = dict.fromkeys(names, 0)
+    ok = dict.fromkeys(names, 0)
+    for engine in engines.values():  # warm-up: the tokenizer conversion, the first schema
+        run_one(engine, [{"role": "user", "content": "hi"}], DOCS[0][1])
+        engine.stats.forced.drafted_tokens = engine.stats.forced.accepted_tokens = 0
+        engine.stats.proposer.drafted_tokens = engine.stats.proposer.accepted_tokens = 0
+    for r in range(args.repeats):
+        for i, (doc, schema) in enumerate(DOCS):
+            messages = [
+                {"role": "system", "content": "Extract the fields of the document as JSON."},
+                {"role": "user", "content": doc},
+            ]
+            outs = {}
+            for name in names[r % 3 :] + names[: r % 3]:
+                started = time.perf_counter()
+                outs[name] = run_one(engines[name], messages, schema)
+                seconds[name] += time.perf_counter() - started
+                tokens[name] += len(outs[name])
+                text = engines[name].tokenizer.decode(outs[name], skip_special_tokens=True)
+                ok[name] += valid(text, schema)
+            if len({tuple(o) for o in outs.values()}) != 1:
+                raise SystemExit(f"document {i}: the sides' outputs differ")
+    sides = []
+    for name, engine in engines.items():
+        s = engine.stats
+        sides.append(
+            Side(
+                name, args.repeats * len(DOCS), tokens[name], seconds[name],
+                tokens[name] / seconds[name], s.proposer.drafted_tokens,
+                s.proposer.accepted_tokens, s.forced.drafted_tokens, s.forced.accepted_tokens,
+                ok[name],
+            )
+        )  # fmt: skip
+    base = sides[0].tok_s
+    rows = [
+        [
+            s.name, str(s.requests), str(s.tokens), f"{s.tok_s:.1f}", f"{s.tok_s / base:.2f}x",
+            f"{s.lookup_accepted}/{s.lookup_drafted}", f"{s.forced_accepted}/{s.forced_drafted}",
+            f"{s.valid}/{s.requests}",
+        ]
+        for s in sides
+    ]  # fmt: skip
+    header = [
+        "side", "requests", "tokens", "e2e tok/s", "/ off", "lookup accepted/drafted",
+        "forced accepted/drafted", "valid JSON",
+    ]  # fmt: skip
+    print(machine_lines(info) + "\n\n" + markdown_table(header, rows))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"machine": info, "sides": [asdict(s) for s in sides]}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
