@@ -51,6 +51,7 @@ from specserve.server.params import (
 )
 from specserve.server.service import Tracked
 from specserve.server.sse import EventStream, sse
+from specserve.server.tools import ToolPlan, as_call
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -180,11 +181,18 @@ async def chat_completions(
             choice = ChatChunkChoice(index=i, delta=delta, **fields)
             return ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
 
+        held = HeldCalls(prep.tools)
+
         def chunks(i: int, out: RequestOutput) -> list[Any]:
             out_chunks: list[Any] = []
-            if out.new_text or (wants_logprobs and out.logprobs):
-                lp = logprobs(out.logprobs or [])
-                out_chunks.append(chunk(i, Delta(content=out.new_text), logprobs=lp))
+            text, entries, call = held.take(i, out)
+            if call is not None:
+                delta = Delta(tool_calls=[{"index": 0, **call}])
+                out_chunks.append(chunk(i, delta, logprobs=logprobs(entries)))
+                out_chunks.append(chunk(i, Delta(), finish_reason="tool_calls"))
+                return out_chunks
+            if text or (wants_logprobs and entries):
+                out_chunks.append(chunk(i, Delta(content=text), logprobs=logprobs(entries)))
             if out.finished:
                 out_chunks.append(chunk(i, Delta(), finish_reason=openai_finish(out)))
             return out_chunks
@@ -197,19 +205,52 @@ async def chat_completions(
         first = [chunk(i, Delta(role="assistant", content="")) for i in range(body.n)]
         return _stream(ctx, body, prep, tracked, rid, chunks, last, first)
     results = await ctx.service.collect_choices(request, tracked, prep, rid, body.n)
-    choices = [
-        ChatChoice(
-            index=i,
-            message=AssistantMessage(content=r.text),
-            logprobs=logprobs(r.logprobs),
-            finish_reason=openai_finish(r.final),
+    choices = []
+    for i, r in enumerate(results):
+        call = as_call(r.text, prep.tools)
+        message = (
+            AssistantMessage(content=r.text)
+            if call is None
+            else AssistantMessage(content=None, tool_calls=[call])
         )
-        for i, r in enumerate(results)
-    ]
+        finish = openai_finish(r.final) if call is None else "tool_calls"
+        choices.append(
+            ChatChoice(
+                index=i, message=message, logprobs=logprobs(r.logprobs), finish_reason=finish
+            )
+        )
     finals = [r.final for r in results]
     return ChatCompletionResponse(
         id=rid, created=created, model=model, choices=choices, usage=usage(finals)
     )
+
+
+class HeldCalls:
+    """Streaming with tools: a choice whose text may be a call is held back until it finishes
+    (a call is sent whole, in one delta); one that starts otherwise streams as text."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.text: dict[int, str] = {}
+        self.entries: dict[int, list[TokenLogprob]] = {}
+        self.streaming: set[int] = set()
+
+    def take(
+        self, i: int, out: RequestOutput
+    ) -> tuple[str, list[TokenLogprob], dict[str, Any] | None]:
+        """What to send for this output now: (text, logprob entries, the call if it is one)."""
+        entries = list(out.logprobs or [])
+        if not self.plan.calls or i in self.streaming:
+            return out.new_text, entries, None
+        text = self.text.get(i, "") + out.new_text
+        entries = self.entries.get(i, []) + entries
+        if not self.plan.forced and text and not text.startswith("{"):
+            self.streaming.add(i)  # text, not a call: send what was held and stream on
+            return text, entries, None
+        if not out.finished:
+            self.text[i], self.entries[i] = text, entries
+            return "", [], None
+        return text, entries, as_call(text, self.plan)
 
 
 def chat_encoder(ctx: ServerContext) -> Callable[[list[dict[str, str]]], list[int]]:

@@ -22,7 +22,7 @@ from specserve.server.schemas import (
     speculation_policy_field,
 )
 
-FinishReasonOpenAI = Literal["stop", "length"]
+FinishReasonOpenAI = Literal["stop", "length", "tool_calls"]
 
 
 class StreamOptions(Strict):
@@ -93,10 +93,15 @@ class ChatMessage(UnicodeChecked):
     # null fields. Strict about types, as every request model.
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="not supported")
+    tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="an assistant's earlier calls (sent back in the history)"
+    )
+    tool_call_id: str | None = Field(
+        default=None, description="a tool message: the call it answers"
+    )
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -116,8 +121,14 @@ class ChatCompletionRequest(SamplingFields):
         description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
         '"json_schema": {"name": ..., "schema": {...}}}',
     )
-    tools: list[dict[str, Any]] | None = Field(default=None, description="not supported")
-    tool_choice: str | dict[str, Any] | None = Field(default=None, description="only none")
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description='functions the model may call: {"type": "function", ...}'
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None,
+        description='"none", "auto" (the default with tools), "required" or '
+        '{"type": "function", "function": {"name": ...}}',
+    )
     parallel_tool_calls: bool | None = None
 
 
@@ -164,7 +175,8 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -201,6 +213,7 @@ class ChatCompletionResponse(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChunkChoice(BaseModel):

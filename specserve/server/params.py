@@ -26,6 +26,7 @@ from specserve.server.openai_schemas import (
 )
 from specserve.server.schemas import GenerateParameters, GenerateRequest
 from specserve.server.settings import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, Limits
+from specserve.server.tools import NO_TOOLS, ToolPlan, calls_text, tool_plan
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 Encode = Callable[[str], list[int]]
@@ -35,6 +36,7 @@ Encode = Callable[[str], list[int]]
 class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
+    tools: ToolPlan = NO_TOOLS  # chat: what its tools ask of the reply
 
     @property
     def seed(self) -> int | None:
@@ -250,10 +252,13 @@ def prepare_chat(
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid("top_logprobs", "needs logprobs: true")
     logprobs = check_top_logprobs(req.top_logprobs or 0, "top_logprobs") if req.logprobs else None
-    require_default("tools", req.tools or None, (None,), "tools are not supported")
-    require_default("tool_choice", req.tool_choice, (None, "none"), 'only "none"')
+    tools = tool_plan(req.tools, req.tool_choice)
     grammar = response_format(req.response_format)
+    if tools.calls and grammar is not None:
+        raise invalid("response_format", "cannot be combined with tools (a call is JSON already)")
     messages = message_dicts(req.messages)
+    if (listing := tools.system_message()) is not None:
+        messages = [listing, *messages]
     check_prompt_chars(sum(len(m["content"]) for m in messages), limits, "messages")
     ids = encode_chat(messages)
     check_prompt(ids, limits, "messages")
@@ -270,6 +275,8 @@ def prepare_chat(
     if logprobs is not None and not req.stream:
         check_reply_work(req.n, max_new, logprobs, "top_logprobs")
     params = openai_sampling(req, max_new, limits, logprobs)
+    if tools.calls:
+        return Prepared(ids, with_grammar(params, tools.grammar, "tools"), tools)
     return Prepared(ids, with_grammar(params, grammar, "response_format"))
 
 
@@ -285,12 +292,13 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """Chat messages as the chat template takes them (text parts joined, developer = system)."""
     out = []
     for i, m in enumerate(messages):
-        require_default(f"messages[{i}].tool_calls", m.tool_calls or None, (None,), "no tools")
         content = (
             m.content
             if isinstance(m.content, str)
             else "\n".join(part.text for part in m.content or [])
         )
+        if m.tool_calls:  # an earlier call, as the model wrote it
+            content = calls_text(m.tool_calls, f"messages[{i}].tool_calls")
         out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     return out
 

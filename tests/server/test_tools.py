@@ -1,0 +1,129 @@
+"""OpenAI function calling through the unchanged openai SDK against the embedded SmolLM2
+(speculation on): tool_choice required, a named function and auto, streamed calls, a
+conversation that sends calls and their results back, and bad tools refused with a 400."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tests import http
+from tests.server.conftest import Server
+
+pytestmark = pytest.mark.integration
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Oslo right now?"}]
+
+
+@pytest.fixture(scope="module")
+def client(smol_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def create(client: openai.OpenAI, **kwargs: Any) -> Any:
+    return client.chat.completions.create(
+        model=MODEL, messages=kwargs.pop("messages", ASK), max_tokens=80, temperature=0, **kwargs
+    )
+
+
+def test_required_and_named_choices_return_calls(client: openai.OpenAI) -> None:
+    reply = create(client, tools=[WEATHER, TIME], tool_choice="required")
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in ("get_weather", "get_time")
+    assert "city" in json.loads(call.function.arguments)
+    named = create(
+        client,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
+    [call] = named.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+
+def test_auto_is_a_call_or_text_never_half_of_one(client: openai.OpenAI) -> None:
+    for question in ("What is the weather in Oslo right now?", "Say hello to me."):
+        reply = create(client, messages=[{"role": "user", "content": question}], tools=[WEATHER])
+        message = reply.choices[0].message
+        if message.tool_calls:
+            assert reply.choices[0].finish_reason == "tool_calls"
+            assert json.loads(message.tool_calls[0].function.arguments)["city"]
+        else:
+            assert message.content and not message.content.startswith("{")
+
+
+def test_streamed_call_arrives_whole(client: openai.OpenAI) -> None:
+    whole = create(client, tools=[WEATHER], tool_choice="required")
+    stream = create(client, tools=[WEATHER], tool_choice="required", stream=True)
+    chunks = [c for c in stream if c.choices]
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].index == 0
+    want = whole.choices[0].message.tool_calls[0].function
+    assert (calls[0].function.name, calls[0].function.arguments) == (want.name, want.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks)
+
+
+def test_a_conversation_sends_calls_and_results_back(client: openai.OpenAI) -> None:
+    first = create(client, tools=[WEATHER], tool_choice="required")
+    call = first.choices[0].message.tool_calls[0]
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 4}'},
+    ]
+    reply = create(client, messages=messages, tools=[WEATHER], tool_choice="none")
+    assert reply.choices[0].message.content and reply.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+         "names no function"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0]"),
+        ({"tools": [WEATHER, WEATHER]}, "unique"),
+        ({"tool_choice": "required"}, "needs tools"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "cannot be combined"),
+    ],
+)  # fmt: skip
+def test_bad_tools_are_a_400(smol_server: Server, extra: dict[str, Any], message: str) -> None:
+    r = http.post(smol_server.url + "/v1/chat/completions", json={"messages": ASK, **extra})
+    assert r.status_code == 400, r.text
+    assert message in r.text
