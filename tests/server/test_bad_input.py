@@ -134,11 +134,11 @@ def test_openai_temperature_zero_is_greedy(tiny_server: Server) -> None:
     assert a["choices"][0]["text"] == b["choices"][0]["text"]
 
 
-def test_chat_rejects_tools_and_bad_roles(tiny_server: Server) -> None:
+def test_chat_rejects_malformed_tools_and_bad_roles(tiny_server: Server) -> None:
     url = tiny_server.url + "/v1/chat/completions"
     msgs = [{"role": "user", "content": "hi"}]
     r = http.post(url, json={"messages": msgs, "tools": [{"type": "function"}]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]"
     r = http.post(url, json={"messages": [{"role": "robot", "content": "hi"}]})
     assert r.status_code == 400 and "messages[0].role" in r.json()["error"]["message"]
     r = http.post(url, json={"messages": []})
