@@ -128,10 +128,20 @@ def check_stop(stops: list[str], limits: Limits, field: str) -> tuple[str, ...]:
     return tuple(stops)
 
 
+# What TGI's clients put in `model` for "the model this server serves" (TGI ignores the field;
+# huggingface_hub's InferenceClient.chat_completion against a URL sends "dummy").
+TGI_PLACEHOLDERS = ("tgi", "dummy")
+
+
 def check_model(model: str | None, limits: Limits) -> None:
-    """`model` must name the served model (or be left out): 404 model_not_found otherwise."""
+    """`model` must name the served model (or be left out, or be one of TGI's placeholders):
+    404 model_not_found otherwise."""
     names = limits.model_names
-    if model is None or not names or model.lower() in (n.lower() for n in names):
+    if (
+        model is None
+        or not names
+        or model.lower() in (*TGI_PLACEHOLDERS, *(n.lower() for n in names))
+    ):
         return
     raise ApiError(
         404,

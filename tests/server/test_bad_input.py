@@ -234,7 +234,7 @@ def test_unknown_model_is_404_model_not_found(tiny_server: Server) -> None:
         assert "gpt-4" in err["message"]
         served = http.get(tiny_server.url + "/v1/models").json()["data"][0]["id"]
         short = served.rstrip("/").rsplit("/", 1)[-1]
-        for name in (served, short, short.upper()):
+        for name in (served, short, short.upper(), "tgi"):  # TGI clients: "tgi" = this model
             r = http.post(tiny_server.url + route, json={**body, "model": name})
             assert r.status_code == 200, (name, r.text)
 

@@ -127,3 +127,15 @@ def test_bad_tools_are_a_400(smol_server: Server, extra: dict[str, Any], message
     r = http.post(smol_server.url + "/v1/chat/completions", json={"messages": ASK, **extra})
     assert r.status_code == 400, r.text
     assert message in r.text
+
+
+def test_huggingface_hub_chat_completion_with_tools(smol_server: Server) -> None:
+    from huggingface_hub import InferenceClient
+
+    reply = InferenceClient(smol_server.url).chat_completion(
+        ASK, tools=[WEATHER], tool_choice="required", max_tokens=80, temperature=0
+    )
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    arguments = call.function.arguments
+    assert "city" in (arguments if isinstance(arguments, dict) else json.loads(arguments))
