@@ -6,7 +6,8 @@ p1(a) p2(b | a) p3(c | a, b), takes 21 forward passes to compute. Token 1 comes 
 step; tokens 2 and 3 from a speculative step in which a noisy draft model proposed k=2 sampled
 drafts (accepted, recovered from the residual, or the bonus). The empirical joint must be within
 the TV bound of `test_rejection.tv_bound`; the same run with the residual replaced by p (a
-subtle bug: right accept test, wrong resampling) must be outside it.
+subtle bug: right accept test, wrong resampling) must be outside it. The same holds under a
+grammar, against the masked target.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.request import SamplingParams
+from specserve.request import GrammarSpec, SamplingParams
 from specserve.runner.model_runner import RunItem
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.speculation import rejection
@@ -30,8 +31,20 @@ REQUESTS = 2000
 Joint = dict[tuple[int, ...], float]
 
 
-def params(seed: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=4, temperature=1.5, top_k=4, seed=seed, ignore_eos=True)
+# Under a grammar: lowercase letters only, at least 12 of them (so EOS cannot come within the
+# first three tokens, which are at most a few characters each).
+LETTERS = GrammarSpec("regex", "[a-z]{12,20}")
+
+
+def params(seed: int, grammar: GrammarSpec | None = None) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=4,
+        temperature=1.5,
+        top_k=4,
+        seed=seed,
+        ignore_eos=grammar is None,
+        grammar=grammar,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +64,17 @@ def engine(tiny_llama: Path, draft_dir: Path) -> Engine:
     )
 
 
-def exact_joint(e: Engine) -> Joint:
-    """P(first three tokens) under the target, processed as the engine samples them."""
+def exact_joint(e: Engine, grammar: GrammarSpec | None = None) -> Joint:
+    """P(first three tokens) under the target, processed as the engine samples them (the
+    grammar's mask first, when there is one)."""
 
     def dist(prefix: list[int]) -> torch.Tensor:  # [vocab]
         ids = PROMPT + prefix
         table = list(range(-(-len(ids) // e.res.allocator.block_size)))  # blocks nobody holds
         logits = e.res.runner.run([RunItem(ids, 0, table, 1)]).logits[0]
-        z = processed_logits(logits, SampleRow(params(0), [], len(prefix)))
+        mask = () if grammar is None else (e.grammars.processor(grammar, len(PROMPT)),)
+        row = SampleRow(params(0, grammar), ids if mask else [], len(prefix), mask)
+        z = processed_logits(logits, row)
         return torch.softmax(z.double(), dim=-1)
 
     joint: Joint = {}
@@ -72,8 +88,8 @@ def exact_joint(e: Engine) -> Joint:
     return joint
 
 
-def empirical_tv(e: Engine, exact: Joint) -> float:
-    outs = run_all(e, [PROMPT] * REQUESTS, [params(s) for s in range(REQUESTS)])
+def empirical_tv(e: Engine, exact: Joint, grammar: GrammarSpec | None = None) -> float:
+    outs = run_all(e, [PROMPT] * REQUESTS, [params(s, grammar) for s in range(REQUESTS)])
     counts: dict[tuple[int, ...], int] = {}
     for tokens in outs:
         counts[tuple(tokens[:3])] = counts.get(tuple(tokens[:3]), 0) + 1
@@ -98,3 +114,16 @@ def test_sampled_drafts_follow_the_target_through_the_engine(
 
     monkeypatch.setattr(rejection, "_residual", broken_residual)
     assert empirical_tv(engine(tiny_llama, draft_dir), exact) > bound
+
+
+def test_sampled_drafts_follow_the_constrained_target(tiny_llama: Path, draft_dir: Path) -> None:
+    """The draft model proposes from its own unconstrained q; the target's rows are masked, so
+    a forbidden draft token has p = 0 and is always rejected, and the residual is masked too:
+    the joint is the constrained target's."""
+    e = engine(tiny_llama, draft_dir)
+    exact = exact_joint(e, LETTERS)
+    assert len(exact) == 64 and abs(sum(exact.values()) - 1) < 1e-6
+    assert all(e.tokenizer.decode(list(k)).isalpha() for k in exact)  # letters only
+    assert empirical_tv(e, exact, LETTERS) < tv_bound(REQUESTS, len(exact))
+    stats = e.stats.proposer
+    assert stats.drafted_tokens >= REQUESTS and 0 < stats.accepted_tokens < stats.drafted_tokens
