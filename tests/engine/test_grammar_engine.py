@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.bench_structured import Silent
 from specserve.request import GrammarSpec, SamplingParams
-from specserve.speculation.proposer import Draft
 from tests.engine.helpers import assert_no_kv_held, collect, make_engine, run_all
 from tests.engine.test_logits_processors import Insist
 
@@ -106,21 +106,6 @@ def test_an_invalid_grammar_is_refused_before_it_runs(tiny_llama: Path) -> None:
     with pytest.raises(ValueError, match="invalid json schema"):
         engine.add_request("hi", bad)
     assert not engine.has_work()
-
-
-class Silent:
-    """A proposer that never finds a draft: every draft a step verifies is forced text."""
-
-    name = "silent"
-
-    def propose(self, seqs: list[object], ks: list[int]) -> list[Draft]:
-        return [Draft([]) for _ in ks]
-
-    def sync(self, seq: object, hidden: object) -> None:
-        del seq, hidden
-
-    def release(self, seq: object) -> None:
-        del seq
 
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
