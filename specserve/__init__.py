@@ -2,13 +2,14 @@
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.llm import LLM, Completion
-from specserve.request import SamplingParams
+from specserve.request import GrammarSpec, SamplingParams
 
 __all__ = [
     "LLM",
     "CacheConfig",
     "Completion",
     "EngineConfig",
+    "GrammarSpec",
     "SamplingParams",
     "SchedulerConfig",
     "SpecConfig",
