@@ -16,10 +16,12 @@ item:
 
 Per side: end-to-end tok/s over all requests (prefill included), the ratio to off, and the
 drafted/accepted counts of each kind. Outputs are compared token for token across the sides and
-each is parsed and checked against its schema's required keys.
+each is parsed and checked against its schema's required keys. Then the mask's cost:
+`--mask-concurrency` constrained requests at once (speculation off), the time inside the
+grammar's logits processors against the steps' wall time.
 
 Usage (repo root): python -m benchmarks.bench_structured [--speculate 4] [--threads 2]
-    [--repeats 2] [--json FILE]
+    [--repeats 2] [--mask-concurrency 16] [--json FILE]
 """
 
 from __future__ import annotations
@@ -233,6 +235,68 @@ def run_one(engine: Any, messages: list[dict[str, str]], schema: dict[str, Any])
     return tokens
 
 
+def compile_times(engine: Any) -> dict[str, float]:
+    """Milliseconds: llguidance's tokenizer built from ours (once per engine), then each
+    document's schema compiled (its first mask included, see `Grammars.compile`)."""
+    from specserve.request import GrammarSpec
+
+    started = time.perf_counter()
+    engine.grammars._tokenizer()
+    times = {"tokenizer": 1000 * (time.perf_counter() - started)}
+    for i, (_, schema) in enumerate(DOCS):
+        started = time.perf_counter()
+        engine.grammars.compile(GrammarSpec("json_schema", json.dumps(schema, sort_keys=True)))
+        times[f"schema {i}"] = 1000 * (time.perf_counter() - started)
+    return times
+
+
+def mask_cost(engine: Any, concurrency: int) -> dict[str, float]:
+    """`concurrency` constrained requests at once (the documents in turn) on `engine`: the
+    time spent in the grammar's logits processors (the masks) against the steps' time."""
+    from specserve.grammar import GrammarProcessor
+    from specserve.request import GrammarSpec, SamplingParams
+
+    spent = [0.0, 0]
+    call = GrammarProcessor.__call__
+
+    def timed(self: GrammarProcessor, history: list[int], logits: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return call(self, history, logits)
+        finally:
+            spent[0] += time.perf_counter() - started
+            spent[1] += 1
+
+    GrammarProcessor.__call__ = timed  # type: ignore[method-assign]
+    try:
+        for i in range(concurrency):
+            doc, schema = DOCS[i % len(DOCS)]
+            spec = GrammarSpec("json_schema", json.dumps(schema, sort_keys=True))
+            messages = [
+                {"role": "system", "content": "Extract the fields of the document as JSON."},
+                {"role": "user", "content": doc},
+            ]
+            params = SamplingParams(max_new_tokens=NEW_TOKENS, grammar=spec)
+            engine.add_request(engine.encode_chat(messages), params)
+        tokens, steps, started = 0, 0, time.perf_counter()
+        while engine.has_work():
+            tokens += sum(len(o.new_token_ids) for o in engine.step())
+            steps += 1
+        wall = time.perf_counter() - started
+    finally:
+        GrammarProcessor.__call__ = call  # type: ignore[method-assign]
+    return {
+        "concurrency": concurrency,
+        "tokens": tokens,
+        "steps": steps,
+        "wall_s": wall,
+        "mask_s": spent[0],
+        "mask_rows": spent[1],
+        "mask_share": spent[0] / wall,
+        "mask_us_per_row": 1e6 * spent[0] / max(1, spent[1]),
+    }
+
+
 def valid(text: str, schema: dict[str, Any]) -> bool:
     try:
         value = json.loads(text)
@@ -248,6 +312,7 @@ def main() -> None:
     p.add_argument("--speculate", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="passes over the documents")
+    p.add_argument("--mask-concurrency", type=int, default=16, help="0: skip the mask's cost")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     info = machine_info("benchmarks.bench_structured", sys.argv[1:])
@@ -263,6 +328,7 @@ def main() -> None:
     seconds = dict.fromkeys(names, 0.0)
     tokens = dict.fromkeys(names, 0)
     ok = dict.fromkeys(names, 0)
+    compile_ms = compile_times(engines["off"])
     for engine in engines.values():  # warm-up: the tokenizer conversion, the first schema
         run_one(engine, [{"role": "user", "content": "hi"}], DOCS[0][1])
         engine.stats.forced.drafted_tokens = engine.stats.forced.accepted_tokens = 0
@@ -308,10 +374,23 @@ def main() -> None:
         "forced accepted/drafted", "valid JSON",
     ]  # fmt: skip
     print(machine_lines(info) + "\n\n" + markdown_table(header, rows))
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"machine": info, "sides": [asdict(s) for s in sides]}, indent=1)
+    print("\nCompile (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in compile_ms.items()))
+    cost = mask_cost(engines["off"], args.mask_concurrency) if args.mask_concurrency else None
+    if cost is not None:
+        print(
+            f"\nThe mask at concurrency {cost['concurrency']} (speculation off): "
+            f"{1000 * cost['mask_s']:.0f} ms of {cost['wall_s']:.1f} s of steps "
+            f"({100 * cost['mask_share']:.1f} %), {cost['mask_us_per_row']:.0f} us per row, "
+            f"{cost['tokens']} tokens in {cost['steps']} steps"
         )
+    if args.json:
+        data = {
+            "machine": info,
+            "sides": [asdict(s) for s in sides],
+            "compile_ms": compile_ms,
+            "mask_cost": cost,
+        }
+        Path(args.json).write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":

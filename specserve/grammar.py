@@ -153,14 +153,15 @@ class GrammarProcessor:
     def __call__(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
         if not self.advance(history[self.prompt_len :]):
             return logits  # after a forbidden draft token: a row verification never uses
-        allowed = torch.frombuffer(bytearray(self.matcher.compute_logit_bias()), dtype=torch.uint8)
+        raw = self.matcher.compute_logit_bias()  # a byte per token: 0 forbidden, 200 allowed
         if self.matcher.is_error():  # the grammar ran out of its limits: fail this request
             raise RuntimeError(f"grammar: {self.matcher.get_error()}")
-        n = min(allowed.numel(), logits.numel())
-        if not bool(allowed[:n].any()):  # nothing can follow (should not happen): end the text
+        n = min(len(raw), logits.numel())
+        allowed = torch.frombuffer(bytearray(raw[:n]), dtype=torch.uint8)
+        if 200 not in raw[:n]:  # nothing can follow (should not happen): end the text
             allowed = torch.zeros(n, dtype=torch.uint8)
             allowed[[e for e in self.eos_ids if e < n]] = 1
-        logits[:n].masked_fill_(allowed[:n] == 0, float("-inf"))
+        logits[:n].masked_fill_(allowed == 0, float("-inf"))
         logits[n:] = float("-inf")
         return logits
 
