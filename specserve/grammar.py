@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -43,8 +44,13 @@ CACHE_SIZE = 128  # compiled grammars kept (each a few hundred KB at most)
 # grammar that runs out is in error and refused (compile) or its request fails (a step). The
 # regex (x{1000}){1000} took 2.3-3.0 s over its first mask with the defaults, 0.36 s with these
 # (measured beside other work), spent where the grammar is compiled, not in the engine's thread;
-# its later masks still cost ~0.1 s each (a limit of this design: see docs/structure.md).
+# its later masks still cost ~0.1 s each: SLOW_MASKS of them fail its request.
 INITIAL_LEXER_FUEL = 200_000
+# What the limits cannot bound, a clock does: a request whose masks take longer than this
+# SLOW_MASKS rows in a row fails (its grammar is too costly to follow), so it cannot hold every
+# other request's steps back for long. A mask takes ~0.1 ms here; ~3 ms beside CPU-bound work.
+SLOW_MASK_S = 0.05
+SLOW_MASKS = 3
 STEP_LEXER_FUEL = 50_000
 
 
@@ -136,6 +142,7 @@ class GrammarProcessor:
         self.eos_ids = eos_ids
         self.tokenizer = tokenizer  # llguidance's, for the forced text
         self.consumed: list[int] = []  # output tokens the matcher has taken, in order
+        self.slow = 0  # masks in a row that took over SLOW_MASK_S
 
     def forced(self, output: list[int], limit: int) -> list[int]:
         """Up to `limit` tokens of the text the grammar forces after `output` (the committed
@@ -153,9 +160,16 @@ class GrammarProcessor:
     def __call__(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
         if not self.advance(history[self.prompt_len :]):
             return logits  # after a forbidden draft token: a row verification never uses
+        started = time.perf_counter()
         raw = self.matcher.compute_logit_bias()  # a byte per token: 0 forbidden, 200 allowed
+        self.slow = self.slow + 1 if time.perf_counter() - started > SLOW_MASK_S else 0
         if self.matcher.is_error():  # the grammar ran out of its limits: fail this request
             raise RuntimeError(f"grammar: {self.matcher.get_error()}")
+        if self.slow >= SLOW_MASKS:
+            raise RuntimeError(
+                f"grammar: {SLOW_MASKS} masks in a row took over {1000 * SLOW_MASK_S:.0f} ms "
+                "each: the grammar is too costly to follow"
+            )
         n = min(len(raw), logits.numel())
         allowed = torch.frombuffer(bytearray(raw[:n]), dtype=torch.uint8)
         if 200 not in raw[:n]:  # nothing can follow (should not happen): end the text

@@ -125,3 +125,21 @@ def test_forced_text_is_drafted_and_changes_nothing(
     off.res.proposer = Silent()
     assert run_all(off, PROMPTS, SamplingParams(**{**p.__dict__, "speculate": 0})) == want
     assert off.stats.forced.drafted_tokens == 0
+
+
+def test_a_grammar_too_costly_to_follow_fails_only_its_request(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specserve.grammar
+
+    plain = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    [alone] = run_all(make_engine(tiny_llama), [PROMPTS[2]], plain)
+    monkeypatch.setattr(specserve.grammar, "SLOW_MASK_S", 0.0)  # every mask is "slow"
+    engine = make_engine(tiny_llama, speculate=3, proposer="ngram")
+    costly, neighbour = collect(
+        engine, [PROMPTS[1], PROMPTS[2]], [constrained(GREEDY, JSON), plain]
+    )
+    assert costly.finish_reason == "error" and "too costly" in (costly.error or "")
+    assert len(costly.tokens) < specserve.grammar.SLOW_MASKS  # failed within its first rows
+    assert neighbour.finish_reason == "length" and neighbour.tokens == alone
+    assert_no_kv_held(engine)
