@@ -171,8 +171,9 @@ class GrammarProcessor:
                 "each: the grammar is too costly to follow"
             )
         n = min(len(raw), logits.numel())
-        allowed = torch.frombuffer(bytearray(raw[:n]), dtype=torch.uint8)
-        if 200 not in raw[:n]:  # nothing can follow (should not happen): end the text
+        mask = bytearray(raw[:n])
+        allowed = torch.frombuffer(mask, dtype=torch.uint8)
+        if 200 not in mask:  # nothing can follow (should not happen): end the text
             allowed = torch.zeros(n, dtype=torch.uint8)
             allowed[[e for e in self.eos_ids if e < n]] = 1
         logits[:n].masked_fill_(allowed == 0, float("-inf"))
