@@ -28,6 +28,7 @@ drafts rely on it, and a client parsing the reply cannot tell.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -52,6 +53,52 @@ INITIAL_LEXER_FUEL = 200_000
 SLOW_MASK_S = 0.05
 SLOW_MASKS = 3
 STEP_LEXER_FUEL = 50_000
+# What neither bounds: a regex's counted repeats multiply out in its automaton, and the limits
+# above let (x{1000}){1000} through at ~30 ms a mask (a decode step is ~7 ms). A regex (or a JSON
+# schema's `pattern`) that unrolls to more positions than this is refused before compiling;
+# (x{100}){100}, at the limit, costs ~4 ms a mask. Then, at compile time, a grammar whose mask
+# still takes over SLOW_MASK_S is refused too.
+MAX_REGEX_POSITIONS = 10_000
+_COUNTER = re.compile(r"\{(\d*)(,(\d*))?\}")
+_BRACES = re.compile(r"\{[^}]*\}")
+_GROUP_FLAGS = re.compile(r"[^:>)]*[:>]?")
+
+
+def regex_positions(pattern: str) -> int:
+    """How many positions `pattern` unrolls to with every counted repeat `{m}`, `{m,}`, `{m,n}`
+    written out: a character, class or escape is one, a group the sum of its parts, a repeat
+    its part times its largest count (`*`, `+` and `?` add nothing). An upper bound, enough to
+    tell a regex built to explode from one that counts digits."""
+    groups: list[list[int]] = [[]]  # the sizes of each open group's parts so far
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        counter = _COUNTER.match(pattern, i) if c == "{" else None
+        if counter and groups[-1] and (counter.group(1) or counter.group(3)):
+            groups[-1][-1] *= max(1, int(counter.group(3) or counter.group(1)))
+            i = counter.end()
+            continue
+        if c == "(":
+            groups.append([])
+            if pattern[i + 1 : i + 2] == "?":  # (?:, (?P<name>: no positions of their own
+                i = _GROUP_FLAGS.match(pattern, i + 2).end() - 1  # type: ignore[union-attr]
+        elif c == ")" and len(groups) > 1:
+            inner = sum(groups.pop())
+            groups[-1].append(max(1, inner))
+        elif c == "[":  # a class, to its closing bracket
+            i += 2 if pattern[i + 1 : i + 2] == "^" else 1
+            i += 1 if pattern[i : i + 1] == "]" else 0  # a "]" first is a literal
+            while i < len(pattern) and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+            groups[-1].append(1)
+        elif c == "\\":
+            braces = _BRACES.match(pattern, i + 2) if pattern[i + 1 : i + 2] in "pPux" else None
+            i = braces.end() - 1 if braces else i + 1  # \p{L}, \u{..}: one position
+            groups[-1].append(1)
+        elif c not in "*+?|^$":
+            groups[-1].append(1)
+        i += 1
+    return sum(sum(parts) for parts in groups)
 
 
 def grammar_text(spec: GrammarSpec) -> str:
@@ -66,10 +113,35 @@ def grammar_text(spec: GrammarSpec) -> str:
             raise ValueError(f"the JSON schema is not valid JSON: {exc}") from exc
         if not isinstance(schema, dict):
             raise ValueError("the JSON schema must be a JSON object")
+        for pattern in schema_patterns(schema):
+            check_regex(pattern)
         return str(LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS))  # type: ignore[arg-type]
     if spec.kind == "regex":
+        check_regex(spec.source)
         return str(LLMatcher.grammar_from_regex(spec.source))
     return str(LLMatcher.grammar_from_lark(spec.source))
+
+
+def check_regex(pattern: str) -> None:
+    """ValueError if `pattern` unrolls to more than MAX_REGEX_POSITIONS."""
+    positions = regex_positions(pattern)
+    if positions > MAX_REGEX_POSITIONS:
+        raise ValueError(
+            f"the regex {pattern[:60]!r} unrolls to {positions} positions (its counted repeats "
+            f"multiplied out); at most {MAX_REGEX_POSITIONS} are accepted"
+        )
+
+
+def schema_patterns(node: object) -> list[str]:
+    """The regexes of a JSON schema: every `pattern` and `patternProperties` key."""
+    if isinstance(node, list):
+        return [p for item in node for p in schema_patterns(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+    if isinstance(node.get("patternProperties"), dict):
+        found += list(node["patternProperties"])
+    return found + [p for value in node.values() for p in schema_patterns(value)]
 
 
 class Grammars:
@@ -114,8 +186,16 @@ class Grammars:
         matcher = LLMatcher(self._tokenizer(), text, log_level=0, limits=limits)
         if not matcher.is_error():
             # The first mask builds the lexer's states: here, off the engine's thread, and a
-            # grammar that exhausts the limits doing it is refused now.
+            # grammar that exhausts the limits doing it is refused now. The second costs what
+            # each mask will.
             matcher.compute_logit_bias()
+            started = time.perf_counter()
+            matcher.compute_logit_bias()
+            if time.perf_counter() - started > SLOW_MASK_S:
+                raise ValueError(
+                    f"the {spec.kind.replace('_', ' ')}'s masks take over "
+                    f"{1000 * SLOW_MASK_S:.0f} ms each: too costly to follow"
+                )
         if matcher.is_error():
             raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error()}")
         self._compiled[spec] = matcher

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.grammar import GrammarProcessor, Grammars
+from specserve.grammar import GrammarProcessor, Grammars, regex_positions
 from specserve.models.tokenizer import load_tokenizer
 from specserve.request import GrammarSpec, SamplingParams
 
@@ -20,6 +20,9 @@ SCHEMA = {
     "required": ["ok", "colour"],
     "additionalProperties": False,
 }
+
+
+EXPLODING = {"type": "object", "properties": {"id": {"type": "string", "pattern": "[0-9]{10001}"}}}
 
 
 def nested(depth: int) -> dict[str, object]:
@@ -88,6 +91,11 @@ def test_compiled_once_per_spec(grammars: Grammars) -> None:
         (GrammarSpec("lark", "start: foo"), "invalid lark"),
         # nested past the compiler's recursion limit: refused, not compiled for long
         (GrammarSpec("json_schema", json.dumps(nested(200))), "recursion limit"),
+        (GrammarSpec("json_schema", '{"not": {"type": "string"}}'), "Unimplemented keys"),
+        # regexes built to explode: refused before anything is compiled
+        (GrammarSpec("regex", "(x{1000}){1000}"), "unrolls to 1000000 positions"),
+        (GrammarSpec("json_schema", json.dumps(EXPLODING)), "unrolls to 10001 positions"),
+        (GrammarSpec("json_schema", '{"patternProperties": {"(a{99}){999}": {}}}'), "unrolls"),
     ],
 )
 def test_invalid_and_pathological_grammars_are_refused(
@@ -95,6 +103,30 @@ def test_invalid_and_pathological_grammars_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         grammars.compile(spec)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "positions"),
+    [
+        (r"[0-9]{3}-[0-9]{4}", 8),
+        (r"(x{100}){100}", 10_000),
+        (r"[a-z]{1,50}(\.[a-z]{1,50}){1,20}", 50 + 20 * 51),
+        (r"(?:ab|cd){2}(?P<n>x)*", 2 * 4 + 1),
+        (r"[]x]{4}\p{L}{3}x{,7}y{2,}", 4 + 3 + 7 + 2),
+    ],
+)
+def test_a_regex_unrolls_to_its_counted_repeats(pattern: str, positions: int) -> None:
+    assert regex_positions(pattern) == positions
+
+
+def test_a_grammar_whose_masks_are_too_slow_is_refused_at_compile(
+    grammars: Grammars, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specserve.grammar
+
+    monkeypatch.setattr(specserve.grammar, "SLOW_MASK_S", 0.0)
+    with pytest.raises(ValueError, match="too costly to follow"):
+        grammars.compile(GrammarSpec("regex", "[a-c]{5}"))
 
 
 def test_grammar_params_are_checked() -> None:

@@ -134,8 +134,9 @@ def test_a_grammar_too_costly_to_follow_fails_only_its_request(
 
     plain = SamplingParams(max_new_tokens=24, ignore_eos=True)
     [alone] = run_all(make_engine(tiny_llama), [PROMPTS[2]], plain)
-    monkeypatch.setattr(specserve.grammar, "SLOW_MASK_S", 0.0)  # every mask is "slow"
     engine = make_engine(tiny_llama, speculate=3, proposer="ngram")
+    engine.grammars.compile(JSON)  # cached: compiling would refuse it with the clock at 0
+    monkeypatch.setattr(specserve.grammar, "SLOW_MASK_S", 0.0)  # every mask is "slow"
     costly, neighbour = collect(
         engine, [PROMPTS[1], PROMPTS[2]], [constrained(GREEDY, JSON), plain]
     )

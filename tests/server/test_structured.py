@@ -119,6 +119,22 @@ def test_tgi_grammar_through_huggingface_hub(smol_server: Server) -> None:
             {"inputs": "hi", "parameters": {"grammar": {"type": "xml", "value": "<a/>"}}},
             "parameters.grammar.type",
         ),
+        (  # built to explode: refused before it is compiled
+            "/generate",
+            {"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "(x{999}){99}"}}},
+            "unrolls to 98901 positions",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": ASK,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"not": {"type": "string"}}},
+                },
+            },
+            "Unimplemented keys",
+        ),
         (
             "/v1/chat/completions",
             {
