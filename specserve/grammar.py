@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from specserve.kernels.attention import mask_logits
 from specserve.request import GrammarSpec
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -166,7 +167,9 @@ class Grammars:
         """A fresh constraint for one sequence whose output starts after `prompt_len` tokens."""
         with self._lock:
             matcher = self._matcher(spec).deep_copy()
-            return GrammarProcessor(matcher, prompt_len, self.eos_ids, self._tokenizer())
+            return GrammarProcessor(
+                matcher, prompt_len, self.eos_ids, self._tokenizer(), self.vocab_size
+            )
 
     def _matcher(self, spec: GrammarSpec) -> Any:
         from llguidance import LLMatcher
@@ -216,12 +219,15 @@ class Grammars:
 class GrammarProcessor:
     """One sequence's constraint; see the module docstring. Called by the engine's thread only."""
 
-    def __init__(self, matcher: Any, prompt_len: int, eos_ids: list[int], tokenizer: Any) -> None:
+    def __init__(
+        self, matcher: Any, prompt_len: int, eos_ids: list[int], tokenizer: Any, vocab_size: int
+    ) -> None:
         self.matcher = matcher
         self.prompt_len = prompt_len
         self.eos_ids = eos_ids
         self.tokenizer = tokenizer  # llguidance's, for the forced text
         self.consumed: list[int] = []  # output tokens the matcher has taken, in order
+        self.bits = torch.empty((vocab_size + 31) // 32, dtype=torch.int32)
         self.slow = 0  # masks in a row that took over SLOW_MASK_S
 
     def forced(self, output: list[int], limit: int) -> list[int]:
@@ -241,7 +247,8 @@ class GrammarProcessor:
         if not self.advance(history[self.prompt_len :]):
             return logits  # after a forbidden draft token: a row verification never uses
         started = time.perf_counter()
-        raw = self.matcher.compute_logit_bias()  # a byte per token: 0 forbidden, 200 allowed
+        bits = self.bits  # a bit per token, llguidance's layout: 1 allowed
+        self.matcher.unsafe_compute_mask_ptr(bits.data_ptr(), 4 * bits.numel())
         self.slow = self.slow + 1 if time.perf_counter() - started > SLOW_MASK_S else 0
         if self.matcher.is_error():  # the grammar ran out of its limits: fail this request
             raise RuntimeError(f"grammar: {self.matcher.get_error()}")
@@ -250,14 +257,15 @@ class GrammarProcessor:
                 f"grammar: {SLOW_MASKS} masks in a row took over {1000 * SLOW_MASK_S:.0f} ms "
                 "each: the grammar is too costly to follow"
             )
-        n = min(len(raw), logits.numel())
-        mask = bytearray(raw[:n])
-        allowed = torch.frombuffer(mask, dtype=torch.uint8)
-        if 200 not in mask:  # nothing can follow (should not happen): end the text
-            allowed = torch.zeros(n, dtype=torch.uint8)
-            allowed[[e for e in self.eos_ids if e < n]] = 1
-        logits[:n].masked_fill_(allowed == 0, float("-inf"))
-        logits[n:] = float("-inf")
+        n = min(32 * bits.numel(), logits.numel())
+        if not mask_logits(logits[:n], bits):  # nothing can follow (should not happen): end
+            bits.zero_()
+            for e in self.eos_ids:
+                bit = 1 << (e % 32)
+                bits[e // 32] |= bit if bit < 2**31 else bit - 2**32  # as an int32
+            mask_logits(logits[:n], bits)
+        if n < logits.numel():
+            logits[n:] = float("-inf")  # the model's padding past the tokenizer's vocabulary
         return logits
 
     def advance(self, output: list[int]) -> bool:

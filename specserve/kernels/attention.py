@@ -20,7 +20,9 @@ logger = logging.getLogger(__name__)
 KERNEL = build.KernelSource(
     Path(__file__).with_name("paged_attention.c"), build.AVX2_FLAGS, build.AVX2_CPU,
     "paged attention kernel",
-    tuple(Path(__file__).with_name(h) for h in ("simd.h", "attention_simd.h", "rope.h")),
+    tuple(
+        Path(__file__).with_name(h) for h in ("simd.h", "attention_simd.h", "rope.h", "mask.h")
+    ),
 )  # fmt: skip
 
 
@@ -40,6 +42,8 @@ def library() -> ctypes.CDLL | None:
     lib.paged_attention.restype = ctypes.c_int
     lib.rope_rotate_half.argtypes = (ptr, i64, i64, i64, i64, ptr, ptr)
     lib.rope_rotate_half.restype = None
+    lib.mask_logits.argtypes = (ptr, ptr, i64)
+    lib.mask_logits.restype = i64
     return lib
 
 
@@ -113,3 +117,21 @@ def rope_rotate_half(
     lib.rope_rotate_half(
         x.data_ptr(), x.stride(0), x.shape[0], n_heads, head_dim, cos.data_ptr(), sin.data_ptr()
     )
+
+
+def mask_logits(logits: torch.Tensor, bits: torch.Tensor) -> int:
+    """In place: -inf where `bits` (int32, llguidance's bitmask layout: token i is bit i % 32
+    of word i // 32) has token i's bit clear. Returns how many tokens are allowed; if none is,
+    the row is left as it was. The torch path where the library is missing."""
+    n = min(logits.numel(), 32 * bits.numel())
+    if logits.dim() != 1 or logits.stride(0) != 1 or not bits.is_contiguous():
+        raise ValueError("mask_logits needs a contiguous row and bitmask")
+    lib = library()
+    if lib is not None:
+        return int(lib.mask_logits(logits.data_ptr(), bits.data_ptr(), n))
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((bits.unsqueeze(1) >> shifts) & 1).flatten()[:n]
+    count = int(allowed.sum())
+    if count:
+        logits[:n].masked_fill_(allowed == 0, float("-inf"))
+    return count

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "attention_simd.h"
+#include "mask.h"  // mask_logits: the same library exports it
 #include "rope.h"  // rope_rotate_half: the same library exports it
 #include "simd.h"
 

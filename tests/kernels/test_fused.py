@@ -73,3 +73,20 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kind: BlockKind) -
     fused = ggml.matmul_fused(x[:5], blocks, kind, 96, bias=torch.ones(37))
     assert torch.equal(fused, torch.cat([ggml.matmul_fused(x[i : i + 1], blocks, kind, 96,
                                          bias=torch.ones(37)) for i in range(5)]))  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [64, 49_152, 1000, 33])
+def test_token_mask_kernel_equals_the_torch_path(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(n)
+    bits = torch.randint(-(2**31), 2**31 - 1, ((n + 31) // 32,), dtype=torch.int32)
+    bits[0], bits[-1] = -1, 0  # a word of all ones and one of none
+    logits = torch.randn(n)
+    got, none = logits.clone(), logits.clone()
+    allowed = attention.mask_logits(got, bits)
+    assert attention.mask_logits(none, torch.zeros_like(bits)) == 0
+    assert torch.equal(none, logits)  # nothing allowed: the row as it was
+    monkeypatch.setattr(attention, "library", lambda: None)
+    want = logits.clone()
+    assert attention.mask_logits(want, bits) == allowed == int(torch.isfinite(want).sum())
+    assert torch.equal(got, want)
+    assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(want)])  # kept: untouched
