@@ -1,8 +1,10 @@
 """Assemble workloads/third-party.jsonl: hand-written requests over text no built-in workload
 uses (third-party package sources and READMEs from the venv, and creative prompts written for
-this file). The instructions and questions below are written by hand; the quoted texts are
-copied verbatim from the installed packages named in workloads/README.md (all MIT or BSD
-licensed, which permit quoting with their notices; see that file).
+this file), and workloads/third-party-structured.jsonl (documents into JSON schemas and tool
+calls, all written for this project). The instructions and questions below are written by
+hand; the quoted texts are copied verbatim from the installed packages named in
+workloads/README.md (all MIT or BSD licensed, which permit quoting with their notices; see that
+file).
 
 Usage (repo root): .venv/bin/python scripts/make_handwritten_workload.py [--out PATH]
 
@@ -15,12 +17,17 @@ from __future__ import annotations
 import argparse
 import email
 import importlib.metadata as md
+import json
 import site
+import sys
 from pathlib import Path
+from typing import Any
 
 from specserve.bench.workload_items import ChatMessage, WorkloadItem, write_workload
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
 WORKLOAD = "third-party"
+STRUCTURED_WORKLOAD = "third-party-structured"
 FILE_ASK = "Make no other changes. Output the full updated file in a single ```python code block."
 
 # (package, path in site-packages, instruction, follow-up instruction or None)
@@ -120,13 +127,79 @@ def build() -> list[WorkloadItem]:
     return items
 
 
+def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
+    parameters = {"type": "object", "properties": properties, "required": list(properties)}
+    function = {"name": name, "description": description, "parameters": parameters}
+    return {"type": "function", "function": function}
+
+
+_SHORT = {"type": "string", "maxLength": 50}
+TOOLS = [
+    _tool(
+        "set_reminder", "Remind the user of something at a time.", {"text": _SHORT, "when": _SHORT}
+    ),
+    _tool(
+        "find_train",
+        "Trains between two stations on a date.",
+        {"from_station": _SHORT, "to_station": _SHORT, "date": _SHORT},
+    ),
+    _tool(
+        "log_expense",
+        "Record a spending in the household budget.",
+        {"amount": {"type": "number"}, "category": {"enum": ["food", "travel", "home", "other"]}},
+    ),
+]
+# (request, tool_choice)
+TOOL_ASKS = (
+    ("Remind me to water the tomatoes at seven tomorrow evening.", "required"),
+    ("Which trains go from Leeds to York on the 3rd of April?", "required"),
+    ("I just paid 14.60 for a bag of lemons and some bread, please note it down.", "auto"),
+    ("Can you put 'call the plumber about the boiler' on my list for Monday morning?", "auto"),
+    ("Log 92 pounds for the new curtains in the living room.", "required"),
+)
+
+
+def build_structured() -> list[WorkloadItem]:
+    """The structured workload: bench_structured's documents into their schemas, then requests
+    for the tools above (both written for this file)."""
+    from benchmarks.structured_docs import DOCS
+
+    items = []
+    for i, (doc, schema) in enumerate(DOCS):
+        fmt = {"type": "json_schema", "json_schema": {"name": "fields", "schema": schema}}
+        ask = ChatMessage("system", "Extract the fields of the document as JSON.")
+        items.append(
+            WorkloadItem(
+                f"tps-extract-{i}",
+                STRUCTURED_WORKLOAD,
+                messages=(ask, ChatMessage("user", doc)),
+                structured=json.dumps({"response_format": fmt}, sort_keys=True),
+            )
+        )
+    for i, (ask, choice) in enumerate(TOOL_ASKS):
+        fields = {"tools": TOOLS, "tool_choice": choice}
+        items.append(
+            WorkloadItem(
+                f"tps-tool-{i}",
+                STRUCTURED_WORKLOAD,
+                messages=(ChatMessage("user", ask),),
+                structured=json.dumps(fields, sort_keys=True),
+            )
+        )
+    return items
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("workloads/third-party.jsonl"))
+    p.add_argument(
+        "--structured-out", type=Path, default=Path("workloads/third-party-structured.jsonl")
+    )
     args = p.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_workload(args.out, build())
-    print(args.out)
+    write_workload(args.structured_out, build_structured())
+    print(args.out, args.structured_out)
 
 
 if __name__ == "__main__":

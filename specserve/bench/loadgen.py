@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import httpx
 
+from specserve.bench.structured_workloads import check_reply
 from specserve.bench.workload_items import (
     ChatMessage,
     WorkloadItem,
@@ -95,7 +96,9 @@ class RequestRecord:
     accepted: int | None = None
     spec_steps: int | None = None  # steps of this request that verified drafts
     finish_reason: str | None = None
-    reply: str | None = None  # the reply text, kept for a conversation turn that has a next
+    # the reply text, kept for a conversation turn that has a next and for a structured item
+    reply: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # streamed whole, in order
 
 
 @dataclass
@@ -129,7 +132,8 @@ def request_for(
         "stream": True,
         "stream_options": {"include_usage": True},
         "speculate": speculate,
-        "ignore_eos": s.ignore_eos,
+        "ignore_eos": s.ignore_eos and item.structured is None,  # refused with a grammar
+        **item.request_fields(),
     }
     return "/v1/chat/completions", body
 
@@ -148,7 +152,7 @@ async def send(
         body.get("parameters", body).pop("speculate", None)
     sent = time.perf_counter()
     rec = RequestRecord(item.id, "chat" if item.messages else "generate_stream", sent - t0)
-    rec.reply = "" if keep_reply else None
+    rec.reply = "" if keep_reply or item.structured else None
     token_times: list[float] = []
     try:
         async with client.stream("POST", path, json=body, timeout=s.timeout_s) as resp:
@@ -165,6 +169,9 @@ async def send(
                     token_times.append(time.perf_counter())
             rec.ok = rec.finish_reason is not None
             rec.error = None if rec.ok else "stream ended without a final event"
+            if rec.ok and item.structured is not None:
+                rec.error = check_reply(item, rec.reply or "", rec.tool_calls, rec.finish_reason)
+                rec.ok = rec.error is None
     except httpx.HTTPError as exc:
         rec.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -216,10 +223,12 @@ def _chat_event(event: dict[str, Any], rec: RequestRecord) -> bool:
         rec.spec_steps = extra.get("speculation_steps")
     has_text = False
     for choice in event.get("choices") or ():
-        content = (choice.get("delta") or {}).get("content")
-        has_text |= bool(content)
+        delta = choice.get("delta") or {}
+        content, calls = delta.get("content"), delta.get("tool_calls")
+        has_text |= bool(content or calls)
         if content and rec.reply is not None:
             rec.reply += content
+        rec.tool_calls += calls or ()
         if choice.get("finish_reason"):
             rec.finish_reason = choice["finish_reason"]
     return has_text

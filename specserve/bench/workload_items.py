@@ -4,7 +4,11 @@ A workload file is JSONL, one request per line::
 
     {"id": str, "workload": str, "prompt": str | null,
      "messages": [{"role": "system" | "user" | "assistant", "content": str}] | null,
-     "follows": str}                                                        # optional
+     "follows": str,                                                        # optional
+     "response_format": {...}, "tools": [...], "tool_choice": ...}          # optional, chat
+
+The last three are sent as they are in the OpenAI chat request (structured outputs and tool
+calls); the bench checks each reply against them (`structured_workloads.check_reply`).
 
 Exactly one of ``prompt`` (raw completion; no template) and ``messages`` (chat; the server
 applies the model's chat template) is set. ``id`` is unique within a file.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
 
 MAX_PROMPT_CHARS = 5000  # ~1500 SmolLM2 tokens; the 8k context leaves room for the reply
 ROLES = frozenset({"system", "user", "assistant"})
+STRUCTURED = ("response_format", "tools", "tool_choice")
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class WorkloadItem:
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
     follows: str | None = None  # id of the previous turn of its conversation (chat only)
+    # STRUCTURED keys of the chat request, as JSON text of an object (hashable); None: plain
+    structured: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id or not self.workload:
@@ -53,6 +60,8 @@ class WorkloadItem:
             raise ValueError("'follows' needs 'messages' and another item's id")
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("exactly one of 'prompt' and 'messages' must be set")
+        if self.structured is not None and self.messages is None:
+            raise ValueError(f"{', '.join(STRUCTURED)} need 'messages'")
         if self.prompt is not None and not self.prompt.strip():
             raise ValueError("'prompt' is empty")
         if self.messages is not None:
@@ -75,7 +84,12 @@ class WorkloadItem:
         record["messages"] = messages  # type: ignore[assignment]
         if self.follows is not None:
             record["follows"] = self.follows
+        record.update(self.request_fields())
         return json.dumps(record, ensure_ascii=False)
+
+    def request_fields(self) -> dict[str, Any]:
+        """The structured-output and tool fields this chat request carries."""
+        return {} if self.structured is None else dict(json.loads(self.structured))
 
     @classmethod
     def from_json(cls, line: str) -> WorkloadItem:
@@ -85,7 +99,7 @@ class WorkloadItem:
             raise ValueError(f"invalid JSON: {e}") from None
         if not isinstance(record, dict):
             raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-        extra = set(record) - {"id", "workload", "prompt", "messages", "follows"}
+        extra = set(record) - {"id", "workload", "prompt", "messages", "follows", *STRUCTURED}
         if extra:
             raise ValueError(f"unknown keys {sorted(extra)}")
         for key in ("id", "workload"):
@@ -97,7 +111,9 @@ class WorkloadItem:
         messages = None if raw is None else tuple(_message(m) for m in raw)
         follows = record.get("follows")
         _expect(follows is None or isinstance(follows, str), "'follows' must be a string")
-        return cls(record["id"], record["workload"], prompt, messages, follows)
+        fields = {k: record[k] for k in STRUCTURED if record.get(k) is not None}
+        structured = json.dumps(fields, sort_keys=True) if fields else None
+        return cls(record["id"], record["workload"], prompt, messages, follows, structured)
 
 
 def _expect(ok: bool, problem: str) -> None:
@@ -164,7 +180,7 @@ def with_history(item: WorkloadItem, history: tuple[ChatMessage, ...]) -> Worklo
     if not history:
         return item
     assert item.messages is not None
-    return WorkloadItem(item.id, item.workload, messages=history + item.messages)
+    return replace(item, messages=history + item.messages, follows=None)
 
 
 def next_history(sent: WorkloadItem, reply: str) -> tuple[ChatMessage, ...]:

