@@ -4,7 +4,8 @@
 # Needs a quiet machine: every part compares configurations side by side in one run.
 # Every benchmark is a module of benchmarks/, run from the repo root: python -m benchmarks.NAME.
 # Usage: bash scripts/run_benchmarks.sh
-#        [engine|baseline|serving|spec|goodput|policy|attention|suffix|cache|kv|soak|fleet|all]
+#        [engine|baseline|serving|spec|goodput|policy|structured|attention|suffix|cache|kv|soak|
+#         fleet|all]
 #        [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -95,6 +96,21 @@ if [[ $what == policy || $what == all ]]; then
     --workload code-edit --duration 15 --max-new-tokens 48 --ignore-eos \
     --slo-ttft 3 --slo-itl 0.15 --out "$out/policy-adaptive"
   stop_bg 8313
+fi
+
+if [[ $what == structured || $what == all ]]; then
+  # Speculation under a grammar (issue 23). In process: off / forced text only / n-gram + forced
+  # on hand-written documents, compile times, the mask's share of step time at concurrency 16.
+  python -m benchmarks.bench_structured --threads "$threads" --repeats 2 \
+    --json "$out/structured.json" | tee "$out/structured.md"
+  # Over HTTP: N = 0 against 4 at batch 1 on the structured workloads (built-in and hand-written),
+  # each cell from empty caches; every reply is checked against its schema or tools.
+  serve_bg 8316 --speculate 4
+  specserve bench --url http://127.0.0.1:8316 --speculate 0,4 --concurrency 1 \
+    --workload extract-json --workload tool-calls \
+    --workload workloads/third-party-structured.jsonl --num-requests 8 --max-new-tokens 256 \
+    --out "$out/structured-bench"
+  stop_bg 8316
 fi
 
 if [[ $what == attention || $what == all ]]; then
