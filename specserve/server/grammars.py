@@ -20,8 +20,9 @@ ANY_OBJECT = {"type": "object"}
 
 
 def schema_spec(schema: Any, field: str) -> GrammarSpec:
-    """A JSON schema (an object, or its JSON text) as a spec; keys sorted, so that the same
-    schema sent twice compiles once."""
+    """A JSON schema (an object, or its JSON text) as a spec. Its keys keep their order: the
+    output's keys come in the order of `properties`, as the client's model declares them (the
+    same schema sent twice, in the same order, compiles once)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -29,7 +30,7 @@ def schema_spec(schema: Any, field: str) -> GrammarSpec:
             raise invalid(field, f"is not valid JSON: {exc}") from exc
     if not isinstance(schema, dict):
         raise invalid(field, f"must be a JSON schema object; got {type(schema).__name__}")
-    return GrammarSpec("json_schema", json.dumps(schema, sort_keys=True))
+    return GrammarSpec("json_schema", json.dumps(schema))
 
 
 def tgi_grammar(grammar: dict[str, Any] | None) -> GrammarSpec | None:

@@ -136,7 +136,8 @@ def _call_schema(tools: list[Tool] | tuple[Tool, ...]) -> dict[str, Any]:
 
 
 def _call_grammar(tools: list[Tool] | tuple[Tool, ...]) -> GrammarSpec:
-    return GrammarSpec("json_schema", json.dumps(_call_schema(tools), sort_keys=True))
+    # Unsorted: `name` comes before `arguments`, and the arguments in the tool's own order.
+    return GrammarSpec("json_schema", json.dumps(_call_schema(tools)))
 
 
 def as_call(text: str, plan: ToolPlan) -> dict[str, Any] | None:

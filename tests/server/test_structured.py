@@ -64,6 +64,8 @@ def test_json_schema_reply_validates(client: openai.OpenAI) -> None:
     )
     assert reply.choices[0].finish_reason == "stop"
     Cat.model_validate_json(reply.choices[0].message.content or "")
+    # the keys in the schema's order, not sorted
+    assert list(json.loads(reply.choices[0].message.content or "")) == ["name", "age", "colour"]
 
 
 def test_parse_with_a_pydantic_model_and_json_object(client: openai.OpenAI) -> None:

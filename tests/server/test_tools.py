@@ -77,6 +77,20 @@ def test_required_and_named_choices_return_calls(client: openai.OpenAI) -> None:
     assert set(json.loads(call.function.arguments)) == {"city"}
 
 
+def test_a_call_keeps_the_tools_key_order(client: openai.OpenAI) -> None:
+    zone = {"type": "string", "maxLength": 20}
+    params = {
+        "type": "object",
+        "properties": {"zone": zone, "city": zone},
+        "required": ["zone", "city"],
+        "additionalProperties": False,
+    }
+    tool = {"type": "function", "function": {"name": "local_time", "parameters": params}}
+    reply = create(client, tools=[tool], tool_choice="required")
+    [call] = reply.choices[0].message.tool_calls
+    assert list(json.loads(call.function.arguments)) == ["zone", "city"]
+
+
 def test_auto_is_a_call_or_text_never_half_of_one(client: openai.OpenAI) -> None:
     for question in ("What is the weather in Oslo right now?", "Say hello to me."):
         reply = create(client, messages=[{"role": "user", "content": question}], tools=[WEATHER])
