@@ -104,11 +104,12 @@ if [[ $what == structured || $what == all ]]; then
   python -m benchmarks.bench_structured --threads "$threads" --repeats 2 \
     --json "$out/structured.json" | tee "$out/structured.md"
   # Over HTTP: N = 0 against 4 at batch 1 on the structured workloads (built-in and hand-written),
-  # each cell from empty caches; every reply is checked against its schema or tools.
-  serve_bg 8316 --speculate 4
+  # each cell from empty caches, the adaptive policy (forced text is drafted whatever it decides);
+  # every reply is checked against its schema or tools.
+  serve_bg 8316 --speculate 4 --speculation-policy adaptive
   specserve bench --url http://127.0.0.1:8316 --speculate 0,4 --concurrency 1 \
     --workload extract-json --workload tool-calls \
-    --workload workloads/third-party-structured.jsonl --num-requests 8 --max-new-tokens 256 \
+    --workload workloads/third-party-structured.jsonl --num-requests 8 --max-new-tokens 512 \
     --out "$out/structured-bench"
   stop_bg 8316
 fi

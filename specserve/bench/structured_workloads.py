@@ -136,14 +136,19 @@ def build_tool_calls(n: int, seed: int) -> list[WorkloadItem]:
 def check_reply(
     item: WorkloadItem, text: str, calls: list[dict[str, Any]], finish_reason: str | None
 ) -> str | None:
-    """Why the reply is not what `item` asked for (None: it is). One cut at the token limit
-    is not: raise the bench's --max-new-tokens."""
+    """Why the reply is not what `item` asked for (None: it is). A structure cut at the token
+    limit is not (raise the bench's --max-new-tokens); a text answer under tool_choice "auto"
+    is, cut or not, like any chat reply."""
+    fields = item.request_fields()
+    choice = fields.get("tool_choice", "auto")
+    text_answer = choice == "none" or (choice == "auto" and not text.startswith("{"))
+    if "tools" in fields and not calls and text_answer:
+        return None
     if finish_reason == "length":
         return "cut at the token limit before the grammar's end (raise --max-new-tokens)"
-    fields = item.request_fields()
-    if "tools" in fields and fields.get("tool_choice") != "none":
+    if "tools" in fields:
         if not calls:
-            return None if fields.get("tool_choice") == "auto" else "no tool call"
+            return "no tool call"
         tools = {t["function"]["name"]: t["function"] for t in fields["tools"]}
         for call in calls:
             function = call.get("function") or {}

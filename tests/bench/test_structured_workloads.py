@@ -60,6 +60,7 @@ def test_a_reply_that_validates_passes_and_one_that_does_not_fails() -> None:
         (0, [call("get_weather", {"city": "Quito", "unit": "celsius"})], "", None),
         (0, [], "It is sunny.", "no tool call"),  # required: a call or a failure
         (1, [], "It is sunny.", None),  # auto: text is an answer too
+        (1, [], '{"name": "get_weather", "argu', "token limit"),  # auto: a call, cut
         (0, [call("get_time", {"city": "Quito"})], "", "not an offered tool"),
         (0, [call("get_weather", {"city": "Quito", "unit": "kelvin"})], "", "'kelvin' is not one"),
         (1, [call("search_news", '{"query": "x", "max_res')], "", "not JSON"),
@@ -69,5 +70,6 @@ def test_tool_calls_are_checked_against_the_tools(
     index: int, calls: list[dict[str, Any]], text: str, problem: str | None
 ) -> None:
     item = build_workload("tool-calls", 2, seed=0)[index]
-    got = check_reply(item, text, calls, "tool_calls" if calls else "stop")
+    finish = "tool_calls" if calls else "length" if text.startswith("{") else "stop"
+    got = check_reply(item, text, calls, finish)
     assert got == problem if problem is None else problem in (got or "")
