@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import platform
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.async_engine import AsyncEngine, one_malloc_arena
 from specserve.engine.engine import Engine
 from specserve.engine.resources import load_resources
 from specserve.request import RequestOutput, SamplingParams
@@ -298,3 +299,8 @@ def test_the_step_thread_builds_the_engine_and_its_errors_reach_the_caller(
 
     with pytest.raises(ValueError, match="no such model"):
         AsyncEngine(broken)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_the_step_thread_can_share_the_main_malloc_arena() -> None:
+    assert one_malloc_arena()  # mallopt(M_ARENA_MAX, 1) accepted
