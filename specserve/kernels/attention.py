@@ -120,18 +120,18 @@ def rope_rotate_half(
 
 
 def mask_logits(logits: torch.Tensor, bits: torch.Tensor) -> int:
-    """In place: -inf where `bits` (int32, llguidance's bitmask layout: token i is bit i % 32
-    of word i // 32) has token i's bit clear. Returns how many tokens are allowed; if none is,
-    the row is left as it was. The torch path where the library is missing."""
+    """In place on a [V] row: -inf where `bits` (int32 on the CPU, llguidance's bitmask
+    layout: token i is bit i % 32 of word i // 32) has token i's bit clear. Returns how many
+    tokens are allowed; if none is, the row is left as it was. The kernel takes a contiguous
+    float32 row on the CPU; torch does the rest (another device or dtype, no library)."""
     n = min(logits.numel(), 32 * bits.numel())
-    if logits.dim() != 1 or logits.stride(0) != 1 or not bits.is_contiguous():
-        raise ValueError("mask_logits needs a contiguous row and bitmask")
     lib = library()
-    if lib is not None:
-        return int(lib.mask_logits(logits.data_ptr(), bits.data_ptr(), n))
+    kernel = logits.device.type == "cpu" and logits.dtype == torch.float32
+    if lib is not None and kernel and logits.dim() == 1 and logits.stride(0) == 1:
+        return int(lib.mask_logits(logits.data_ptr(), bits.contiguous().data_ptr(), n))
     shifts = torch.arange(32, dtype=torch.int32)
     allowed = ((bits.unsqueeze(1) >> shifts) & 1).flatten()[:n]
     count = int(allowed.sum())
     if count:
-        logits[:n].masked_fill_(allowed == 0, float("-inf"))
+        logits[:n].masked_fill_(allowed.to(logits.device) == 0, float("-inf"))
     return count

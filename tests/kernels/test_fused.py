@@ -85,6 +85,9 @@ def test_token_mask_kernel_equals_the_torch_path(n: int, monkeypatch: pytest.Mon
     allowed = attention.mask_logits(got, bits)
     assert attention.mask_logits(none, torch.zeros_like(bits)) == 0
     assert torch.equal(none, logits)  # nothing allowed: the row as it was
+    half = logits.half()  # another dtype (as another device would): torch's path, same mask
+    assert attention.mask_logits(half, bits) == allowed
+    assert torch.equal(torch.isfinite(half), torch.isfinite(got))
     monkeypatch.setattr(attention, "library", lambda: None)
     want = logits.clone()
     assert attention.mask_logits(want, bits) == allowed == int(torch.isfinite(want).sum())
