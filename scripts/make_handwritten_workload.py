@@ -21,8 +21,8 @@ import json
 import site
 import sys
 from pathlib import Path
-from typing import Any
 
+from specserve.bench.structured_workloads import tool
 from specserve.bench.workload_items import ChatMessage, WorkloadItem, write_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
@@ -127,26 +127,25 @@ def build() -> list[WorkloadItem]:
     return items
 
 
-def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    parameters = {"type": "object", "properties": properties, "required": list(properties)}
-    function = {"name": name, "description": description, "parameters": parameters}
-    return {"type": "function", "function": function}
-
-
 _SHORT = {"type": "string", "maxLength": 50}
-TOOLS = [
-    _tool(
-        "set_reminder", "Remind the user of something at a time.", {"text": _SHORT, "when": _SHORT}
+TOOLS = [  # open (other keys allowed), as many users write them
+    tool(
+        "set_reminder",
+        "Remind the user of something at a time.",
+        {"text": _SHORT, "when": _SHORT},
+        closed=False,
     ),
-    _tool(
+    tool(
         "find_train",
         "Trains between two stations on a date.",
         {"from_station": _SHORT, "to_station": _SHORT, "date": _SHORT},
+        closed=False,
     ),
-    _tool(
+    tool(
         "log_expense",
         "Record a spending in the household budget.",
         {"amount": {"type": "number"}, "category": {"enum": ["food", "travel", "home", "other"]}},
+        closed=False,
     ),
 ]
 # (request, tool_choice)

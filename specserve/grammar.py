@@ -259,15 +259,14 @@ class GrammarProcessor:
                 f"grammar: {SLOW_MASKS} masks in a row took over {1000 * SLOW_MASK_S:.0f} ms "
                 "each: the grammar is too costly to follow"
             )
-        n = min(32 * bits.numel(), logits.numel())
-        if not mask_logits(logits[:n], bits):  # nothing can follow (should not happen): end
+        if not mask_logits(logits, bits):  # nothing can follow (should not happen): end
             bits.zero_()
             for e in self.eos_ids:
                 bit = 1 << (e % 32)
                 bits[e // 32] |= bit if bit < 2**31 else bit - 2**32  # as an int32
-            mask_logits(logits[:n], bits)
-        if n < logits.numel():
-            logits[n:] = float("-inf")  # the model's padding past the tokenizer's vocabulary
+            mask_logits(logits, bits)
+        if logits.numel() > 32 * bits.numel():  # the model's padding past the bitmask
+            logits[32 * bits.numel() :] = float("-inf")
         return logits
 
     def advance(self, output: list[int]) -> bool:

@@ -17,7 +17,7 @@ import random
 
 from specserve.bench.code_edits import CodeEdit, plan_edits, stdlib_sources
 from specserve.bench.workload_items import MAX_PROMPT_CHARS, ChatMessage, WorkloadItem
-from specserve.bench.workload_text import article_entities, data_file
+from specserve.bench.workload_text import article_entities, lee_articles
 
 TURNS = 3  # turns per code-edit conversation
 FILE_ASK = "Make no other changes. Output the full updated file in a single ```python code block."
@@ -66,9 +66,7 @@ _REPHRASE = ("Quick question about these documents: ", "I was asked this too, pl
 
 def _document_sets(rng: random.Random) -> list[list[tuple[int, str]]]:
     """Disjoint sets of Lee articles that fit one prompt together with a question."""
-    path = data_file("gensim", "test/test_data/lee_background.cor")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    articles = [(k, a.strip()) for k, a in enumerate(lines) if 400 < len(a.strip()) < 1400]
+    articles = [(k, a) for k, a in lee_articles() if 400 < len(a) < 1400]
     rng.shuffle(articles)
     sets, current = [], []
     for article in articles:

@@ -25,7 +25,7 @@ from typing import Any
 import jsonschema
 
 from specserve.bench.workload_items import ChatMessage, WorkloadItem
-from specserve.bench.workload_text import data_file
+from specserve.bench.workload_text import lee_articles
 
 _NAMES = {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 40}}
 ARTICLE_SCHEMA: dict[str, Any] = {
@@ -47,9 +47,7 @@ ARTICLE_SCHEMA: dict[str, Any] = {
 
 def build_extract_json(n: int, seed: int) -> list[WorkloadItem]:
     rng = random.Random(seed)
-    path = data_file("gensim", "test/test_data/lee_background.cor")
-    articles = [(k, a.strip()) for k, a in enumerate(path.read_text("utf-8").splitlines())]
-    articles = [(k, a) for k, a in articles if a]
+    articles = lee_articles()
     response_format = {
         "type": "json_schema",
         "json_schema": {"name": "article", "schema": ARTICLE_SCHEMA, "strict": True},
@@ -68,9 +66,14 @@ def build_extract_json(n: int, seed: int) -> list[WorkloadItem]:
     ]
 
 
-def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
+def tool(
+    name: str, description: str, properties: dict[str, Any], closed: bool = True
+) -> dict[str, Any]:
+    """An OpenAI function tool whose parameters are all required; `closed`: and no others."""
     parameters: dict[str, Any] = {"type": "object", "properties": properties}
-    parameters.update(required=list(properties), additionalProperties=False)
+    parameters["required"] = list(properties)
+    if closed:
+        parameters["additionalProperties"] = False
     return {
         "type": "function",
         "function": {"name": name, "description": description, "parameters": parameters},
@@ -79,22 +82,22 @@ def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, 
 
 _TEXT = {"type": "string", "maxLength": 60}
 TOOLS = [
-    _tool(
+    tool(
         "get_weather",
         "The current weather in a city.",
         {"city": _TEXT, "unit": {"enum": ["celsius", "fahrenheit"]}},
     ),
-    _tool(
+    tool(
         "search_news",
         "Search recent news articles.",
         {"query": _TEXT, "max_results": {"type": "integer", "minimum": 1, "maximum": 20}},
     ),
-    _tool(
+    tool(
         "create_event",
         "Put an event in the user's calendar.",
         {"title": _TEXT, "date": _TEXT, "attendees": {**_NAMES, "items": _TEXT}},
     ),
-    _tool(
+    tool(
         "convert_currency",
         "Convert an amount between currencies.",
         {"amount": {"type": "number"}, "from": _TEXT, "to": _TEXT},

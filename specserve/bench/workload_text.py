@@ -21,6 +21,14 @@ def data_file(package: str, relpath: str) -> Path:
     return path
 
 
+def lee_articles() -> list[tuple[int, str]]:
+    """The Lee news corpus (gensim's ``lee_background.cor``): (line number, article), stripped,
+    the empty lines left out."""
+    path = data_file("gensim", "test/test_data/lee_background.cor")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [(k, a.strip()) for k, a in enumerate(lines) if a.strip()]
+
+
 def article_entities(article: str) -> list[str]:
     """Capitalised words, not sentence-initial, found in exactly one sentence (first-seen order).
 

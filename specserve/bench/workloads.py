@@ -48,7 +48,7 @@ from specserve.bench.workload_items import (
     load_workload,
     write_workload,
 )
-from specserve.bench.workload_text import article_entities, data_file
+from specserve.bench.workload_text import article_entities, data_file, lee_articles
 
 T = TypeVar("T")
 
@@ -94,9 +94,7 @@ _SUMMARY_ASKS = (
 
 def build_summarize(n: int, seed: int) -> list[WorkloadItem]:
     rng = random.Random(seed)
-    path = data_file("gensim", "test/test_data/lee_background.cor")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    articles = [(k, a.strip()) for k, a in enumerate(lines) if a.strip()]
+    articles = lee_articles()
     items = []
     for i, (k, article) in enumerate(_cycle(rng, articles, n)):
         entities = article_entities(article)
