@@ -52,7 +52,9 @@ CACHE_SIZE = 128  # compiled grammars kept (each a few hundred KB at most)
 INITIAL_LEXER_FUEL = 200_000
 # What the limits cannot bound, a clock does: a request whose masks take longer than this
 # SLOW_MASKS rows in a row fails (its grammar is too costly to follow), so it cannot hold every
-# other request's steps back for long. A mask takes ~0.1 ms here; ~3 ms beside CPU-bound work.
+# other request's steps back for long. The clock is the thread's CPU time (llguidance computes
+# a mask in the calling thread), so a busy machine that keeps the thread waiting for a core
+# fails no request. A mask takes ~0.01-0.15 ms of CPU here.
 SLOW_MASK_S = 0.05
 SLOW_MASKS = 3
 STEP_LEXER_FUEL = 50_000
@@ -60,7 +62,7 @@ STEP_LEXER_FUEL = 50_000
 # above let (x{1000}){1000} through at ~30 ms a mask (a decode step is ~7 ms). A regex (or a JSON
 # schema's `pattern`) that unrolls to more positions than this is refused before compiling;
 # (x{100}){100}, at the limit, costs ~4 ms a mask. Then, at compile time, a grammar whose mask
-# still takes over SLOW_MASK_S is refused too.
+# still takes over SLOW_MASK_S of CPU is refused too.
 MAX_REGEX_POSITIONS = 10_000
 _COUNTER = re.compile(r"\{(\d*)(,(\d*))?\}")
 _BRACES = re.compile(r"\{[^}]*\}")
@@ -194,9 +196,9 @@ class Grammars:
             # grammar that exhausts the limits doing it is refused now. The second costs what
             # each mask will.
             matcher.compute_logit_bias()
-            started = time.perf_counter()
+            started = time.thread_time()
             matcher.compute_logit_bias()
-            if time.perf_counter() - started > SLOW_MASK_S:
+            if time.thread_time() - started > SLOW_MASK_S:
                 raise ValueError(
                     f"the {spec.kind.replace('_', ' ')}'s masks take over "
                     f"{1000 * SLOW_MASK_S:.0f} ms each: too costly to follow"
@@ -248,10 +250,10 @@ class GrammarProcessor:
     def __call__(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
         if not self.advance(history[self.prompt_len :]):
             return logits  # after a forbidden draft token: a row verification never uses
-        started = time.perf_counter()
+        started = time.thread_time()
         bits = self.bits  # a bit per token, llguidance's layout: 1 allowed
         self.matcher.unsafe_compute_mask_ptr(bits.data_ptr(), 4 * bits.numel())
-        self.slow = self.slow + 1 if time.perf_counter() - started > SLOW_MASK_S else 0
+        self.slow = self.slow + 1 if time.thread_time() - started > SLOW_MASK_S else 0
         if self.matcher.is_error():  # the grammar ran out of its limits: fail this request
             raise RuntimeError(f"grammar: {self.matcher.get_error()}")
         if self.slow >= SLOW_MASKS:
