@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from specserve.config import BYTE_UNITS, parse_bytes
+from specserve.models.native_stack import python_layers
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,9 @@ def measure_peak(step: Callable[[], Any], device: torch.device) -> int:
         step()
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device) - base)
-    with _LiveTensorBytes() as mode:
+    # The Python layer loop runs here: its per-layer tensors are what the dispatch mode sees, and
+    # they hold at least what the native stack allocates outside torch (qkv, attention out,
+    # gate/up), so the pool left for KV is not overstated.
+    with python_layers(), _LiveTensorBytes() as mode:
         step()
     return mode.peak

@@ -24,9 +24,12 @@ from specserve.kernels import build
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
+# decoder.h (the stack's layers in one call) brings the paged attention kernel in as well.
+_HEADERS = ("simd.h", "q8_dot.h", "q8_matmul.h", "decoder.h", "paged_attention.c")
+_ATTENTION_HEADERS = ("attention_simd.h", "rope.h", "mask.h")
 KERNEL = build.KernelSource(
     _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
-    (_HERE / "simd.h", _HERE / "q8_dot.h", _HERE / "q8_matmul.h"),
+    tuple(_HERE / h for h in _HEADERS + _ATTENTION_HEADERS),
 )  # fmt: skip
 QK = 32  # weights per block
 Q8A_BYTES = 40  # a quantised activation block: float32 d, float32 s, 32 int8
@@ -64,6 +67,8 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_quantize_q8.restype = None
     lib.ggml_q8_path.argtypes = [c_int]
     lib.ggml_q8_path.restype = c_int
+    lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
+    lib.decoder_layers.restype = c_int
     return lib
 
 

@@ -207,3 +207,5 @@ void ggml_dequantize(int kind, const uint8_t* w, float* out, int64_t N, int64_t 
     if (kind == KIND_Q4_1) dequantize_impl(KIND_Q4_1, w, out, N, K, threads);
     else dequantize_impl(KIND_Q8_0, w, out, N, K, threads);
 }
+
+#include "decoder.h"  // decoder_layers: the stack's layers in one call (with paged attention)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -200,6 +200,21 @@ def project(
     return y if residual is None else residual + y
 
 
+class LayerStack(Protocol):
+    """Runs a model's whole layer loop some other way (models/native_stack.py)."""
+
+    def run(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> bool:
+        """x through every layer, in place; False (x untouched) where it cannot."""
+        ...
+
+
 class LlamaForCausalLM(nn.Module):
     """Decoder stack. `forward` returns final-normed hidden states; `logits` projects rows."""
 
@@ -209,6 +224,8 @@ class LlamaForCausalLM(nn.Module):
     lm_head: nn.Module
     # Why the GGUF blocks this model has are not used (their start-up check failed); else None.
     block_kernel_fallback: str | None = None
+    # The layers in one native call where the weights allow it (set by the loader); else None.
+    native_stack: LayerStack | None = None
 
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
@@ -234,8 +251,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = (t.to(x.dtype) for t in self.rotary(positions))  # tables stay float32
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv, meta)
+        native = self.native_stack
+        if native is None or not native.run(x, cos, sin, kv_caches, meta):
+            for layer, kv in zip(self.layers, kv_caches, strict=True):
+                x = layer(x, cos, sin, kv, meta)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]

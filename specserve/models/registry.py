@@ -16,6 +16,7 @@ from specserve.models.block_linear import attach_blocks
 from specserve.models.gguf_blocks import BLOCKS_FILE, check_matmul, load_blocks
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.mistral import MistralForCausalLM
+from specserve.models.native_stack import NativeStack
 from specserve.models.qwen2 import Qwen2ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ def build_model(
             model.block_kernel_fallback = problem
         elif blocks:
             covered = attach_blocks(model, blocks, numerics)
+            if NativeStack.supports(model):
+                model.native_stack = NativeStack(model)
             logger.info("%d weight tensors run as GGUF blocks (%s)", len(covered), numerics)
     model.load_hf_weights(_iter_safetensors(model_dir, dtype, skip=covered))
     return model.eval()

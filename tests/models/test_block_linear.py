@@ -98,7 +98,7 @@ def test_gguf_names_map_to_transformers_names() -> None:
     assert hf_name("blk.0.attn_norm.weight") is None
 
 
-def _blockify(model_dir: Path) -> Path:
+def blockify(model_dir: Path) -> Path:
     """Quantise a tiny model's projections to Q4_1 (embeddings Q8_0), as a GGUF conversion
     would leave its cache directory: decoded float32 weights plus the blocks file."""
     tensors = load_file(str(model_dir / "model.safetensors"))
@@ -122,7 +122,7 @@ def _blockify(model_dir: Path) -> Path:
 @pytest.mark.parametrize("tied", [False, True])
 def test_engine_on_blocks_gives_the_dense_engine_tokens(tmp_path: Path, tied: bool) -> None:
     """Exact numerics: the dense engine's tokens, with speculation on and off."""
-    model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=tied))
+    model_dir = blockify(make_model_dir(tmp_path, "llama", tied=tied))
     model = build_model(model_dir, CPU, numerics="exact")
     layer = model.layers[0]
     assert isinstance(layer.qkv_proj, BlockLinear) and isinstance(layer.down_proj, BlockLinear)
@@ -148,7 +148,7 @@ def test_q8_engine_is_lossless_under_speculation_and_batching(tmp_path: Path) ->
     and off, alone or in a batch, prefix cache off. Tied, so the lm_head runs on blocks too (an
     untied float32 lm_head is MKL, whose rows vary with M by ~1e-6); prefill chunking stays
     fixed (chunked attention is not yet invariant: ~5e-7)."""
-    model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=True))
+    model_dir = blockify(make_model_dir(tmp_path, "llama", tied=True))
     layer = build_model(model_dir, CPU).layers[0].qkv_proj
     assert isinstance(layer, BlockLinear) and layer.numerics == "q8"  # the default
     prompts = mixed_prompts(6)
@@ -168,7 +168,7 @@ def test_default_path_rows_do_not_depend_on_chunks_cache_or_preemption(tmp_path:
     each request's tokens and logprobs bit-identical to it alone in a roomy engine, whatever
     size its prefill chunks are, whether its prefix came from the prefix cache, and when it was
     preempted and recomputed; with speculation on as well."""
-    model_dir = _blockify(make_model_dir(tmp_path, "llama", tied=True))
+    model_dir = blockify(make_model_dir(tmp_path, "llama", tied=True))
     prompts = mixed_prompts(8, seed=1)
     params = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=2)
     roomy = partial(make_engine, model_dir, num_blocks=512, max_batch_tokens=1024)
@@ -201,7 +201,7 @@ def logprobs(
 def test_a_kernel_that_multiplies_wrong_falls_back_to_float32_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    model_dir = _blockify(make_model_dir(tmp_path, "llama"))
+    model_dir = blockify(make_model_dir(tmp_path, "llama"))
     real = ggml.matmul
 
     def off_by_a_little(*args: object, **kwargs: object) -> torch.Tensor:

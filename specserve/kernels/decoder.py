@@ -1,0 +1,90 @@
+"""ctypes side of `decoder.h`: the decoder stack's layers in one native call per step.
+
+The structures mirror the C ones field for field; `models/native_stack.py` fills them from a
+model whose projections are all GGUF blocks, and calls `run_layers` in place of the Python
+layer loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from specserve.kernels import ggml
+
+_ptr, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+
+class Layer(ctypes.Structure):
+    """One layer's weights (block rows, norm weights, qkv bias) and its K/V cache."""
+
+    _fields_ = [
+        ("norm1", _ptr),
+        ("qkv", _ptr),
+        ("qkv_bias", _ptr),
+        ("o", _ptr),
+        ("norm2", _ptr),
+        ("gate_up", _ptr),
+        ("down", _ptr),
+        ("k_cache", _ptr),
+        ("v_cache", _ptr),
+        ("qkv_kind", _i32),
+        ("o_kind", _i32),
+        ("gate_up_kind", _i32),
+        ("down_kind", _i32),
+    ]
+
+
+class Shape(ctypes.Structure):
+    _fields_ = [
+        ("hidden", _i64),
+        ("inter", _i64),
+        ("H", _i64),
+        ("Hkv", _i64),
+        ("D", _i64),
+        ("eps", _f32),
+        ("scale", _f32),
+        ("q8", _i32),
+    ]
+
+
+class Batch(ctypes.Structure):
+    """A step's ragged batch: slot per new row, [B, 3] sequence info, [B, max_blocks] tables."""
+
+    _fields_ = [
+        ("slots", _ptr),
+        ("seq_info", _ptr),
+        ("tables", _ptr),
+        ("B", _i64),
+        ("max_blocks", _i64),
+        ("block_size", _i64),
+        ("window", _i64),
+        ("num_slots", _i64),
+        ("esize", _i64),
+    ]
+
+
+def available() -> bool:
+    return ggml.library() is not None
+
+
+def run_layers(
+    layers: ctypes.Array[Layer],
+    shape: Shape,
+    batch: Batch,
+    x: torch.Tensor,  # [T, hidden] float32 contiguous: the residual stream, updated in place
+    cos: torch.Tensor,  # [T, D] float32 contiguous
+    sin: torch.Tensor,
+) -> None:
+    lib = ggml.library()
+    if lib is None:
+        raise RuntimeError("GGUF block kernels are not available on this machine")
+    rc = lib.decoder_layers(
+        layers, len(layers), ctypes.byref(shape), ctypes.byref(batch), x.data_ptr(), x.shape[0],
+        cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == -1:
+        raise MemoryError("decoder stack could not allocate its buffers")
+    if rc != 0:
+        raise RuntimeError(f"decoder stack failed in layer {-2 - rc} (allocation or shapes)")

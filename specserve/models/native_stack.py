@@ -1,0 +1,154 @@
+"""The decoder's layers in one native call per step, where every projection is GGUF blocks.
+
+A decode step of the embedded model spends about a third of its time between kernel calls:
+six Python-level calls per layer, each checking arguments, allocating its output and crossing
+ctypes. `NativeStack` hands the whole layer loop to `kernels/decoder.h`, which makes the same
+kernel calls with the same arguments, so every output is bit-identical to the Python loop's
+(tests/models/test_native_stack.py holds it to that). Where it cannot run (a projection that is
+not blocks, exact numerics on more rows than the block kernel takes, the padded reference
+attention, a non-float32 model, no kernel library) `run` returns False and the Python loop runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from specserve.kernels import decoder
+from specserve.models.attention import AttentionMetadata, RaggedMetadata
+from specserve.models.block_linear import BlockLinear
+from specserve.models.llama import DecoderLayer, LlamaForCausalLM
+
+_python_layers = threading.local()
+
+
+@contextmanager
+def python_layers() -> Iterator[None]:
+    """Run the Python layer loop inside the block, in this thread (tests and benchmarks)."""
+    _python_layers.on = True
+    try:
+        yield
+    finally:
+        _python_layers.on = False
+
+
+def _projections(layer: DecoderLayer) -> list[BlockLinear] | None:
+    found: list[nn.Module] = [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj]
+    blocks = [p for p in found if isinstance(p, BlockLinear)]
+    return blocks if len(blocks) == len(found) else None
+
+
+class NativeStack:
+    """Runs `model`'s layers through `decoder_layers` (see the module docstring)."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.model = model
+        self._key: tuple[int, ...] = ()
+        self._layers: ctypes.Array[decoder.Layer] | None = None
+        self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @staticmethod
+    def supports(model: LlamaForCausalLM) -> bool:
+        """Whether every layer's projections are blocks of one numerics, in a shape whose RoPE
+        the Python layer also runs in place (`llama._rope_in_place`)."""
+        layers = [_projections(layer) for layer in model.layers]  # type: ignore[arg-type]
+        if any(p is None for p in layers) or layers[0] is None:
+            return False
+        width = layers[0][0].out_features
+        return width % 16 == 0 and len({p.numerics for ps in layers for p in ps or ()}) == 1
+
+    def run(
+        self,
+        x: torch.Tensor,  # [T, hidden]: updated in place
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> bool:
+        """The layers over x in one call; False (x untouched) where this cannot run them."""
+        if getattr(_python_layers, "on", False) or not isinstance(meta, RaggedMetadata):
+            return False
+        first = self.model.layers[0]
+        assert isinstance(first, DecoderLayer)
+        proj = first.qkv_proj
+        if not isinstance(proj, BlockLinear) or not proj.on_blocks(x.shape[0]):
+            return False
+        if x.dtype != torch.float32 or not x.is_contiguous() or not decoder.available():
+            return False
+        layers = self._layers_for(kv_caches)
+        if layers is None:
+            return False
+        k_cache = kv_caches[0][0]
+        D = first.head_dim
+        batch = decoder.Batch(
+            meta.slot_mapping.data_ptr(), meta.seqs.data_ptr(), meta.tables.data_ptr(),
+            meta.seqs.shape[0], meta.tables.shape[1], meta.block_size, meta.window or 0,
+            k_cache.shape[1], k_cache.element_size(),
+        )  # fmt: skip
+        decoder.run_layers(
+            layers, self._shape, batch, x, cos.reshape(-1, D).contiguous(),
+            sin.reshape(-1, D).contiguous(),
+        )  # fmt: skip
+        return True
+
+    def _layers_for(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> ctypes.Array[decoder.Layer] | None:
+        """The layer structures for this cache, rebuilt when the cache or the weights moved."""
+        first = self.model.layers[0]
+        assert isinstance(first, DecoderLayer)
+        key = (id(kv_caches), kv_caches[0][0].data_ptr(), first.input_layernorm.weight.data_ptr())
+        if key != self._key:
+            self._layers = self._build(kv_caches)
+            self._kv, self._key = kv_caches, key  # the list is kept: its id stays its own
+        return self._layers
+
+    def _build(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> ctypes.Array[decoder.Layer] | None:
+        arch, model = self.model.arch, self.model
+        structs, q8 = [], False
+        for layer, (k, v) in zip(model.layers, kv_caches, strict=True):
+            assert isinstance(layer, DecoderLayer)
+            projections = _projections(layer)
+            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            if projections is None or not _cpu_contiguous(norms, (torch.float32,)):
+                return None
+            if not _cpu_contiguous([k, v], (k.dtype,), (torch.float32, torch.float16)):
+                return None
+            qkv, o, gate_up, down = projections
+            if qkv.bias is not None and not _cpu_contiguous([qkv.bias], (torch.float32,)):
+                return None
+            q8 = qkv.q8
+            bias = None if qkv.bias is None else qkv.bias.data_ptr()
+            struct = decoder.Layer(
+                layer.input_layernorm.weight.data_ptr(), qkv.blocks.data_ptr(), bias,
+                o.blocks.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                gate_up.blocks.data_ptr(), down.blocks.data_ptr(), k.data_ptr(), v.data_ptr(),
+                qkv.kind, o.kind, gate_up.kind, down.kind,
+            )  # fmt: skip
+            structs.append(struct)
+        first = model.layers[0]
+        assert isinstance(first, DecoderLayer)
+        self._shape = decoder.Shape(
+            arch.hidden_size, arch.intermediate_size, arch.num_heads, arch.num_kv_heads,
+            arch.head_dim, first.input_layernorm.eps, first.scale, int(q8),
+        )  # fmt: skip
+        return (decoder.Layer * len(structs))(*structs)
+
+
+def _cpu_contiguous(
+    tensors: Sequence[torch.Tensor],
+    dtypes: tuple[torch.dtype, ...],
+    allowed: tuple[torch.dtype, ...] = (torch.float32,),
+) -> bool:
+    """Contiguous CPU tensors of one of `dtypes`, which must also be `allowed`."""
+    return all(
+        t.device.type == "cpu" and t.is_contiguous() and t.dtype in dtypes and t.dtype in allowed
+        for t in tensors
+    )
