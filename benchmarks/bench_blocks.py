@@ -11,8 +11,10 @@ The matrices are not fused here (q, k, v separately), so absolute times are a li
 engine's; the ratios are what matters.
 
 With --decode N, instead: batch-1 greedy decode of N tokens in process (the `LLM` class, the
-embedded model, speculation off) in each numerics, tok/s after the first token, best of
---repeats.
+embedded model, speculation off) in each numerics, tok/s after the first token and ms per step,
+best of --repeats; each with the layers in one native call (the default, `NativeStack`) and
+with the Python layer loop (`python_layers()`), interleaved: the difference per step is the
+framework overhead the native stack removes (outputs are bit-identical either way).
 
 Usage (repo root, after the default model has been loaded once so its cache exists):
     python -m benchmarks.bench_blocks [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
@@ -75,9 +77,13 @@ def on_dense(items: Items, xs: dict[int, torch.Tensor]) -> None:
         F.linear(xs[w.shape[1]], w)
 
 
-def decode_rate(numerics: Numerics, tokens: int, threads: int, repeats: int) -> float:
-    """Best batch-1 greedy decode rate (tok/s after the first token) over `repeats` runs."""
+def decode_rates(
+    numerics: Numerics, tokens: int, threads: int, repeats: int
+) -> tuple[float, float]:
+    """Best batch-1 greedy decode rate (tok/s after the first token) over `repeats` runs, with
+    the native layer stack and with the Python layers, runs interleaved."""
     from specserve import LLM
+    from specserve.models.native_stack import python_layers
     from specserve.request import SamplingParams
 
     llm = LLM(config=EngineConfig(numerics=numerics, num_threads=threads))
@@ -87,15 +93,21 @@ def decode_rate(numerics: Numerics, tokens: int, threads: int, repeats: int) -> 
     )
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     llm.generate([prompt], SamplingParams(max_new_tokens=8))  # warm-up
-    rates = []
-    for _ in range(repeats):
+
+    def rate() -> float:
         engine.add_request(prompt, params)
         engine.step()  # prefill and the first token
         started, produced = time.perf_counter(), 1
         while engine.has_work():
             produced += sum(len(out.new_token_ids) for out in engine.step())
-        rates.append((produced - 1) / (time.perf_counter() - started))
-    return max(rates)
+        return (produced - 1) / (time.perf_counter() - started)
+
+    native, python = [], []
+    for _ in range(repeats):
+        native.append(rate())
+        with python_layers():
+            python.append(rate())
+    return max(native), max(python)
 
 
 def main() -> None:
@@ -109,10 +121,16 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.decode:
+        print(f"batch-1 decode, {args.threads} threads, best of {args.repeats}\n")
+        print("| numerics | native stack tok/s | Python layers tok/s | native / Python | "
+              "ms per step native | Python | overhead removed ms |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
         modes: tuple[Numerics, ...] = ("q8", "exact")
         for numerics in modes:
-            tps = decode_rate(numerics, args.decode, args.threads, args.repeats)
-            print(f"{numerics}: {tps:.1f} tok/s batch-1 decode, {args.threads} threads")
+            native, python = decode_rates(numerics, args.decode, args.threads, args.repeats)
+            ms, ms_py = 1e3 / native, 1e3 / python
+            print(f"| {numerics} | {native:.1f} | {python:.1f} | {native / python:.2f}x | "
+                  f"{ms:.2f} | {ms_py:.2f} | {ms_py - ms:.2f} |")  # fmt: skip
         return
     model_dir = resolve_model_dir(None)
     blocks = load_blocks(model_dir)
