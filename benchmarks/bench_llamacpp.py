@@ -1,12 +1,20 @@
-"""Batch-1 decode and prefill, specserve against llama.cpp's `llama-server` on the same GGUF.
+"""specserve against llama.cpp's `llama-server` on the same GGUF: batch 1, many at once, verify.
 
 Both servers serve the embedded SmolLM2 Q4_1 GGUF with the same thread count, one after the
-other (never both at once), over HTTP, streaming; every prompt is a chat request rendered by the
-model's own template and sent as the same token ids (llama.cpp takes ids, specserve the text,
-which encodes to those ids: checked). Greedy (llama.cpp: top-k 1), EOS ignored, 128 new tokens,
-no prompt cache. Per request, client-side: prefill tok/s = prompt tokens / time to first token,
-decode tok/s = (tokens - 1) / (last token - first token). Each side's greedy tokens are compared
-with HF transformers' float32 greedy continuation of the same ids.
+other (never both at once), over HTTP; every prompt is a chat request rendered by the model's
+own template and sent as the same token ids (llama.cpp takes ids, specserve the text, which
+encodes to those ids: checked). Greedy (llama.cpp: top-k 1), EOS ignored, 128 new tokens, no
+prompt cache, speculation off. Three parts:
+- batch 1, streaming, short (~50-token) and ~1k-token prompts, specserve in each `--numerics`:
+  per request, client-side, prefill tok/s = prompt tokens / time to first token, decode tok/s =
+  (tokens - 1) / (last token - first token); each side's greedy tokens compared (first
+  difference) with HF transformers' float32 greedy continuation and with llama.cpp's;
+- `--concurrency N` requests at once (llama-server `-np N`; specserve in its default numerics):
+  aggregate tok/s on the decode-bound short mix and the prefill-bound ~1k-token mix
+  (`llamacpp_load.py`);
+- verify cost in process (specserve only; llama-server has no verify): one step scoring k + 1
+  rows of one sequence (~256 tokens of context) against k = 0, in each numerics, as the
+  engine runs them (fp16 KV cache, the native layer stack).
 
 llama.cpp is not built here: point --llama-server (or $LLAMA_SERVER) at a `llama-server` binary,
 e.g. built from the llama-cpp-python sdist's vendored source with
@@ -15,7 +23,8 @@ e.g. built from the llama-cpp-python sdist's vendored source with
     cmake --build build --target llama-server -j2
 Without one, the script says so and exits 0.
 
-Usage (repo root): python -m benchmarks.bench_llamacpp [--threads 2] [--json FILE]
+Usage (repo root): python -m benchmarks.bench_llamacpp [--threads 2] [--numerics q8,exact]
+    [--concurrency 16] [--verify-ks 0,1,2,3,4,5,6,7,8] [--json FILE]
 """
 
 from __future__ import annotations
@@ -24,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -36,18 +44,26 @@ from typing import Any
 import httpx
 import torch
 
-from benchmarks.machine import machine_info, machine_lines, markdown_table
+from benchmarks.llamacpp_load import LoadResult, run_load
+from benchmarks.llamacpp_report import batch1_table, first_difference, load_table, verify_table
+from benchmarks.machine import machine_info, machine_lines
+from benchmarks.verify_cost import Point, measure_verify_cost
 from specserve.bench.workloads import build_workload
+from specserve.config import Numerics
 from specserve.engine.resources import load_tokenizer
 from specserve.models.loader import embedded_default_gguf, resolve_model_dir
+from specserve.models.registry import build_model
+from specserve.runner.model_runner import ModelRunner
+from specserve.scheduler.kv_blocks import BlockAllocator
 
 NEW_TOKENS = 128
 
 
 @dataclass(frozen=True)
 class Result:
-    server: str
+    server: str  # "llama.cpp", or "specserve q8" / "specserve exact"
     prompt: str  # "short" or "long"
+    index: int  # which prompt of its length
     prompt_tokens: int
     ttft_s: float
     decode_tok_s: float
@@ -186,13 +202,11 @@ def run_side(
                     if i == 0:
                         continue
                     ref = hf[tuple(ids)]
-                    agree = next(
-                        (j for j, (a, b) in enumerate(zip(tokens, ref, strict=False)) if a != b),
-                        min(len(tokens), len(ref)),
-                    )
+                    agree = first_difference(tokens, ref)
                     decode = (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-9)
+                    ttft = stamps[0] - started
                     results.append(
-                        Result(name, label, len(ids), stamps[0] - started, decode, tokens, agree)
+                        Result(name, label, i - 1, len(ids), ttft, decode, tokens, agree)
                     )
     finally:
         proc.terminate()
@@ -200,22 +214,46 @@ def run_side(
     return results
 
 
-def llama_cmd(binary: str, threads: int) -> list[str]:
-    """llama-server on the embedded GGUF: one slot, the same threads for prompt and decode."""
+def llama_cmd(binary: str, threads: int, slots: int = 1) -> list[str]:
+    """llama-server on the embedded GGUF: `slots` slots of 2048 tokens each (at least 4096 in
+    all: the longest ~1k-token prompt and its 128 new tokens fit a slot), the same threads for
+    prompt and decode."""
     return [
         binary, "-m", str(embedded_default_gguf()), "--port", "8391", "--host", "127.0.0.1",
-        "-t", str(threads), "-tb", str(threads), "-np", "1", "-c", "4096", "--no-webui",
+        "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+        "-c", str(max(4096, 2048 * slots)), "--no-webui",
     ]  # fmt: skip
 
 
-def specserve_cmd(threads: int) -> list[str]:
+def specserve_cmd(threads: int, numerics: Numerics = "q8") -> list[str]:
     """`specserve serve` on the same GGUF (the embedded default), speculation off, and no prefix
     cache: each prompt is sent twice (a warm-up, then the measured one), and llama.cpp runs with
     `cache_prompt: false`."""
     return [
         sys.executable, "-m", "specserve.cli", "serve", "--port", "8392",
         "--num-threads", str(threads), "--speculate", "0", "--no-prefix-caching",
+        "--numerics", numerics,
     ]  # fmt: skip
+
+
+def load_side(
+    name: str, cmd: list[str], url: str, work: dict[str, list[list[int]]], tokenizer: Any, log: Path
+) -> list[LoadResult]:
+    """Each mix's prompts all at once against one server."""
+    proc = serve(cmd, url, log)
+    try:
+        return [run_load(name, url, mix, ids, tokenizer, NEW_TOKENS) for mix, ids in work.items()]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def verify_costs(numerics: Numerics, ks: list[int], context: int = 256) -> list[Point]:
+    """In process, batch 1: ms of a step scoring k + 1 rows, as the engine runs it."""
+    model = build_model(resolve_model_dir(None), torch.device("cpu"), numerics=numerics)
+    blocks = (context + max(ks) + 1) // 16 + 2
+    runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
+    return measure_verify_cost(runner, BlockAllocator(blocks, 16), [1], ks, context, repeats=15)
 
 
 def main() -> None:
@@ -225,6 +263,9 @@ def main() -> None:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompts", type=int, default=3, help="prompts per length (default 3)")
+    p.add_argument("--numerics", default="q8,exact", help="specserve's sides at batch 1")
+    p.add_argument("--concurrency", type=int, default=16, help="requests at once (0: skip)")
+    p.add_argument("--verify-ks", default="0,1,2,3,4,5,6,7,8", help="verify cost ('': skip)")
     p.add_argument("--json", default=None)
     p.add_argument("--logs", default="/tmp", help="where the servers' logs go")
     args = p.parse_args()
@@ -236,78 +277,45 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     info = machine_info("benchmarks.bench_llamacpp", sys.argv[1:])
+    modes: list[Numerics] = [m for m in ("q8", "exact") if m in args.numerics.split(",")]
     model_dir = resolve_model_dir(None)
     tokenizer = load_tokenizer(model_dir)
-    work = prompts(tokenizer, args.prompts)
-    for ids in (i for group in work.values() for i in group):  # specserve gets the text
+    every = prompts(tokenizer, max(args.prompts, args.concurrency))
+    work = {label: ids[: args.prompts] for label, ids in every.items()}
+    for ids in (i for group in every.values() for i in group):  # specserve gets the text
         assert list(tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False)) == ids
     hf = {tuple(ids): hf_greedy(model_dir, ids) for group in work.values() for ids in group}
     _HF.clear()
-    logs = Path(args.logs)
-    sides = [
-        ("llama.cpp", llama_cmd(args.llama_server, args.threads), 8391, "bench-llama-server.log"),
-        ("specserve", specserve_cmd(args.threads), 8392, "bench-specserve.log"),
-    ]
+    logs, llama_url, ours_url = Path(args.logs), "http://127.0.0.1:8391", "http://127.0.0.1:8392"
+    sides = [("llama.cpp", llama_cmd(args.llama_server, args.threads), llama_url)]
+    sides += [(f"specserve {m}", specserve_cmd(args.threads, m), ours_url) for m in modes]
     results = [
         r
-        for name, cmd, port, log in sides
-        for r in run_side(name, cmd, f"http://127.0.0.1:{port}", work, tokenizer, hf, logs / log)
+        for name, cmd, url in sides
+        for r in run_side(name, cmd, url, work, tokenizer, hf, logs / f"bench-{name}.log")
     ]
-    report(info, results)
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1)
-        )
-
-
-def report(info: dict[str, Any], results: list[Result]) -> None:
     print(machine_lines(info), "\n")
-    rows = []
-    for label in ("short", "long"):
-        side = {
-            s: [r for r in results if r.server == s and r.prompt == label]
-            for s in ("llama.cpp", "specserve")
+    print(batch1_table(results), flush=True)  # each part as it ends: a later one may fail
+    load: list[LoadResult] = []
+    if args.concurrency:
+        crowd = {label: ids[: args.concurrency] for label, ids in every.items()}
+        llama = llama_cmd(args.llama_server, args.threads, args.concurrency)
+        load += load_side("llama.cpp", llama, llama_url, crowd, tokenizer, logs / "load-llama.log")
+        ours = specserve_cmd(args.threads)
+        load += load_side("specserve q8", ours, ours_url, crowd, tokenizer, logs / "load-ours.log")
+        print("\n" + load_table(load, args.concurrency), flush=True)
+    ks = [int(k) for k in args.verify_ks.split(",") if k]
+    verify: dict[str, list[Point]] = {m: verify_costs(m, ks) for m in modes} if ks else {}
+    if verify:
+        print("\n" + verify_table(verify))
+    if args.json:
+        out = {
+            "machine": info,
+            "results": [asdict(r) for r in results],
+            "load": [asdict(r) for r in load],
+            "verify": {m: [asdict(p) for p in pts] for m, pts in verify.items()},
         }
-        med = {
-            s: (
-                statistics.median(r.decode_tok_s for r in rs),
-                statistics.median(r.prompt_tokens / r.ttft_s for r in rs),
-            )
-            for s, rs in side.items()
-        }
-        agree = {
-            s: f"{sum(r.hf_agree == NEW_TOKENS for r in rs)}/{len(rs)} "
-            f"(first difference at {min(r.hf_agree for r in rs)})"
-            for s, rs in side.items()
-        }
-        tokens = statistics.median(r.prompt_tokens for r in side["specserve"])
-        rows.append(
-            [
-                f"{label} (~{tokens:.0f} tokens)",
-                f"{med['llama.cpp'][0]:.1f}",
-                f"{med['specserve'][0]:.1f}",
-                f"{med['specserve'][0] / med['llama.cpp'][0]:.2f}x",
-                f"{med['llama.cpp'][1]:.0f}",
-                f"{med['specserve'][1]:.0f}",
-                agree["llama.cpp"],
-                agree["specserve"],
-            ]
-        )
-    print(
-        markdown_table(
-            [
-                "prompts",
-                "llama.cpp decode tok/s",
-                "specserve decode tok/s",
-                "ours / llama.cpp",
-                "llama.cpp prefill tok/s",
-                "specserve prefill tok/s",
-                "llama.cpp = HF greedy",
-                "specserve = HF greedy",
-            ],
-            rows,
-        )
-    )
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
