@@ -4,8 +4,8 @@
 # Needs a quiet machine: every part compares configurations side by side in one run.
 # Every benchmark is a module of benchmarks/, run from the repo root: python -m benchmarks.NAME.
 # Usage: bash scripts/run_benchmarks.sh
-#        [engine|baseline|serving|spec|goodput|policy|structured|attention|suffix|cache|kv|soak|
-#         fleet|all]
+#        [engine|baseline|serving|llamacpp|spec|copy|goodput|policy|structured|attention|suffix|
+#         cache|kv|soak|fleet|all]
 #        [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +55,13 @@ if [[ $what == serving || $what == all ]]; then
   git worktree remove --force "$tree"
 fi
 
+if [[ $what == llamacpp || $what == all ]]; then
+  # Against llama-server on the same GGUF (issues 21, 22): batch 1 in each numerics, 16 at once
+  # against -np 16, verify cost. Needs LLAMA_SERVER (see the script's docstring); else it says so.
+  python -m benchmarks.bench_llamacpp --threads "$threads" --json "$out/llamacpp.json" \
+    | tee "$out/llamacpp.md"
+fi
+
 if [[ $what == spec || $what == all ]]; then
   python -m benchmarks.spec_bench --threads "$threads" --speculate 0,1,2,3,5,8 \
     --prompts-per-workload 3 --new-tokens 128 --json "$out/spec.json" | tee "$out/spec.md"
@@ -62,9 +69,11 @@ fi
 
 serve_bg() {  # serve_bg PORT ARGS... : start a server (2 threads; the load generator has none)
   local port=$1; shift
-  # Idle OpenMP threads sleep at once instead of spinning, so the server does not steal the
-  # load generator's core between steps. The single-process benchmarks above keep the default.
-  OMP_WAIT_POLICY=PASSIVE specserve serve --port "$port" --num-threads "$threads" --max-running-requests 32 "$@" \
+  # OpenMP's default wait policy: with OMP_WAIT_POLICY=PASSIVE every parallel region starts by
+  # waking a sleeping thread, which cost batch-1 decode 2.5x once the layers ran as one native
+  # call (38-44 against 106 tok/s in process, 2026-12-02); runs before then set it, so that idle
+  # threads would not spin on the load generator's core.
+  specserve serve --port "$port" --num-threads "$threads" --max-running-requests 32 "$@" \
     >"$out/server-$port.log" 2>&1 &
   echo $! >"$out/server-$port.pid"
   for _ in $(seq 300); do
@@ -74,6 +83,17 @@ serve_bg() {  # serve_bg PORT ARGS... : start a server (2 threads; the load gene
   echo "server on $port did not start" >&2; return 1
 }
 stop_bg() { kill "$(cat "$out/server-$1.pid")" && wait "$(cat "$out/server-$1.pid")" || true; }
+
+if [[ $what == copy || $what == all ]]; then
+  # Speculation at batch 1 on copy-heavy requests in the default numerics (q8; issue 22): code
+  # edits and the hand-written third-party workload, N = 0 against the adaptive policy (cap 8),
+  # each cell from empty caches (the bench resets the prefix cache and the suffix index).
+  serve_bg 8317 --speculate 8 --speculation-policy adaptive
+  specserve bench --url http://127.0.0.1:8317 --speculate 0,8 --concurrency 1 \
+    --workload code-edit --workload workloads/third-party.jsonl --num-requests 8 \
+    --max-new-tokens 256 --out "$out/copy-b1"
+  stop_bg 8317
+fi
 
 if [[ $what == goodput || $what == all ]]; then
   serve_bg 8311 --speculate 8

@@ -183,3 +183,11 @@ def test_an_engine_config_round_trips_through_its_flags_and_their_env_forms(
         monkeypatch.delenv(option.env)
     args = build_parser().parse_args(["generate", "hi"])
     assert engine_config(args, resolve_speculate=False) == EngineConfig()
+
+
+def test_serve_warns_of_a_passive_openmp_wait_policy() -> None:
+    from specserve.server.cli import wait_policy_warning
+
+    assert "2.5x slower" in (wait_policy_warning({"OMP_WAIT_POLICY": " passive"}) or "")
+    assert wait_policy_warning({"OMP_WAIT_POLICY": "ACTIVE"}) is None
+    assert wait_policy_warning({}) is None

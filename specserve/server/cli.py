@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from types import FrameType
 from typing import Any
@@ -186,3 +188,17 @@ def log_startup(
     if provenance.fingerprints is not None:
         fps = provenance.fingerprints
         logger.info("fingerprints: target %s; proposer %s", fps.target, fps.proposer)
+    warning = wait_policy_warning(os.environ)
+    if warning is not None:
+        logger.warning(warning)
+
+
+def wait_policy_warning(env: Mapping[str, str]) -> str | None:
+    """What to tell the user about an OpenMP wait policy that slows the engine down; else None."""
+    if env.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE":
+        return None
+    return (
+        "OMP_WAIT_POLICY=PASSIVE: every parallel region starts by waking a sleeping thread; "
+        "batch-1 decode measured 2.5x slower with it (docs/benchmarks.md). Unset it unless the "
+        "server must leave idle cores alone"
+    )
