@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from specserve.engine.plan import SeqPlan, StepPlan
@@ -36,7 +37,12 @@ def sample_rows(plan: StepPlan) -> list[SampleRow]:
 
 
 def finite_rows(logits: torch.Tensor) -> list[bool]:  # logits: [rows, vocab]
-    """Per row: no NaN or inf (a model fault; sampling it would emit garbage silently)."""
+    """Per row: no NaN or inf (a model fault; sampling it would emit garbage silently). On the
+    CPU through numpy, in this thread: on one 49k-token row torch's isfinite + all took 60-100 us
+    here idle and 0.4-1.3 ms with the other core busy (its parallel region waits for a thread
+    that is not running), numpy's 11-20 us either way."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return np.isfinite(logits.numpy()).all(axis=-1).tolist()
     return torch.isfinite(logits).all(dim=-1).tolist()
 
 

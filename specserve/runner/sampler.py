@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specserve.request import LogitsProcessor, SamplingParams
@@ -119,6 +120,15 @@ def sample_row(logits: torch.Tensor, row: SampleRow) -> Sampled:
     return Sampled(token=token, logprob=float(logprobs[token]))
 
 
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] -> [N] int64, the first maximum of each row (as torch.argmax). On the CPU
+    through numpy, in this thread: 6-14 us a 49k-token row here against torch's 45-90 us idle
+    and ~100-200 us with the other core busy."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(logits.numpy().argmax(axis=-1).astype(np.int64))
+    return logits.argmax(-1)
+
+
 def plain_greedy(row: SampleRow) -> bool:
     """The row's pick is the raw logits' argmax: no penalty, no processor."""
     return row.params.greedy and row.params.repetition_penalty == 1.0 and not row.processors
@@ -128,7 +138,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[Sampled]:
     """logits [N, V] -> one Sampled per row."""
     if all(plain_greedy(r) for r in rows):
         logprobs = logits.float().log_softmax(-1)
-        tokens = logits.argmax(-1)
+        tokens = argmax_rows(logits)
         chosen = logprobs.gather(1, tokens[:, None])[:, 0]
         return [
             Sampled(int(t), float(lp))

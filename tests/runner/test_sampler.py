@@ -38,3 +38,14 @@ def test_processors_run_before_the_sampling_parameters() -> None:
     params = SamplingParams(temperature=1.0, top_k=2, seed=0)
     z = processed_logits(logits, SampleRow(params, [], 0, (ban(0, []),)))
     assert torch.isinf(z[[0, 3]]).all() and torch.isfinite(z[[1, 2]]).all()  # top-2 of the rest
+
+
+def test_argmax_rows_takes_the_first_maximum_as_torch_does() -> None:
+    from specserve.runner.sampler import argmax_rows
+
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [-0.0, 0.0, -1.0, 0.0], [2.0, 1.0, 2.0, 2.0]])
+    assert argmax_rows(logits).tolist() == [1, 0, 0] == logits.argmax(-1).tolist()
+    rows = torch.randn(5, 49152, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(argmax_rows(rows), rows.argmax(-1))
+    assert argmax_rows(rows).dtype == torch.int64
+    assert torch.equal(argmax_rows(rows[:, ::2]), rows[:, ::2].argmax(-1))  # a strided view
