@@ -320,7 +320,7 @@ class EngineConfig:
         ),
     )
     # Arithmetic of the block kernels (no effect on dense weights). Each row's result is
-    # independent of the rows beside it in "q8"; in "exact" up to 24 rows a step.
+    # independent of the rows beside it in "q8"; in "exact" up to 64 rows a step.
     numerics: Numerics = field(
         default="q8",
         metadata=flag(
@@ -330,7 +330,7 @@ class EngineConfig:
             "per 32 values, integer dot products (llama.cpp's numerics, fastest); exact: blocks "
             "expanded to float32, float32 products (HF transformers' outputs up to summation "
             "order). Either way a row's result does not depend on the rows beside it (exact: up "
-            "to 24 rows a step); no effect with --dense-weights or non-GGUF models",
+            "to 64 rows a step); no effect with --dense-weights or non-GGUF models",
         ),
     )
     attention: AttentionImpl = field(

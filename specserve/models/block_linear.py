@@ -13,10 +13,11 @@ from specserve.models.llama import LlamaForCausalLM, RMSNorm
 
 # Exact numerics only: above this many rows (a prefill chunk, a large batch) decoding the weights
 # once and calling the dense GEMM beats re-expanding every block per group of rows:
-# benchmarks/bench_blocks.py, whose results are in docs/benchmarks.md (the two meet near 32 rows on
-# 2 AVX2 cores). The GEMM sums in another order, so a row's exact result can change when its
+# benchmarks/bench_blocks.py, whose results are in docs/benchmarks.md (on 2 AVX2 cores the blocks
+# were 1.7x faster at 64 rows and 1.1x slower at 128 on 2026-12-02; they met between 32 and 64 on
+# 2026-12-01). The GEMM sums in another order, so a row's exact result can change when its
 # step holds more than this many rows. q8 runs the block kernel for every M.
-DIRECT_MAX_ROWS = 24
+DIRECT_MAX_ROWS = 64
 
 
 class BlockLinear(nn.Module):
