@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -44,17 +43,14 @@ from typing import Any
 import httpx
 import torch
 
-from benchmarks.llamacpp_load import LoadResult, run_load
+from benchmarks.llamacpp_load import LoadResult, load_side, serve
 from benchmarks.llamacpp_report import batch1_table, first_difference, load_table, verify_table
 from benchmarks.machine import machine_info, machine_lines
-from benchmarks.verify_cost import Point, measure_verify_cost
+from benchmarks.verify_cost import Point, engine_verify_costs
 from specserve.bench.workloads import build_workload
 from specserve.config import Numerics
 from specserve.engine.resources import load_tokenizer
 from specserve.models.loader import embedded_default_gguf, resolve_model_dir
-from specserve.models.registry import build_model
-from specserve.runner.model_runner import ModelRunner
-from specserve.scheduler.kv_blocks import BlockAllocator
 
 NEW_TOKENS = 128
 
@@ -164,21 +160,6 @@ def stream_specserve(
     return started, stamps, tokens
 
 
-def serve(cmd: list[str], url: str, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"{cmd[0]} exited early; see {log}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not answer /health; see {log}")
-
-
 def run_side(
     name: str,
     cmd: list[str],
@@ -236,26 +217,6 @@ def specserve_cmd(threads: int, numerics: Numerics = "q8") -> list[str]:
     ]  # fmt: skip
 
 
-def load_side(
-    name: str, cmd: list[str], url: str, work: dict[str, list[list[int]]], tokenizer: Any, log: Path
-) -> list[LoadResult]:
-    """Each mix's prompts all at once against one server."""
-    proc = serve(cmd, url, log)
-    try:
-        return [run_load(name, url, mix, ids, tokenizer, NEW_TOKENS) for mix, ids in work.items()]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
-def verify_costs(numerics: Numerics, ks: list[int], context: int = 256) -> list[Point]:
-    """In process, batch 1: ms of a step scoring k + 1 rows, as the engine runs it."""
-    model = build_model(resolve_model_dir(None), torch.device("cpu"), numerics=numerics)
-    blocks = (context + max(ks) + 1) // 16 + 2
-    runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
-    return measure_verify_cost(runner, BlockAllocator(blocks, 16), [1], ks, context, repeats=15)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -300,12 +261,16 @@ def main() -> None:
     if args.concurrency:
         crowd = {label: ids[: args.concurrency] for label, ids in every.items()}
         llama = llama_cmd(args.llama_server, args.threads, args.concurrency)
-        load += load_side("llama.cpp", llama, llama_url, crowd, tokenizer, logs / "load-llama.log")
+        load += load_side(
+            "llama.cpp", llama, llama_url, crowd, tokenizer, logs / "load-llama.log", NEW_TOKENS
+        )
         ours = specserve_cmd(args.threads)
-        load += load_side("specserve q8", ours, ours_url, crowd, tokenizer, logs / "load-ours.log")
+        load += load_side(
+            "specserve q8", ours, ours_url, crowd, tokenizer, logs / "load-ours.log", NEW_TOKENS
+        )
         print("\n" + load_table(load, args.concurrency), flush=True)
     ks = [int(k) for k in args.verify_ks.split(",") if k]
-    verify: dict[str, list[Point]] = {m: verify_costs(m, ks) for m in modes} if ks else {}
+    verify: dict[str, list[Point]] = {m: engine_verify_costs(m, ks) for m in modes} if ks else {}
     if verify:
         print("\n" + verify_table(verify))
     if args.json:

@@ -10,9 +10,11 @@ measures mostly prompt processing, a decode-bound one (short prompts) mostly bat
 
 from __future__ import annotations
 
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -72,3 +74,36 @@ def run_load(
     if any(n != new_tokens for n in produced):
         raise RuntimeError(f"{server}: expected {new_tokens} new tokens each, got {produced}")
     return LoadResult(server, mix, len(prompts), sum(map(len, prompts)), sum(produced), wall)
+
+
+def serve(cmd: list[str], url: str, log: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"{cmd[0]} exited early; see {log}")
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"{cmd[0]} did not answer /health; see {log}")
+
+
+def load_side(
+    name: str,
+    cmd: list[str],
+    url: str,
+    work: dict[str, list[list[int]]],
+    tokenizer: Any,
+    log: Path,
+    new_tokens: int,
+) -> list[LoadResult]:
+    """Each mix's prompts all at once against one server."""
+    proc = serve(cmd, url, log)
+    try:
+        return [run_load(name, url, mix, ids, tokenizer, new_tokens) for mix, ids in work.items()]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -30,6 +30,8 @@ import torch
 
 from benchmarks.machine import machine_info, machine_lines, markdown_table
 from benchmarks.random_model import SHAPES, write_random_model
+from specserve.config import Numerics
+from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
@@ -130,6 +132,14 @@ def measure_verify_cost(
             )
         )
     return points
+
+
+def engine_verify_costs(numerics: Numerics, ks: list[int], context: int = 256) -> list[Point]:
+    """In process, batch 1: ms of a step scoring k + 1 rows, as the engine runs it."""
+    model = build_model(resolve_model_dir(None), torch.device("cpu"), numerics=numerics)
+    blocks = (context + max(ks) + 1) // 16 + 2
+    runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
+    return measure_verify_cost(runner, BlockAllocator(blocks, 16), [1], ks, context, repeats=15)
 
 
 def run_model(

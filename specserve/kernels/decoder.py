@@ -65,10 +65,6 @@ class Batch(ctypes.Structure):
     ]
 
 
-def available() -> bool:
-    return ggml.library() is not None
-
-
 def run_layers(
     layers: ctypes.Array[Layer],
     shape: Shape,

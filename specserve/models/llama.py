@@ -166,12 +166,16 @@ class DecoderLayer(nn.Module):
         return q, k, v.view(-1, self.num_kv_heads, dim)
 
 
+# The in-place RoPE kernel takes rows whose width (the fused q, k, v) is a multiple of this.
+ROPE_KERNEL_WIDTH = 16
+
+
 def _rope_in_place(qkv: torch.Tensor) -> bool:
     return (
         qkv.device.type == "cpu"
         and qkv.dtype == torch.float32
         and qkv.is_contiguous()
-        and qkv.shape[-1] % 16 == 0
+        and qkv.shape[-1] % ROPE_KERNEL_WIDTH == 0
         and attention_kernel.library() is not None
     )
 

@@ -22,7 +22,7 @@ from torch import nn
 from specserve.kernels import decoder
 from specserve.models.attention import AttentionMetadata, RaggedMetadata
 from specserve.models.block_linear import BlockLinear
-from specserve.models.llama import DecoderLayer, LlamaForCausalLM
+from specserve.models.llama import ROPE_KERNEL_WIDTH, DecoderLayer, LlamaForCausalLM
 
 _python_layers = threading.local()
 
@@ -55,12 +55,15 @@ class NativeStack:
     @staticmethod
     def supports(model: LlamaForCausalLM) -> bool:
         """Whether every layer's projections are blocks of one numerics, in a shape whose RoPE
-        the Python layer also runs in place (`llama._rope_in_place`)."""
+        the Python layer also runs in place (`ROPE_KERNEL_WIDTH`)."""
         layers = [_projections(layer) for layer in model.layers]  # type: ignore[arg-type]
         if any(p is None for p in layers) or layers[0] is None:
             return False
         width = layers[0][0].out_features
-        return width % 16 == 0 and len({p.numerics for ps in layers for p in ps or ()}) == 1
+        return (
+            width % ROPE_KERNEL_WIDTH == 0
+            and len({p.numerics for ps in layers for p in ps or ()}) == 1
+        )
 
     def run(
         self,
@@ -78,7 +81,7 @@ class NativeStack:
         proj = first.qkv_proj
         if not isinstance(proj, BlockLinear) or not proj.on_blocks(x.shape[0]):
             return False
-        if x.dtype != torch.float32 or not x.is_contiguous() or not decoder.available():
+        if x.dtype != torch.float32 or not x.is_contiguous():
             return False
         layers = self._layers_for(kv_caches)
         if layers is None:
