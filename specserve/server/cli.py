@@ -199,6 +199,6 @@ def wait_policy_warning(env: Mapping[str, str]) -> str | None:
         return None
     return (
         "OMP_WAIT_POLICY=PASSIVE: every parallel region starts by waking a sleeping thread; "
-        "batch-1 decode measured 2.5x slower with it (docs/benchmarks.md). Unset it unless the "
+        "batch-1 decode measured 2x slower with it (docs/benchmarks.md). Unset it unless the "
         "server must leave idle cores alone"
     )
