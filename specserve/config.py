@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ProposerName = Literal["auto", "ngram", "suffix", "draft", "medusa"]
-PROPOSERS: tuple[str, ...] = ("auto", "ngram", "suffix", "draft", "medusa")
+ProposerName = Literal["auto", "ngram", "suffix", "draft", "medusa", "eagle", "hybrid"]
+PROPOSERS: tuple[str, ...] = ("auto", "ngram", "suffix", "draft", "medusa", "eagle", "hybrid")
 PolicyName = Literal["static", "adaptive"]
 POLICIES: tuple[str, ...] = ("static", "adaptive")
 # "auto": ragged attention with the paged CPU kernel where it runs (CPU, float32), else the
@@ -168,7 +168,7 @@ class SpecConfig:
             "--speculate",
             "SPECULATE",
             "max proposed tokens per sequence per step (0 = speculation off; unset = the number "
-            "of Medusa heads when Medusa serves, else 0)",
+            "of Medusa heads when Medusa serves, 4 with --proposer eagle or hybrid, else 0)",
             live=True,
             default=None,
         ),
@@ -182,7 +182,10 @@ class SpecConfig:
             "heads if the checkpoint has them or --medusa is given, else n-gram), ngram, suffix "
             "(lookup in the request's own context and in recent requests' outputs), draft, "
             "medusa (heads from --medusa, the checkpoint, or the shipped heads for the default "
-            "model; n-gram when there are none)",
+            "model; n-gram when there are none), eagle (an EAGLE-style head on the target's "
+            "features: --eagle DIR or the shipped head for the default model), hybrid (per "
+            "sequence and step the suffix lookup's draft or the EAGLE head's, whichever is "
+            "expected to keep more tokens)",
             live=True,
         ),
     )
@@ -244,6 +247,27 @@ class SpecConfig:
             "--force-medusa",
             "FORCE_MEDUSA",
             "load Medusa heads whose recorded base fingerprint differs from the loaded base "
+            "(warns)",
+        ),
+    )
+    # EAGLE head directory (specserve train-eagle). None: the shipped head trained for exactly
+    # this base, with proposer "eagle" or "hybrid".
+    eagle: str | None = field(
+        default=None,
+        metadata=flag(
+            "--eagle",
+            "EAGLE",
+            "EAGLE head directory (config.json with eagle_head + eagle_head.safetensors, written "
+            "by specserve train-eagle); unset: the shipped head for the default model with "
+            "--proposer eagle or hybrid",
+        ),
+    )
+    force_eagle: bool = field(
+        default=False,
+        metadata=flag(
+            "--force-eagle",
+            "FORCE_EAGLE",
+            "load an EAGLE head whose recorded base fingerprint differs from the loaded base "
             "(warns)",
         ),
     )

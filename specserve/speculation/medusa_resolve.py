@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specserve.models.loader import resolve_model_dir
+from specserve.speculation.eagle import DEFAULT_DEPTH
 from specserve.speculation.medusa import (
     SHIPPED_DIR,
     fingerprint,
@@ -82,7 +83,10 @@ def shipped_heads_for(model_dir: Path) -> Path | None:
 
 
 def default_speculate(model: str | None, proposer: str, medusa: str | None = None) -> int:
-    """N when --speculate is not given: the number of heads when Medusa serves, else 0."""
+    """N when --speculate is not given: the number of heads when Medusa serves, the depth the
+    EAGLE head was trained to draft with eagle or hybrid, else 0."""
+    if proposer in ("eagle", "hybrid"):
+        return DEFAULT_DEPTH
     if proposer not in ("auto", "medusa"):
         return 0
     try:

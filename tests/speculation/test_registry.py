@@ -39,7 +39,13 @@ def test_every_spec_field_is_live_or_declared_by_a_kind() -> None:
     declared += [f for n in REGISTRY.names() for f in REGISTRY.get(n).settings]
     spec_fields = {f.name for f in fields(SpecConfig)}
     assert set(declared) | set(SHARED_LIVE) == spec_fields
-    assert len(declared) == len(set(declared))  # one kind owns each field
+    # one kind owns each field; the hybrid, built of the suffix proposer and the EAGLE head,
+    # declares what both of them do
+    hybrid = REGISTRY.get("hybrid")
+    parts = REGISTRY.get("eagle").artifacts + REGISTRY.get("suffix").settings
+    assert sorted(hybrid.artifacts + hybrid.settings) == sorted(parts)
+    others = [f for f in declared if f not in hybrid.artifacts + hybrid.settings]
+    assert len(others) == len(set(others)) and len(declared) == len(set(declared)) + len(parts)
 
 
 def test_auto_order_and_fallback() -> None:
@@ -56,9 +62,12 @@ def test_auto_order_and_fallback() -> None:
         "suffix": False,
         "draft": True,
         "medusa": True,
+        "eagle": True,
+        "hybrid": True,
     }
+    assert names("eagle") == ["eagle", "ngram"] and names("hybrid") == ["hybrid", "ngram"]
     with pytest.raises(ValueError, match="not available"):
-        REGISTRY.get("eagle")
+        REGISTRY.get("lookahead")
 
 
 def test_build_resolves_without_artifacts() -> None:
@@ -148,6 +157,8 @@ def test_declared_step_needs_and_fingerprints() -> None:
         "medusa": HiddenRows.LAST_ACCEPTED,
         "ngram": HiddenRows.NONE,
         "suffix": HiddenRows.NONE,
+        "eagle": HiddenRows.ACCEPTED,
+        "hybrid": HiddenRows.ACCEPTED,
     }
     assert REGISTRY.fingerprint(None) is None
     assert REGISTRY.fingerprint("suffix") == {"kind": "suffix", "artifact": None}

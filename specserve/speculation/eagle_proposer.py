@@ -1,0 +1,315 @@
+"""`EagleProposer`: drafts autoregressively with an EAGLE-style head (eagle.py) on the target's
+own features, batched over sequences.
+
+Per sequence it keeps the head's keys and values of verified output positions (the last
+`window - 1`) and the pairs (feature, token) that `sync` handed over since the last proposal.
+`propose` first runs those pending pairs (their keys join the cache: computed from the target's
+true features) and then drafts k tokens, each from the head's own previous output; the chain's
+keys live only for that call. Drafted ids come from the draft vocabulary only.
+
+Greedy requests without penalties or logits processors draft the head's argmax. Others draft
+what the engine's sampler would pick from the head's logits (-inf outside the draft
+vocabulary) after the request's processors, penalties, temperature, top-k/p: for a sampled
+request that is the Gumbel-max sample under the very noise the target's own sample will use
+(a pure function of seed and output position). The draft is accepted iff the target samples the
+same token, which is likely where the head's q is close to the target's p, and every output
+stays the one the request gets without speculation (no rejection sampler, whose accepted tokens
+are distributed right but are not the same tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.models.block_linear import linear_weight
+from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
+from specserve.models.llama import LlamaForCausalLM
+from specserve.models.loader import resolve_model_dir
+from specserve.request import Sequence
+from specserve.runner.sampler import SampleRow, processed_logits, sample_row
+from specserve.speculation.eagle import (
+    CONFIG_FILE,
+    HEAD_FILE,
+    NO_POSITION,
+    EagleHead,
+    check_base,
+    load_eagle,
+    read_eagle_config,
+    shipped_head_for,
+)
+from specserve.speculation.proposer import Draft, HiddenRows, Loaded, Proposer, Registration
+
+logger = logging.getLogger(__name__)
+PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
+
+
+@dataclass
+class _State:
+    num_tokens: int = 0  # seq.num_tokens when last synced
+    features: list[torch.Tensor] = field(default_factory=list)  # pending pairs' [H] features
+    tokens: list[int] = field(default_factory=list)  # pending pairs' tokens
+    next_pos: int = 0  # output position of the next pending pair
+    keys: torch.Tensor | None = None  # [kv_heads, L, D] of verified positions
+    values: torch.Tensor | None = None
+    positions: torch.Tensor | None = None  # [L]
+    last: torch.Tensor | None = None  # the head's output at the newest verified position
+
+
+class EagleProposer(Proposer):
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, target: LlamaForCausalLM, head_dir: Path | None) -> None:
+        self.head, self.target, self.head_dir = head, target, head_dir
+        self.vocab = head.draft_vocab  # [K]
+        # [H, K]: the target lm_head's rows of the draft vocabulary, transposed once
+        self._cols = linear_weight(target.lm_head).detach()[self.vocab].T.float().contiguous()
+        self._states: dict[int, _State] = {}
+
+    @classmethod
+    def load(
+        cls, head_dir: Path, target: LlamaForCausalLM, base_dir: Path, force: bool = False
+    ) -> EagleProposer:
+        head, cfg = load_eagle(head_dir)
+        arch = target.arch
+        if (cfg.shape.hidden_size, cfg.shape.head_dim) != (arch.hidden_size, arch.head_dim) or (
+            int(head.draft_vocab.max()) >= arch.vocab_size
+        ):
+            raise ValueError(
+                f"EAGLE head {head_dir} (hidden {cfg.shape.hidden_size}) does not fit base "
+                f"{base_dir} (hidden {arch.hidden_size}, vocab {arch.vocab_size})"
+            )
+        check_base(head_dir, cfg, base_dir, force)
+        logger.info("EAGLE: head with %d draft ids from %s", len(head.draft_vocab), head_dir)
+        return cls(head, target, head_dir)
+
+    # ------------------------------------------------------------------------- protocol
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        rows = hidden.reshape(-1, hidden.shape[-1]).detach().float()
+        n = len(seq.output_ids)
+        if len(rows) > n:
+            raise ValueError(f"{len(rows)} feature rows for {n} output tokens")
+        state = self._states.setdefault(seq.seq_id, _State(next_pos=n - len(rows)))
+        if state.next_pos + len(state.tokens) != n - len(rows):  # a gap: start over from here
+            self._states[seq.seq_id] = state = _State(next_pos=n - len(rows))
+        state.features += list(rows)
+        state.tokens += seq.output_ids[n - len(rows) :]
+        keep = self.head.shape.window
+        if len(state.tokens) > keep:  # pairs no future query can see
+            state.next_pos += len(state.tokens) - keep
+            del state.features[:-keep], state.tokens[:-keep]
+        state.num_tokens = seq.num_tokens
+
+    def release(self, seq: Sequence) -> None:
+        self._states.pop(seq.seq_id, None)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = [Draft(tokens=[]) for _ in seqs]
+        rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True)) if k and self._ready(s)]
+        if not rows:
+            return drafts
+        with torch.inference_mode():
+            states = [self._states[seqs[i].seq_id] for i in rows]
+            self._catch_up(states)
+            chains = self._draft([seqs[i] for i in rows], [ks[i] for i in rows], states)
+        for i, draft in zip(rows, chains, strict=True):
+            drafts[i] = draft
+        return drafts
+
+    def _ready(self, seq: Sequence) -> bool:
+        state = self._states.get(seq.seq_id)
+        return (
+            state is not None
+            and state.num_tokens == seq.num_tokens
+            and (bool(state.tokens) or state.last is not None)
+        )
+
+    # -------------------------------------------------------------------------- drafting
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, H]
+        flat = self.target.embed_tokens(tokens.reshape(-1))
+        return flat.float().view(*tokens.shape, -1)
+
+    def _cache(self, states: list[_State]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _padded_cache(states, self.head.shape.num_kv_heads, self.head.shape.head_dim)
+
+    def _catch_up(self, states: list[_State]) -> None:
+        """Run every pending pair: keys into the caches, each state's `last` output."""
+        todo = [s for s in states if s.tokens]
+        if not todo:
+            return
+        head, t = self.head, max(len(s.tokens) for s in todo)
+        feats = torch.zeros(len(todo), t, head.shape.hidden_size)
+        ids = torch.zeros(len(todo), t, dtype=torch.long)
+        q_pos = torch.full((len(todo), t), PAD_QUERY, dtype=torch.long)
+        for b, s in enumerate(todo):
+            n = len(s.tokens)
+            feats[b, :n] = torch.stack(s.features)
+            ids[b, :n] = torch.tensor(s.tokens)
+            q_pos[b, :n] = torch.arange(s.next_pos, s.next_pos + n)
+        x = head.fuse(feats, self._embed(ids))
+        q, k, v = head.qkv_at(x, q_pos)
+        k_pos = torch.where(q_pos == PAD_QUERY, NO_POSITION, q_pos)
+        past_k, past_v, past_pos = self._cache(todo)
+        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        allowed = head.window_mask(q_pos, torch.cat([past_pos, k_pos], dim=1))
+        allowed |= (q_pos == PAD_QUERY).unsqueeze(2)
+        out = head.finish(x, head.attend(q, keys, values, allowed))
+        keep = head.shape.window - 1
+        for b, s in enumerate(todo):
+            n = len(s.tokens)
+            valid = past_pos[b] != NO_POSITION
+            s.keys = torch.cat([past_k[b][:, valid], k[b, :, :n]], dim=1)[:, -keep:]
+            s.values = torch.cat([past_v[b][:, valid], v[b, :, :n]], dim=1)[:, -keep:]
+            s.positions = torch.cat([past_pos[b][valid], q_pos[b, :n]])[-keep:]
+            s.last = out[b, n - 1]
+            s.next_pos += n
+            s.features, s.tokens = [], []
+
+    def _draft(self, seqs: list[Sequence], ks: list[int], states: list[_State]) -> list[Draft]:
+        head = self.head
+        g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
+        past_k, past_v, past_pos = self._cache(states)
+        pos = torch.tensor([s.next_pos for s in states]).unsqueeze(1)  # [B, 1]
+        picks = [_Chain(seq) for seq in seqs]
+        for j in range(max(ks)):
+            tokens = self._pick(g[:, 0], picks, j)  # [B]
+            if j + 1 == max(ks):
+                break
+            x = head.fuse(g, self._embed(tokens.unsqueeze(1)))
+            q, k, v = head.qkv_at(x, pos)
+            past_k, past_v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+            past_pos = torch.cat([past_pos, pos], dim=1)
+            g = head.finish(x, head.attend(q, past_k, past_v, head.window_mask(pos, past_pos)))
+            pos = pos + 1
+        return [c.draft(k) for c, k in zip(picks, ks, strict=True)]
+
+    def _pick(self, g: torch.Tensor, chains: list[_Chain], j: int) -> torch.Tensor:
+        """The j-th draft token of every chain from the head's outputs g [B, H]."""
+        logits = g @ self._cols  # [B, K]
+        best, top = logits.max(-1)
+        prob = 1.0 / torch.exp(logits - best.unsqueeze(-1)).sum(-1)
+        tokens = self.vocab[top]
+        for b, chain in enumerate(chains):
+            if chain.plain:
+                chain.add(int(tokens[b]), float(prob[b]))
+            else:
+                tokens[b] = chain.sample(logits[b], self.vocab, self.target.arch.vocab_size, j)
+        return tokens
+
+
+@dataclass
+class _Chain:
+    """One sequence's drafts in a `propose` call."""
+
+    seq: Sequence
+    tokens: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    dead: bool = False  # the request's processors allowed no draft id: nothing more to add
+
+    @property
+    def plain(self) -> bool:
+        """Greedy with nothing that changes the argmax: the head's own top token."""
+        p = self.seq.params
+        return p.greedy and p.repetition_penalty == 1.0 and not self.seq.logits_processors
+
+    def add(self, token: int, confidence: float) -> None:
+        self.tokens.append(token)
+        self.confidence.append(confidence)
+
+    def sample(self, logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, j: int) -> int:
+        """The engine sampler's pick from the head's logits (see the module docstring)."""
+        seq = self.seq
+        if self.dead:
+            return 0
+        full = torch.full((vocab_size,), float("-inf"))
+        full[vocab] = logits
+        row = SampleRow(
+            seq.params, seq.token_ids + self.tokens, len(seq.output_ids) + j, seq.logits_processors
+        )
+        z = processed_logits(full, row)
+        if not torch.isfinite(z).any():  # the request allows no draft id here: the chain ends
+            self.dead = True
+            return 0
+        token = sample_row(full, row).token
+        self.add(token, float(torch.softmax(z, dim=-1)[token]))
+        return token
+
+    def draft(self, k: int) -> Draft:
+        return Draft(tokens=self.tokens[:k], confidence=self.confidence[:k])
+
+
+def _padded_cache(
+    states: list[_State], kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The states' caches right-padded to one length: keys, values [B, kv_heads, P, D] and
+    positions [B, P] (NO_POSITION where empty)."""
+    length = max((len(s.positions) for s in states if s.positions is not None), default=0)
+    keys = torch.zeros(len(states), kv_heads, length, head_dim)
+    values = torch.zeros_like(keys)
+    positions = torch.full((len(states), length), NO_POSITION, dtype=torch.long)
+    for b, s in enumerate(states):
+        if s.keys is not None and s.values is not None and s.positions is not None:
+            n = len(s.positions)
+            keys[b, :, :n], values[b, :, :n], positions[b, :n] = s.keys, s.values, s.positions
+    return keys, values, positions
+
+
+# ------------------------------------------------------------------------ registration
+def eagle_head_dir(model_dir: Path, eagle: str | None) -> Path | None:
+    """`--eagle DIR`, else the shipped head trained for exactly this base (None: none)."""
+    if eagle is not None:
+        read_eagle_config(Path(eagle))  # a clear error when it is not a head directory
+        return Path(eagle)
+    return shipped_head_for(model_dir)
+
+
+def eagle_proposer(loaded: Loaded) -> EagleProposer | None:
+    """The EAGLE proposer for the loaded target; None when no head serves it (logged)."""
+    spec, target = loaded.config.spec, loaded.target
+    if target is None:
+        return None
+    head_dir = eagle_head_dir(target.model_dir, spec.eagle)
+    if head_dir is None:
+        logger.info(
+            "--proposer %s: no EAGLE head for %s (pass --eagle DIR; specserve train-eagle "
+            "makes one); n-gram serves",
+            spec.proposer,
+            target.model_dir,
+        )
+        return None
+    return EagleProposer.load(head_dir, target.model, target.model_dir, spec.force_eagle)
+
+
+def _artifact_dir(settings: Mapping[str, Any], target_dir: Path, live: Proposer | None) -> Path:
+    head_dir = getattr(live, "head_dir", None)
+    if isinstance(head_dir, Path):
+        return head_dir
+    eagle = settings.get("eagle")
+    if eagle:
+        return Path(eagle)
+    return shipped_head_for(resolve_model_dir(str(target_dir))) or target_dir
+
+
+def fingerprint_head(head_dir: Path, cache_dir: Path | None) -> Fingerprint:
+    config = head_dir / CONFIG_FILE
+    return {
+        "config_sha256": config_sha256(config) if config.is_file() else None,
+        "weights_sha256": files_sha256(
+            [p for p in [head_dir / HEAD_FILE] if p.is_file()], cache_dir
+        ),
+    }
+
+
+REGISTRATION = Registration(
+    "eagle",
+    eagle_proposer,
+    artifacts=("eagle", "force_eagle"),
+    hidden=HiddenRows.ACCEPTED,
+    artifact_dir=_artifact_dir,
+    fingerprint=fingerprint_head,
+)

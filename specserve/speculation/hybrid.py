@@ -1,0 +1,141 @@
+"""`HybridProposer`: per sequence and step, the suffix lookup's draft or the EAGLE head's.
+
+Lookup is nearly free and excellent where the output copies its context; the head costs a few
+percent of a target step per drafted token and is the only one with something to say on free
+text. Each source keeps its own online calibration (confidence bucket -> observed acceptance),
+fed in `sync` by comparing the draft it proposed with the tokens the target committed. Per
+sequence the lookup proposes first; the head runs only where the lookup's expected accepted
+length is below what the head has been achieving, and the draft with the larger expected
+accepted length, less the head's cost in tokens, serves. The draft's confidences are the
+chosen source's calibrated probabilities, so the engine's policy reads one scale.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from specserve.request import Sequence
+from specserve.speculation.calibration import Calibration
+from specserve.speculation.eagle_proposer import REGISTRATION as EAGLE
+from specserve.speculation.eagle_proposer import EagleProposer, eagle_proposer
+from specserve.speculation.policy import expected_emitted
+from specserve.speculation.proposer import (
+    Draft,
+    HiddenRows,
+    IndexStats,
+    Loaded,
+    Proposer,
+    Registration,
+)
+from specserve.speculation.suffix import SuffixProposer
+
+logger = logging.getLogger(__name__)
+
+# The head's cost per drafted token, in target tokens: ~0.4 ms a token against a ~10 ms batch-1
+# step of the embedded model (benchmarks/bench_eagle.py measures both).
+HEAD_TOKEN_COST = 0.04
+
+
+@dataclass(frozen=True)
+class _Proposed:
+    source: str  # "lookup" or "head"
+    tokens: list[int]
+    raw: list[float]  # the source's own confidences, the calibration's keys
+
+
+class HybridProposer(Proposer):
+    name = "hybrid"
+
+    def __init__(self, lookup: SuffixProposer, head: EagleProposer) -> None:
+        self.lookup, self.head = lookup, head
+        self.calibration = {"lookup": Calibration(), "head": Calibration()}
+        self.chosen = {"lookup": 0, "head": 0}
+        self._proposed: dict[int, _Proposed] = {}
+        self._head_mean = 1.0  # accepted tokens per head draft, running mean (optimistic start)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        looked = self.lookup.propose(seqs, ks)
+        worth = [_expected(self._calibrated("lookup", d)) for d in looked]
+        ask = [
+            k if k and worth[i] < self._head_mean - HEAD_TOKEN_COST * k else 0
+            for i, k in enumerate(ks)
+        ]
+        heads = self.head.propose(seqs, ask) if any(ask) else [Draft([]) for _ in seqs]
+        out = []
+        for seq, look, head, value in zip(seqs, looked, heads, worth, strict=True):
+            head_value = _expected(self._calibrated("head", head)) - HEAD_TOKEN_COST * len(
+                head.tokens
+            )
+            source, draft = ("head", head) if head_value > value else ("lookup", look)
+            if not draft.tokens:
+                self._proposed.pop(seq.seq_id, None)
+                out.append(draft)
+                continue
+            self.chosen[source] += 1
+            self._proposed[seq.seq_id] = _Proposed(source, draft.tokens, draft.scores)
+            calibrated = self._calibrated(source, draft)
+            out.append(Draft(draft.tokens, draft.probs, calibrated))
+        return out
+
+    def _calibrated(self, source: str, draft: Draft) -> list[float]:
+        return self.calibration[source].probabilities(draft.scores) if draft.tokens else []
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        self._observe(seq, hidden)
+        self.lookup.sync(seq, hidden)
+        self.head.sync(seq, hidden)
+
+    def _observe(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """Record how the draft proposed for `seq` fared: the committed tokens of this step (one
+        per hidden row) against it; positions past them were not verified."""
+        proposed = self._proposed.pop(seq.seq_id, None)
+        if proposed is None:
+            return
+        rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
+        committed = seq.output_ids[len(seq.output_ids) - rows :]
+        seen = min(len(proposed.tokens), len(committed))
+        right = 0
+        while right < seen and proposed.tokens[right] == committed[right]:
+            right += 1
+        self.calibration[proposed.source].record(proposed.raw[:seen], right)
+        if proposed.source == "head":
+            self._head_mean += 0.05 * (right - self._head_mean)
+
+    def release(self, seq: Sequence) -> None:
+        self._proposed.pop(seq.seq_id, None)
+        self.lookup.release(seq)
+        self.head.release(seq)
+
+    def reset(self) -> bool:
+        return self.lookup.reset()
+
+    def index_stats(self) -> IndexStats | None:
+        return self.lookup.index_stats()
+
+
+def _expected(accept: list[float]) -> float:
+    """Expected accepted tokens of a draft with these per-token probabilities."""
+    return expected_emitted(accept, len(accept)) - 1.0
+
+
+def _build(loaded: Loaded) -> Proposer | None:
+    lookup = SuffixProposer(loaded.config.spec.suffix_cache_tokens)
+    head = eagle_proposer(loaded)
+    if head is None:
+        logger.info("--proposer hybrid: no EAGLE head, the suffix lookup serves alone")
+        return lookup
+    return HybridProposer(lookup, head)
+
+
+REGISTRATION = Registration(
+    "hybrid",
+    _build,
+    artifacts=EAGLE.artifacts,
+    settings=("suffix_cache_tokens",),
+    hidden=HiddenRows.ACCEPTED,
+    artifact_dir=EAGLE.artifact_dir,
+    fingerprint=EAGLE.fingerprint,
+)

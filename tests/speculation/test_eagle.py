@@ -1,0 +1,308 @@
+"""EAGLE head and the hybrid proposer: drafting matches the chain training unrolls, the cache
+kept across steps equals one pass over the history, artifacts and their base coupling,
+the hybrid's choice, and losslessness on the embedded model with the shipped head
+(training: tests/training/test_eagle_train.py)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from specserve.models.registry import build_model
+from specserve.request import SamplingParams, Sequence
+from specserve.runner.sampler import SampleRow, sample_row
+from specserve.speculation.eagle import (
+    EagleConfig,
+    EagleHead,
+    HeadShape,
+    fingerprint,
+    load_eagle,
+    save_eagle,
+)
+from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.hybrid import HybridProposer
+from specserve.speculation.proposer import Draft
+from specserve.training.eagle_train import Batch, unrolled
+from specserve.training.medusa_data import IGNORE
+
+CPU = torch.device("cpu")
+HIDDEN, VOCAB = 32, 40
+
+
+def _head(window: int = 64, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead(HeadShape(HIDDEN, 4, 2, 8, 48, 1e-6, 10000.0, window))
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    head.draft_vocab = torch.arange(3, VOCAB, 2)  # odd ids from 3
+    return head.eval()
+
+
+def _target() -> Any:
+    torch.manual_seed(1)
+    return SimpleNamespace(
+        embed_tokens=torch.nn.Embedding(VOCAB, HIDDEN),
+        lm_head=torch.nn.Linear(HIDDEN, VOCAB, bias=False),
+        arch=SimpleNamespace(vocab_size=VOCAB, hidden_size=HIDDEN, head_dim=8),
+    )
+
+
+def _seq(outputs: list[int], seq_id: int = 0) -> Sequence:
+    return Sequence(seq_id, f"r{seq_id}", [1, 2, 3], SamplingParams(), output_ids=list(outputs))
+
+
+@pytest.mark.parametrize("window", [64, 4])
+def test_drafts_follow_the_chain_training_unrolls(window: int) -> None:
+    head, target = _head(window), _target()
+    proposer = EagleProposer(head, target, None)
+    features = torch.randn(12, HIDDEN)
+    tokens = [5, 7, 9, 11, 13, 15, 3, 5, 7, 9]  # outputs 0..9 with their features 0..9
+    last = len(tokens) - 1
+    for start, upto in ((0, 3), (3, 6), (6, 10)):  # steps' spans, each into the cache
+        seq = _seq(tokens[:upto])
+        proposer.sync(seq, features[start:upto])
+        [draft] = proposer.propose([seq], [3])
+    assert len(draft.tokens) == 3 and set(draft.tokens) <= set(head.draft_vocab.tolist())
+    # Training's chain over (true features 0..9, then anything) with the drafts as tokens:
+    # depth j at position 9 + j must pick draft j.
+    chain_tokens = tokens + draft.tokens[:2]
+    n = len(chain_tokens)
+    batch = Batch(
+        features=features[:n].unsqueeze(0),
+        embeddings=target.embed_tokens(torch.tensor(chain_tokens)).unsqueeze(0),
+        targets=torch.full((1, n), IGNORE),
+        positions=torch.arange(n).unsqueeze(0),
+    )
+    with torch.no_grad():
+        outs = unrolled(head, batch, 3)
+        cols = target.lm_head.weight[head.draft_vocab].T
+        for j in range(3):
+            logits = outs[j][0, last + j] @ cols
+            assert int(head.draft_vocab[logits.argmax()]) == draft.tokens[j]
+            assert draft.scores[j] == pytest.approx(float(logits.softmax(-1).max()), rel=1e-4)
+
+
+@pytest.mark.parametrize("window", [64, 4])
+def test_history_kept_across_steps_equals_one_pass(window: int) -> None:
+    head, target = _head(window), _target()
+    features = torch.randn(12, HIDDEN)
+    tokens = [3 + 2 * (i % 17) for i in range(12)]
+    stepwise, once = EagleProposer(head, target, None), EagleProposer(head, target, None)
+    done = 0
+    for upto, rows in ((1, 1), (3, 2), (4, 1), (8, 4), (12, 4)):  # prefill row, then spans
+        seq = _seq(tokens[:upto])
+        stepwise.sync(seq, features[upto - rows : upto])
+        stepwise.propose([seq], [2])  # moves the pending pairs into the cache
+        done = upto
+    seq = _seq(tokens[:done])
+    once.sync(seq, features[:done])
+    a, b = stepwise.propose([seq], [4]), once.propose([seq], [4])
+    assert a[0].tokens == b[0].tokens
+    assert a[0].scores == pytest.approx(b[0].scores, rel=1e-5)
+
+
+def test_batched_drafts_equal_drafts_alone() -> None:
+    head, target = _head(), _target()
+    together, alone = EagleProposer(head, target, None), EagleProposer(head, target, None)
+    seqs = [_seq([3 + 2 * ((i * s) % 17) for i in range(n)], s) for s, n in ((0, 5), (1, 9))]
+    feats = [torch.randn(len(s.output_ids), HIDDEN) for s in seqs]
+    for s, f in zip(seqs, feats, strict=True):
+        together.sync(s, f)
+        alone.sync(s, f)
+    both = together.propose(seqs, [3, 2])
+    singles = [alone.propose([s], [k])[0] for s, k in zip(seqs, [3, 2], strict=True)]
+    for x, y in zip(both, singles, strict=True):
+        assert x.tokens == y.tokens and x.scores == pytest.approx(y.scores, rel=1e-5)
+
+
+def test_a_gap_or_a_release_starts_the_history_over() -> None:
+    head, target = _head(), _target()
+    proposer = EagleProposer(head, target, None)
+    seq = _seq([5, 7, 9])
+    proposer.sync(seq, torch.randn(3, HIDDEN))
+    assert proposer.propose([seq], [2])[0].tokens
+    later = _seq([5, 7, 9, 11, 13, 15])  # rows for 3 and 4 never came: a gap
+    proposer.sync(later, torch.randn(1, HIDDEN))
+    assert proposer._states[0].next_pos == 5 and proposer.propose([later], [2])[0].tokens
+    proposer.release(later)
+    assert proposer.propose([later], [2])[0].tokens == []  # not synced since: no draft
+    with pytest.raises(ValueError, match="feature rows"):
+        proposer.sync(_seq([5]), torch.randn(2, HIDDEN))
+
+
+def test_sampled_drafts_are_the_samplers_pick_under_the_targets_noise() -> None:
+    head, target = _head(), _target()
+    params = SamplingParams(temperature=0.9, seed=7)
+    seq = Sequence(0, "r0", [1, 2], params, output_ids=[5, 7, 9])
+    proposer = EagleProposer(head, target, None)
+    proposer.sync(seq, torch.ones(3, HIDDEN))
+    [draft] = proposer.propose([seq], [1])
+    assert draft.probs is None  # verified against the target's own sample: bit-identical
+    g = proposer._states[0].last
+    assert g is not None
+    full = torch.full((VOCAB,), float("-inf"))
+    full[head.draft_vocab] = g @ proposer._cols
+    want = sample_row(full, SampleRow(params, seq.token_ids, 3)).token
+    assert draft.tokens == [want]
+    # another seed draws other noise: over a few seeds the pick moves
+    picks = set()
+    for s in range(8):
+        other = Sequence(1 + s, "r", [1, 2], SamplingParams(temperature=5.0, seed=s), [5, 7, 9])
+        proposer.sync(other, torch.ones(3, HIDDEN))
+        picks.add(proposer.propose([other], [1])[0].tokens[0])
+    assert len(picks) > 1
+
+
+# --------------------------------------------------------------------------------- artifacts
+def test_save_load_round_trip_and_foreign_base(
+    tmp_path: Path, tiny_llama: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.tiny import make_model_dir
+
+    base = build_model(tiny_llama, CPU)
+    shape = HeadShape.for_target(base.arch, 48, 16)
+    head = EagleHead(shape)
+    head.draft_vocab = torch.tensor([3, 8, 20])
+    out = tmp_path / "head"
+    save_eagle(head, out, EagleConfig(shape, "tiny", fingerprint(tiny_llama)))
+    loaded, cfg = load_eagle(out)
+    assert cfg.shape == shape and loaded.draft_vocab.tolist() == [3, 8, 20]
+    for name, tensor in head.state_dict().items():
+        want = tensor.half().float() if tensor.is_floating_point() else tensor
+        assert torch.equal(loaded.state_dict()[name], want), name
+    EagleProposer.load(out, base, tiny_llama)  # its own base: accepted
+    other = make_model_dir(tmp_path / "other", seed=1, with_tokenizer=False)
+    with pytest.raises(ValueError, match="--force-eagle") as err:
+        EagleProposer.load(out, build_model(other, CPU), other)
+    assert str(fingerprint(tiny_llama)) in str(err.value)
+    with caplog.at_level(logging.WARNING, logger="specserve.speculation.eagle"):
+        EagleProposer.load(out, build_model(other, CPU), other, force=True)
+    assert "--force-eagle" in caplog.text
+
+
+# ------------------------------------------------------------------------------------ hybrid
+class _Fixed:
+    """A stand-in proposer: the same draft for every sequence; records its calls."""
+
+    def __init__(self, name: str, draft: Draft) -> None:
+        self.name, self.draft, self.asked, self.synced = name, draft, [], 0
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        self.asked.append(list(ks))
+        return [self.draft.prefix(k) if k else Draft([]) for k in ks]
+
+    def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        self.synced += 1
+
+    def release(self, seq: Sequence) -> None:
+        pass
+
+    def reset(self) -> bool:
+        return True
+
+    def index_stats(self) -> None:
+        return None
+
+
+def test_hybrid_takes_a_confident_lookup_and_asks_the_head_elsewhere() -> None:
+    sure = _Fixed("suffix", Draft([4, 5, 6], confidence=[0.99, 0.99, 0.99]))
+    head = _Fixed("eagle", Draft([7, 8, 9], confidence=[0.6, 0.5, 0.4]))
+    hybrid = HybridProposer(sure, head)  # type: ignore[arg-type]
+    seq = _seq([1, 2])
+    assert hybrid.propose([seq], [3])[0].tokens == [4, 5, 6]
+    assert head.asked == []  # the lookup's expected length beat the head's: not asked
+    nothing = _Fixed("suffix", Draft([]))
+    hybrid = HybridProposer(nothing, head)  # type: ignore[arg-type]
+    [draft] = hybrid.propose([seq], [3])
+    assert draft.tokens == [7, 8, 9] and head.asked == [[3]]
+    # calibrated: the prior for a fresh bucket is (1 + c) / 2
+    assert draft.confidence == pytest.approx([0.8, 0.75, 0.7])
+
+
+def test_hybrid_calibrates_each_source_on_what_the_target_committed() -> None:
+    head = _Fixed("eagle", Draft([7, 8, 9], confidence=[0.95, 0.95, 0.95]))
+    hybrid = HybridProposer(_Fixed("suffix", Draft([])), head)  # type: ignore[arg-type]
+    for step in range(20):
+        seq = _seq([1] * (2 + step))
+        hybrid.propose([seq], [3])
+        committed = _seq([*seq.output_ids, 7, 2])  # first draft right, second wrong
+        hybrid.sync(committed, torch.zeros(2, 4))
+    row = hybrid.calibration["head"].table()[9]
+    assert (row.tested, row.accepted) == (40, 20)
+    assert hybrid.calibration["lookup"].table()[9].tested == 0
+    assert head.synced == 20
+    assert hybrid._head_mean == 1.0  # one token of each head draft accepted
+
+
+# ----------------------------------------------------------------------- real default model
+def _real_engine(proposer: str | None, speculate: int, num_blocks: int = 512) -> Any:
+    """An engine on the embedded model (loaded once) with the shipped head's proposer."""
+    from specserve.speculation.eagle_proposer import eagle_head_dir
+    from specserve.speculation.suffix import SuffixProposer
+    from tests.integration.test_real_model import base_engine, engine_with
+
+    engine = engine_with(speculate, num_blocks)
+    if proposer is not None:
+        res = base_engine().res
+        head_dir = eagle_head_dir(res.model_dir, None)
+        assert head_dir is not None
+        eagle = EagleProposer.load(head_dir, res.model, res.model_dir)
+        lookup = SuffixProposer(1 << 16)
+        engine.res.proposer = eagle if proposer == "eagle" else HybridProposer(lookup, eagle)
+    return engine
+
+
+@pytest.mark.integration
+def test_shipped_head_matches_the_default_model() -> None:
+    from specserve.models.loader import resolve_model_dir
+    from specserve.speculation.eagle import SHIPPED_DIR
+    from specserve.speculation.eagle_proposer import eagle_head_dir
+    from specserve.speculation.registry import REGISTRY
+
+    model_dir = resolve_model_dir(None)
+    assert eagle_head_dir(model_dir, None) == SHIPPED_DIR / "smollm2-135m-instruct"
+    _, cfg = load_eagle(SHIPPED_DIR / "smollm2-135m-instruct")
+    assert cfg.extra["training"]["train_s"] > 0  # a trained head, with its report
+    assert all(k.name not in ("eagle", "hybrid") for k in REGISTRY.candidates("auto"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("proposer", "num_blocks"), [("eagle", 512), ("eagle", 24), ("hybrid", 512)]
+)
+def test_shipped_head_greedy_is_bit_identical(proposer: str, num_blocks: int) -> None:
+    from tests.engine.test_logprobs import run
+    from tests.integration.test_real_model import prompts
+
+    ps = (prompts() * 2)[:5]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=2)
+    want_tokens, want_lps, _ = run(_real_engine(None, 0), ps, params)  # fails on an error
+    engine = _real_engine(proposer, 4, num_blocks)
+    tokens, lps, _ = run(engine, ps, params)
+    assert tokens == want_tokens and lps == want_lps  # logprobs bit for bit
+    stats = engine.stats.proposer
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens  # drafted, some rejected
+    if num_blocks == 24:  # 384 slots for 5 x ~80 tokens: preemption must have happened
+        assert engine.scheduler.num_preemptions > 0
+    assert engine.res.allocator.num_free == num_blocks
+
+
+@pytest.mark.integration
+def test_shipped_head_seeded_sampling_is_bit_identical() -> None:
+    from tests.engine.helpers import run_all
+    from tests.integration.test_real_model import prompts
+
+    params = [
+        SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.95, seed=s, ignore_eos=True)
+        for s in (1, 2, 3)
+    ]
+    want = run_all(_real_engine(None, 0), prompts(), params)
+    engine = _real_engine("eagle", 4)
+    assert run_all(engine, prompts(), params) == want
+    stats = engine.stats.proposer
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens
