@@ -12,6 +12,7 @@ from specserve.cli_args import add_engine_args, engine_config_from_args
 from specserve.cli_flags import add_flag
 from specserve.fleet.cli import add_fleet_parser
 from specserve.server.cli import add_serve_parser
+from specserve.training.eagle_cli import add_eagle_parser
 from specserve.training.medusa_cli import add_medusa_parser
 
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
     add_serve_parser(sub)
     add_medusa_parser(sub)
+    add_eagle_parser(sub)
     add_bench_parsers(sub)
     add_fleet_parser(sub)
     return parser

@@ -96,7 +96,7 @@ def train_medusa(
         layers,
         base_model_name_or_path=base_name or str(base_dir),
         base_fingerprint=fingerprint(base_dir),
-        extra={"training": {**_rounded(report.as_dict()), "options": dataclasses.asdict(opts)}},
+        extra={"training": {**rounded(report.as_dict()), "options": dataclasses.asdict(opts)}},
     )
     save_medusa(model, out_dir, cfg)
     return report
@@ -174,7 +174,7 @@ def _mean_accepted(chain: torch.Tensor) -> float:
     return float(chain.float().sum(1).mean()) if len(chain) else 0.0
 
 
-def _rounded(d: dict[str, Any]) -> dict[str, Any]:
+def rounded(d: dict[str, Any]) -> dict[str, Any]:
     def r(v: Any) -> Any:
         if isinstance(v, float):
             return round(v, 4)
