@@ -5,7 +5,8 @@ percent of a target step per drafted token and is the only one with something to
 text. Each source keeps its own online calibration (confidence bucket -> observed acceptance),
 fed in `sync` by comparing the draft it proposed with the tokens the target committed. Per
 sequence the lookup proposes first; the head runs only where the lookup's expected accepted
-length is below what the head has been achieving, and the draft with the larger expected
+length is below what the head has been achieving in that sequence (a running mean of its
+accepted tokens per draft, from an optimistic prior), and the draft with the larger expected
 accepted length, less the head's cost in tokens, serves. The draft's confidences are the
 chosen source's calibrated probabilities, so the engine's policy reads one scale.
 """
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 # The head's cost per drafted token, in target tokens: ~0.4 ms a token against a ~10 ms batch-1
 # step of the embedded model (benchmarks/bench_eagle.py measures both).
 HEAD_TOKEN_COST = 0.04
+HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
+HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 
 
 @dataclass(frozen=True)
@@ -54,14 +57,18 @@ class HybridProposer(Proposer):
         self.calibration = {"lookup": Calibration(), "head": Calibration()}
         self.chosen = {"lookup": 0, "head": 0}
         self._proposed: dict[int, _Proposed] = {}
-        self._head_mean = 1.0  # accepted tokens per head draft, running mean (optimistic start)
+        # seq_id -> the head's accepted tokens per draft in this sequence, a running mean (from
+        # HEAD_PRIOR: each sequence tries the head until its own outcomes say otherwise)
+        self._head_mean: dict[int, float] = {}
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         looked = self.lookup.propose(seqs, ks)
         worth = [_expected(self._calibrated("lookup", d)) for d in looked]
         ask = [
-            k if k and worth[i] < self._head_mean - HEAD_TOKEN_COST * k else 0
-            for i, k in enumerate(ks)
+            k
+            if k and worth[i] < self._head_mean.get(s.seq_id, HEAD_PRIOR) - HEAD_TOKEN_COST * k
+            else 0
+            for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
         ]
         heads = self.head.propose(seqs, ask) if any(ask) else [Draft([]) for _ in seqs]
         out = []
@@ -102,10 +109,12 @@ class HybridProposer(Proposer):
             right += 1
         self.calibration[proposed.source].record(proposed.raw[:seen], right)
         if proposed.source == "head":
-            self._head_mean += 0.05 * (right - self._head_mean)
+            mean = self._head_mean.get(seq.seq_id, HEAD_PRIOR)
+            self._head_mean[seq.seq_id] = mean + HEAD_RATE * (right - mean)
 
     def release(self, seq: Sequence) -> None:
         self._proposed.pop(seq.seq_id, None)
+        self._head_mean.pop(seq.seq_id, None)
         self.lookup.release(seq)
         self.head.release(seq)
 

@@ -76,6 +76,7 @@ def test_drafts_follow_the_chain_training_unrolls(window: int) -> None:
         features=features[:n].unsqueeze(0),
         embeddings=target.embed_tokens(torch.tensor(chain_tokens)).unsqueeze(0),
         targets=torch.full((1, n), IGNORE),
+        teacher=torch.zeros(1, n, HIDDEN),
         positions=torch.arange(n).unsqueeze(0),
     )
     with torch.no_grad():
@@ -236,7 +237,23 @@ def test_hybrid_calibrates_each_source_on_what_the_target_committed() -> None:
     assert (row.tested, row.accepted) == (40, 20)
     assert hybrid.calibration["lookup"].table()[9].tested == 0
     assert head.synced == 20
-    assert hybrid._head_mean == 1.0  # one token of each head draft accepted
+    assert hybrid._head_mean[0] == 1.0  # one token of each head draft accepted
+    hybrid.release(seq)
+    assert hybrid._head_mean == {} and hybrid._proposed == {}
+
+
+def test_hybrid_stops_asking_the_head_in_a_sequence_where_it_fails() -> None:
+    head = _Fixed("eagle", Draft([7, 8, 9], confidence=[0.5, 0.5, 0.5]))
+    hybrid = HybridProposer(_Fixed("suffix", Draft([])), head)  # type: ignore[arg-type]
+    other = _seq([1, 2], seq_id=1)
+    for step in range(12):
+        seq = _seq([1] * (2 + step))
+        hybrid.propose([seq], [3])
+        hybrid.sync(_seq([*seq.output_ids, 2]), torch.zeros(1, 4))  # first draft wrong
+    asked = len(head.asked)
+    assert asked < 12  # gave up on the head for sequence 0
+    hybrid.propose([seq, other], [3, 3])
+    assert head.asked[-1] == [0, 3]  # a new sequence still tries it
 
 
 # ----------------------------------------------------------------------- real default model
