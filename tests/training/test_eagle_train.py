@@ -94,7 +94,14 @@ def test_trained_head_in_the_engine_is_lossless(
     eagle = EagleProposer.load(tiny_head[0], engine.res.model, tiny_llama)
     proposer = eagle if kind == "eagle" else HybridProposer(SuffixProposer(1024), eagle)
     engine.res = replace(engine.res, proposer=proposer)
-    assert run(engine, prompts, params) == want  # tokens and logprobs, bit for bit
+    tokens, lps, _ = run(engine, prompts, params)
+    assert tokens == want[0]
+    # The tiny base has dense weights: its GEMM may round a row differently in another batch
+    # mix, so logprobs match to float32 noise here (bit for bit on the GGUF blocks:
+    # tests/speculation/test_eagle.py on the embedded model)
+    for got, ref in zip(lps, want[1], strict=True):
+        assert [e.token for e in got] == [e.token for e in ref]
+        assert [e.logprob for e in got] == pytest.approx([e.logprob for e in ref], abs=1e-5)
     stats = engine.stats.proposer
     assert 0 < stats.accepted_tokens < stats.drafted_tokens  # drafted, some rejected
     assert engine.res.allocator.num_free == engine.res.allocator.num_blocks
