@@ -88,6 +88,31 @@ def readme(package: str) -> str:
     return body[:3500]
 
 
+# Free-form requests for the free-text drafters (EAGLE, Medusa): the creative prompts above and
+# these, written for workloads/third-party-free.jsonl; nothing to copy from a context.
+FREE_FORM = (
+    "Explain to a ten-year-old why the sky turns orange at sunset.",
+    "Give three tips for keeping a sourdough starter alive while travelling, a sentence on each.",
+    "What are the trade-offs between renting and buying a bicycle in a large city? One paragraph.",
+    "Describe the smell of a bakery at five in the morning.",
+    "Write three haiku about a train station at night.",
+    "Explain what a compiler does, in plain words, for someone who has never programmed.",
+    "Suggest a plan for two rainy days in a small coastal town.",
+    "Write a dialogue between a teapot and a kettle arguing about which of them matters more.",
+    "List the pros and cons of working from home in five bullet points.",
+    "Write a product description for a pair of socks that can never get lost.",
+)
+FREE_WORKLOAD = "third-party-free"
+
+
+def build_free() -> list[WorkloadItem]:
+    prompts = CREATIVE + FREE_FORM
+    return [
+        WorkloadItem(f"tp-free-{i}", FREE_WORKLOAD, messages=(ChatMessage("user", prompt),))
+        for i, prompt in enumerate(prompts)
+    ]
+
+
 def build() -> list[WorkloadItem]:
     items: list[WorkloadItem] = []
     for i, (package, relpath, ask, then) in enumerate(EDITS):
@@ -194,11 +219,13 @@ def main() -> None:
     p.add_argument(
         "--structured-out", type=Path, default=Path("workloads/third-party-structured.jsonl")
     )
+    p.add_argument("--free-out", type=Path, default=Path("workloads/third-party-free.jsonl"))
     args = p.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_workload(args.out, build())
     write_workload(args.structured_out, build_structured())
-    print(args.out, args.structured_out)
+    write_workload(args.free_out, build_free())
+    print(args.out, args.structured_out, args.free_out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 # Every benchmark is a module of benchmarks/, run from the repo root: python -m benchmarks.NAME.
 # Usage: bash scripts/run_benchmarks.sh
 #        [engine|baseline|serving|llamacpp|spec|copy|goodput|policy|structured|attention|suffix|
-#         cache|kv|soak|fleet|all]
+#         eagle|cache|kv|soak|fleet|all]
 #        [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -176,6 +176,29 @@ if [[ $what == suffix || $what == all ]]; then
     --json "$out/medusa-scored.json" | tee "$out/medusa-scored.md"
   # Lookup and ingestion cost of the suffix index at 2k/8k/32k cached tokens; memory at the bound.
   python -m benchmarks.bench_suffix --calls 2000 | tee "$out/suffix-index.md"
+fi
+
+if [[ $what == eagle || $what == all ]]; then
+  # Free-text drafting (issue 25), in process, each cell from empty caches, adaptive with cap 4
+  # against N = 0 on the same engine. First what a drafted token costs against a target step.
+  python -m benchmarks.bench_eagle --threads "$threads" --json "$out/eagle-cost.json" \
+    | tee "$out/eagle-cost.md"
+  # Batch 1: Medusa, the EAGLE head and the hybrid on
+  # chat-creative and the hand-written free-form file (about 15 min).
+  python -m benchmarks.spec_bench --threads "$threads" --proposer medusa,eagle,hybrid \
+    --policy adaptive --speculate 0,4 --concurrency 1 \
+    --workloads chat-creative,workloads/third-party-free.jsonl --prompts-per-workload 8 \
+    --new-tokens 128 --json "$out/eagle-free.json" | tee "$out/eagle-free.md"
+  # The hybrid against each single proposer on the built-in workloads, 1 and 16 at once.
+  builtin="code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa"
+  python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix,eagle,hybrid \
+    --policy adaptive --speculate 0,4 --concurrency 1 --workloads "$builtin" \
+    --prompts-per-workload "${EAGLE_PROMPTS:-6}" --new-tokens 128 \
+    --json "$out/hybrid-c1.json" | tee "$out/hybrid-c1.md"
+  python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix,eagle,hybrid \
+    --policy adaptive --speculate 0,4 --concurrency 16 --workloads "$builtin" \
+    --prompts-per-workload "${EAGLE_PROMPTS_C16:-32}" --new-tokens 128 \
+    --json "$out/hybrid-c16.json" | tee "$out/hybrid-c16.md"
 fi
 
 if [[ $what == cache || $what == all ]]; then

@@ -99,3 +99,16 @@ def test_kv_pressure_bench_runs_both_cases(tmp_path: Path) -> None:
     for pressure, ample in zip(results[::2], results[1::2], strict=True):
         assert pressure["kv_tokens"] < ample["kv_tokens"] and ample["preemptions"] == 0
         assert pressure["most_per_request"] <= 1 and pressure["tokens"] == ample["tokens"] > 0
+
+
+@pytest.mark.integration
+def test_eagle_bench_times_drafting_against_a_target_step(tmp_path: Path) -> None:
+    from benchmarks import bench_eagle
+
+    path = tmp_path / "eagle.json"
+    argv = ["--threads", "1", "--batches", "1,2", "--k", "3", "--repeats", "2", "--json", str(path)]
+    assert bench_eagle.main(argv) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["batch"], r["k"]) for r in rows] == [(1, 3), (2, 3)]
+    for r in rows:
+        assert r["draft_ms"] > 0 and r["target_step_ms"] > 0 and r["token_cost"] > 0

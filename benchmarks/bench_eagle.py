@@ -1,0 +1,112 @@
+"""What drafting with the EAGLE head costs, against a target step, in process.
+
+For B sequences at once (each with 64 verified positions in the head's cache), one step's
+proposer work as the engine runs it: `sync` with one new feature row, then `propose` of k
+tokens (the pending pair, then k - 1 chain steps). Beside it, the target's own decode step (one
+row per sequence at a 256-token context) on the same machine. The ratio per drafted token is
+what `speculation/hybrid.py` charges the head (HEAD_TOKEN_COST).
+
+    python -m benchmarks.bench_eagle [--threads 2] [--batches 1,16] [--k 4] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks.machine import machine_info, machine_lines
+from benchmarks.verify_cost import measure_verify_cost
+from specserve.models.loader import resolve_model_dir
+from specserve.models.registry import build_model
+from specserve.request import SamplingParams
+from specserve.request import Sequence as Seq
+from specserve.runner.model_runner import ModelRunner
+from specserve.scheduler.kv_blocks import BlockAllocator
+from specserve.speculation.eagle_proposer import EagleProposer, eagle_head_dir
+
+MODULE = "benchmarks.bench_eagle"
+HISTORY = 64
+
+
+def draft_ms(proposer: EagleProposer, batch: int, k: int, repeats: int) -> list[float]:
+    """ms per step of proposer work (sync one row + propose k) for `batch` sequences."""
+    hidden = proposer.head.shape.hidden_size
+    vocab = proposer.vocab.tolist()
+    seqs = [Seq(i, f"r{i}", [1, 2, 3], SamplingParams()) for i in range(batch)]
+    for s in seqs:
+        s.output_ids = vocab[:HISTORY]
+        proposer.sync(s, torch.randn(HISTORY, hidden))
+        proposer.propose([s], [k])
+    times = []
+    for step in range(repeats + 3):
+        started = time.perf_counter()
+        for s in seqs:
+            s.output_ids.append(vocab[step % len(vocab)])
+            proposer.sync(s, torch.randn(1, hidden))
+        drafts = proposer.propose(seqs, [k] * batch)
+        if step >= 3:  # warm-up steps
+            times.append(1e3 * (time.perf_counter() - started))
+        assert all(len(d.tokens) == k for d in drafts)
+    return times
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batches", default="1,16")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info(MODULE, argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    model_dir = resolve_model_dir(None)
+    model = build_model(model_dir, torch.device("cpu"))
+    head_dir = eagle_head_dir(model_dir, None)
+    if head_dir is None:
+        raise SystemExit("error: no EAGLE head for the default model")
+    proposer = EagleProposer.load(head_dir, model, model_dir)
+    blocks = max(batches) * (256 // 16 + 2)
+    runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
+    targets = measure_verify_cost(
+        runner, BlockAllocator(blocks, 16), batches, [0], 256, repeats=args.repeats
+    )
+    rows = []
+    for batch, target in zip(batches, targets, strict=True):
+        ms = statistics.median(draft_ms(proposer, batch, args.k, args.repeats))
+        per_token = ms / (batch * args.k)
+        rows.append(
+            {
+                "batch": batch,
+                "k": args.k,
+                "draft_ms": round(ms, 3),
+                "draft_ms_per_token": round(per_token, 4),
+                "target_step_ms": round(target.ms_step, 3),
+                # a drafted token's cost in target steps of one sequence (the step's share)
+                "token_cost": round(per_token / (target.ms_step / batch), 4),
+            }
+        )
+    print(machine_lines(info))
+    print("| B | k | drafting ms/step | ms per drafted token | target step ms | token cost |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['batch']} | {r['k']} | {r['draft_ms']:.2f} | {r['draft_ms_per_token']:.3f} | "
+            f"{r['target_step_ms']:.2f} | {r['token_cost']:.3f} |"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
