@@ -102,6 +102,26 @@ def block_kinds(model: nn.Module) -> list[str]:
     return sorted(kinds)
 
 
+def quantise_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """A float weight [N, K] (K a multiple of 32) as GGUF Q8_0 blocks [N, K / 32 * 34], rounded
+    as ggml's quantize_row_q8_0: per 32 values d = max|x| / 127 (stored fp16), q = round(x / d)."""
+    n, k = weight.shape
+    if k % ggml.QK:
+        raise ValueError(f"Q8_0 needs rows of a multiple of {ggml.QK} values, got {k}")
+    w = weight.detach().float().reshape(n, k // ggml.QK, ggml.QK)
+    d = w.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = (w * inv).round().clamp(-127, 127).to(torch.int8)
+    scale = d.to(torch.float16).view(torch.uint8)  # [N, blocks, 2]
+    return torch.cat([scale, q.view(torch.uint8)], dim=-1).reshape(n, -1).contiguous()
+
+
+def q8_linear(layer: nn.Linear) -> BlockLinear:
+    """`layer` as a Q8_0 BlockLinear in the q8 numerics (a quarter of the bytes per product)."""
+    bias = layer.bias.detach() if layer.bias is not None else None
+    return BlockLinear(quantise_q8_0(layer.weight), BlockKind.Q8_0, layer.in_features, bias)
+
+
 def linear_weight(layer: nn.Module) -> torch.Tensor:
     """The float32 weight [out, in] of an nn.Linear or a BlockLinear (decoded)."""
     weight = layer.weight

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from specserve.models.block_linear import linear_weight
+from specserve.kernels import ggml
+from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
@@ -64,11 +66,32 @@ class _State:
 class EagleProposer(Proposer):
     name = "eagle"
 
-    def __init__(self, head: EagleHead, target: LlamaForCausalLM, head_dir: Path | None) -> None:
+    def __init__(
+        self,
+        head: EagleHead,
+        target: LlamaForCausalLM,
+        head_dir: Path | None,
+        blocks: bool = False,
+    ) -> None:
+        """`blocks`: run the head's projections and the draft-vocabulary scores on the Q8_0
+        block kernel in the q8 numerics (the target's own lm_head blocks where it has them):
+        drafting is memory-bound at a few rows, and that reads a quarter of float32's bytes."""
         self.head, self.target, self.head_dir = head, target, head_dir
         self.vocab = head.draft_vocab  # [K]
-        # [H, K]: the target lm_head's rows of the draft vocabulary, transposed once
-        self._cols = linear_weight(target.lm_head).detach()[self.vocab].T.float().contiguous()
+        lm_head = target.lm_head
+        self.vocab_logits: nn.Module  # [..., H] -> [..., K]: the target's lm_head rows
+        if blocks and isinstance(lm_head, BlockLinear):
+            rows = lm_head.blocks[self.vocab].contiguous()
+            self.vocab_logits = BlockLinear(rows, lm_head.kind, lm_head.in_features, None)
+        else:
+            self.vocab_logits = nn.Linear(head.shape.hidden_size, len(self.vocab), bias=False)
+            rows = linear_weight(lm_head).detach()[self.vocab].float()
+            self.vocab_logits.weight = nn.Parameter(rows, requires_grad=False)
+            if blocks:
+                self.vocab_logits = q8_linear(self.vocab_logits)
+        if blocks:
+            for name in ("fc", "qkv", "o", "gate_up", "down"):
+                setattr(head, name, q8_linear(getattr(head, name)))
         self._states: dict[int, _State] = {}
 
     @classmethod
@@ -85,8 +108,15 @@ class EagleProposer(Proposer):
                 f"{base_dir} (hidden {arch.hidden_size}, vocab {arch.vocab_size})"
             )
         check_base(head_dir, cfg, base_dir, force)
-        logger.info("EAGLE: head with %d draft ids from %s", len(head.draft_vocab), head_dir)
-        return cls(head, target, head_dir)
+        widths = (cfg.shape.hidden_size, cfg.shape.intermediate_size)
+        blocks = ggml.library() is not None and all(w % ggml.QK == 0 for w in widths)
+        logger.info(
+            "EAGLE: head with %d draft ids from %s (%s)",
+            len(head.draft_vocab),
+            head_dir,
+            "Q8_0 blocks, q8" if blocks else "float32",
+        )
+        return cls(head, target, head_dir, blocks)
 
     # ------------------------------------------------------------------------- protocol
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
@@ -190,7 +220,7 @@ class EagleProposer(Proposer):
 
     def _pick(self, g: torch.Tensor, chains: list[_Chain], j: int) -> torch.Tensor:
         """The j-th draft token of every chain from the head's outputs g [B, H]."""
-        logits = g @ self._cols  # [B, K]
+        logits = self.vocab_logits(g)  # [B, K]
         best, top = logits.max(-1)
         prob = 1.0 / torch.exp(logits - best.unsqueeze(-1)).sum(-1)
         tokens = self.vocab[top]

@@ -6,8 +6,8 @@ text. Each source keeps its own online calibration (confidence bucket -> observe
 fed in `sync` by comparing the draft it proposed with the tokens the target committed. Per
 sequence the lookup proposes first; the head runs only where the lookup's expected accepted
 length is below what the head has been achieving in that sequence (a running mean of its
-accepted tokens per draft, from an optimistic prior), and the draft with the larger expected
-accepted length, less the head's cost in tokens, serves. The draft's confidences are the
+accepted tokens per draft, from an optimistic prior) less the head's drafting cost in tokens,
+and then the draft with the larger expected accepted length serves. The draft's confidences are the
 chosen source's calibrated probabilities, so the engine's policy reads one scale.
 """
 
@@ -35,9 +35,10 @@ from specserve.speculation.suffix import SuffixProposer
 
 logger = logging.getLogger(__name__)
 
-# The head's cost per drafted token, in target tokens: ~0.4 ms a token against a ~10 ms batch-1
-# step of the embedded model (benchmarks/bench_eagle.py measures both).
-HEAD_TOKEN_COST = 0.04
+# The head's cost per drafted token, in target tokens (one sequence's share of a decode step):
+# benchmarks/bench_eagle.py measured 0.22 at batch 1 and 0.11 at 16 on 2 AVX2 cores
+# (docs/benchmarks.md); the batch-1 figure, where the hybrid matters most.
+HEAD_TOKEN_COST = 0.2
 HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 
@@ -73,9 +74,8 @@ class HybridProposer(Proposer):
         heads = self.head.propose(seqs, ask) if any(ask) else [Draft([]) for _ in seqs]
         out = []
         for seq, look, head, value in zip(seqs, looked, heads, worth, strict=True):
-            head_value = _expected(self._calibrated("head", head)) - HEAD_TOKEN_COST * len(
-                head.tokens
-            )
+            # the head's drafting is paid once asked: the draft expected to keep more serves
+            head_value = _expected(self._calibrated("head", head))
             source, draft = ("head", head) if head_value > value else ("lookup", look)
             if not draft.tokens:
                 self._proposed.pop(seq.seq_id, None)

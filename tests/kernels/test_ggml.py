@@ -47,3 +47,20 @@ def test_rejects_malformed_blocks() -> None:
         ggml.matmul(torch.zeros(1, 64), blocks, BlockKind.Q8_0)
     with pytest.raises(ValueError, match="float32"):
         ggml.matmul(torch.zeros(1, 64, dtype=torch.float64), blocks, BlockKind.Q4_1)
+
+
+def test_quantise_q8_0_writes_ggmls_bytes() -> None:
+    from specserve.models.block_linear import q8_linear, quantise_q8_0
+
+    rng = np.random.default_rng(3)
+    weights = rng.standard_normal((24, 96)).astype(np.float32)
+    weights[3, :32] = 0.0  # an all-zero block: scale 0, every q 0
+    want = quants.quantize(weights, GGMLQuantizationType.Q8_0)
+    assert torch.equal(quantise_q8_0(torch.from_numpy(weights)), torch.from_numpy(want))
+    layer = torch.nn.Linear(96, 24, bias=False)
+    layer.weight.data = torch.from_numpy(weights)
+    blocks = q8_linear(layer)
+    x = torch.randn(3, 96)
+    torch.testing.assert_close(blocks(x), x @ layer.weight.T, atol=0.3, rtol=0.05)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantise_q8_0(torch.zeros(2, 48))

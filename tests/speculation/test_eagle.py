@@ -147,7 +147,7 @@ def test_sampled_drafts_are_the_samplers_pick_under_the_targets_noise() -> None:
     g = proposer._states[0].last
     assert g is not None
     full = torch.full((VOCAB,), float("-inf"))
-    full[head.draft_vocab] = g @ proposer._cols
+    full[head.draft_vocab] = proposer.vocab_logits(g)
     want = sample_row(full, SampleRow(params, seq.token_ids, 3)).token
     assert draft.tokens == [want]
     # another seed draws other noise: over a few seeds the pick moves
@@ -286,6 +286,15 @@ def test_shipped_head_matches_the_default_model() -> None:
     _, cfg = load_eagle(SHIPPED_DIR / "smollm2-135m-instruct")
     assert cfg.extra["training"]["train_s"] > 0  # a trained head, with its report
     assert all(k.name not in ("eagle", "hybrid") for k in REGISTRY.candidates("auto"))
+    from specserve.models.block_linear import BlockLinear
+    from tests.integration.test_real_model import base_engine
+
+    res = base_engine().res
+    proposer = EagleProposer.load(SHIPPED_DIR / "smollm2-135m-instruct", res.model, model_dir)
+    # drafting reads Q8_0 blocks: the head's projections and the target's own lm_head rows
+    assert isinstance(proposer.head.gate_up, BlockLinear)
+    assert isinstance(proposer.vocab_logits, BlockLinear)
+    assert proposer.vocab_logits.out_features == len(proposer.vocab)
 
 
 @pytest.mark.integration
