@@ -29,6 +29,7 @@ from specserve.request import SamplingParams
 from specserve.request import Sequence as Seq
 from specserve.runner.model_runner import ModelRunner
 from specserve.scheduler.kv_blocks import BlockAllocator
+from specserve.speculation import eagle_proposer
 from specserve.speculation.eagle_proposer import EagleProposer, eagle_head_dir
 
 MODULE = "benchmarks.bench_eagle"
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if head_dir is None:
         raise SystemExit("error: no EAGLE head for the default model")
     proposer = EagleProposer.load(head_dir, model, model_dir)
+    eagle_proposer.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
     blocks = max(batches) * (256 // 16 + 2)
     runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
     targets = measure_verify_cost(

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specserve.models.block_linear import BlockLinear
 from specserve.models.llama import ModelArch, RMSNorm, apply_rope
 from specserve.models.registry import read_config
 from specserve.speculation.medusa import Fingerprint, fingerprint
@@ -136,7 +137,8 @@ class EagleHead(nn.Module):
         """x [B, T, H], positions [B, T] -> q [B, heads, T, D], k and v [B, kv_heads, T, D]."""
         s = self.shape
         b, t, _ = x.shape
-        qkv = self.qkv(self.input_norm(x)).view(b, t, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
+        qkv = _project(self.qkv, x, norm=self.input_norm)
+        qkv = qkv.view(b, t, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
         q, k, v = qkv.split([s.num_heads, s.num_kv_heads, s.num_kv_heads], dim=2)
         angles = positions.clamp(min=0).double().unsqueeze(-1) * self.inv_freq  # [B, T, D/2]
         emb = torch.cat([angles, angles], dim=-1).unsqueeze(2)  # [B, T, 1, D]
@@ -155,9 +157,10 @@ class EagleHead(nn.Module):
 
     def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The layer's input and its attention output -> the normalised feature [B, T, H]."""
-        x = x + self.o(attended)
-        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
-        x = x + self.down(F.silu(gate) * up)
+        x = _project(self.o, attended, residual=x)
+        x = _project(
+            self.down, _project(self.gate_up, x, norm=self.post_norm), swiglu=True, residual=x
+        )
         return self.norm(x)
 
     def window_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -165,6 +168,30 @@ class EagleHead(nn.Module):
         something, not after the query and within the window."""
         q, k = q_pos.unsqueeze(2), k_pos.unsqueeze(1)
         return (k != NO_POSITION) & (k <= q) & (k > q - self.shape.window)
+
+
+def _project(
+    linear: nn.Module,
+    x: torch.Tensor,
+    norm: RMSNorm | None = None,
+    swiglu: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """residual + linear(swiglu or norm of x), in one block-kernel call when the proposer put
+    the projection on GGUF blocks (drafting: fewer calls per token), else as torch ops."""
+    if isinstance(linear, BlockLinear):
+        rows = x.reshape(-1, x.shape[-1])
+        res = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
+        out = linear.fused(rows, norm, swiglu, res)
+        if out is not None:
+            return out.view(*x.shape[:-1], -1)
+    if norm is not None:
+        x = norm(x)
+    if swiglu:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    y = linear(x)
+    return y if residual is None else residual + y
 
 
 # --------------------------------------------------------------------------- artifact I/O

@@ -48,6 +48,10 @@ from specserve.speculation.eagle import (
 from specserve.speculation.proposer import Draft, HiddenRows, Loaded, Proposer, Registration
 
 logger = logging.getLogger(__name__)
+# Draft another token only while the head gives the chain so far at least this probability of
+# being accepted whole: below it, the next token's expected gain (its probability times this)
+# is worth less than drafting and verifying it (bench_eagle: ~0.1-0.2 of a target step each).
+CONTINUE_ABOVE = 0.35
 PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
 
 
@@ -205,10 +209,10 @@ class EagleProposer(Proposer):
         g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
         past_k, past_v, past_pos = self._cache(states)
         pos = torch.tensor([s.next_pos for s in states]).unsqueeze(1)  # [B, 1]
-        picks = [_Chain(seq) for seq in seqs]
+        picks = [_Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
         for j in range(max(ks)):
             tokens = self._pick(g[:, 0], picks, j)  # [B]
-            if j + 1 == max(ks):
+            if all(c.done() for c in picks):
                 break
             x = head.fuse(g, self._embed(tokens.unsqueeze(1)))
             q, k, v = head.qkv_at(x, pos)
@@ -216,7 +220,7 @@ class EagleProposer(Proposer):
             past_pos = torch.cat([past_pos, pos], dim=1)
             g = head.finish(x, head.attend(q, past_k, past_v, head.window_mask(pos, past_pos)))
             pos = pos + 1
-        return [c.draft(k) for c, k in zip(picks, ks, strict=True)]
+        return [c.draft() for c in picks]
 
     def _pick(self, g: torch.Tensor, chains: list[_Chain], j: int) -> torch.Tensor:
         """The j-th draft token of every chain from the head's outputs g [B, H]."""
@@ -225,6 +229,8 @@ class EagleProposer(Proposer):
         prob = 1.0 / torch.exp(logits - best.unsqueeze(-1)).sum(-1)
         tokens = self.vocab[top]
         for b, chain in enumerate(chains):
+            if chain.done():  # its batch-mates draft on; its token only feeds the next step
+                continue
             if chain.plain:
                 chain.add(int(tokens[b]), float(prob[b]))
             else:
@@ -237,9 +243,11 @@ class _Chain:
     """One sequence's drafts in a `propose` call."""
 
     seq: Sequence
+    k: int  # the most tokens to draft
     tokens: list[int] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
     dead: bool = False  # the request's processors allowed no draft id: nothing more to add
+    reach: float = 1.0  # the head's probability of the whole chain so far
 
     @property
     def plain(self) -> bool:
@@ -250,6 +258,12 @@ class _Chain:
     def add(self, token: int, confidence: float) -> None:
         self.tokens.append(token)
         self.confidence.append(confidence)
+        self.reach *= confidence
+
+    def done(self) -> bool:
+        """Drafted k, or the chain is too unlikely to be accepted this far for another token
+        to pay for its drafting (EAGLE-2's dynamic depth, on a chain)."""
+        return self.dead or len(self.tokens) >= self.k or self.reach < CONTINUE_ABOVE
 
     def sample(self, logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, j: int) -> int:
         """The engine sampler's pick from the head's logits (see the module docstring)."""
@@ -269,8 +283,8 @@ class _Chain:
         self.add(token, float(torch.softmax(z, dim=-1)[token]))
         return token
 
-    def draft(self, k: int) -> Draft:
-        return Draft(tokens=self.tokens[:k], confidence=self.confidence[:k])
+    def draft(self) -> Draft:
+        return Draft(tokens=self.tokens, confidence=self.confidence)
 
 
 def _padded_cache(

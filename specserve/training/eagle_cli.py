@@ -10,8 +10,8 @@ from typing import Any
 from specserve.models.loader import resolve_model_dir
 from specserve.speculation.eagle import DEFAULT_DEPTH
 from specserve.training.eagle_train import EagleReport, train_eagle
-from specserve.training.medusa_cli import DEFAULT_BASE_NAME
-from specserve.training.medusa_options import DEFAULT_MIX, WORKLOADS, TrainOptions
+from specserve.training.medusa_cli import DEFAULT_BASE_NAME, add_collect_args, train_options
+from specserve.training.medusa_options import TrainOptions
 
 EPOCHS = 20
 LR = 2e-3
@@ -43,41 +43,19 @@ def add_eagle_parser(subparsers: Any) -> None:
     p.add_argument("--lr", type=float, default=LR, help="peak learning rate (one-cycle)")
     p.add_argument("--sequences-per-step", type=int, default=2, help="continuations per step")
     p.add_argument(
-        "--max-prompt-tokens", type=int, default=d.max_prompt_tokens, help="skip longer prompts"
-    )
-    p.add_argument("--concurrency", type=int, default=d.concurrency, help="sequences at once")
-    p.add_argument("--seed", type=int, default=d.seed, help="workload seed (bench uses 0)")
-    p.add_argument(
-        "--workload",
-        action="append",
-        choices=WORKLOADS,
-        help="repeatable; named twice = twice the prompts; unset: "
-        + ", ".join(f"{w} x{DEFAULT_MIX.count(w)}" for w in WORKLOADS),
-    )
-    p.add_argument(
         "--data",
         type=Path,
         default=None,
         help="file keeping the collected continuations: read when it holds ones for this base "
         "and these options, else written",
     )
-    p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    add_collect_args(p)
     p.set_defaults(func=cmd_train_eagle)
 
 
 def cmd_train_eagle(args: argparse.Namespace) -> int:
     try:
-        options = TrainOptions(
-            prompts=args.prompts,
-            new_tokens=args.new_tokens,
-            epochs=args.epochs,
-            lr=args.lr,
-            max_prompt_tokens=args.max_prompt_tokens,
-            concurrency=args.concurrency,
-            seed=args.seed,
-            workloads=tuple(args.workload or DEFAULT_MIX),
-            num_threads=args.num_threads,
-        )
+        options = train_options(args)
         if min(args.depths, args.window, args.intermediate_size, args.sequences_per_step) < 1:
             raise ValueError(
                 "need --depths, --window, --intermediate-size, --sequences-per-step >= 1"

@@ -134,15 +134,7 @@ def _continuations(
     engine: Any, base_dir: Path, opts: TrainOptions, data: Path | None, progress: bool
 ) -> list[Continuation]:
     """Collected continuations, read from `data` when it holds ones for this base and options."""
-    collecting = (
-        "prompts",
-        "new_tokens",
-        "heldout_every",
-        "max_prompt_tokens",
-        "seed",
-        "workloads",
-    )
-    key = {"base": fingerprint(base_dir), **{f: repr(getattr(opts, f)) for f in collecting}}
+    key = data_key(base_dir, opts)
     if data is not None and data.is_file():
         saved = torch.load(data, weights_only=True)
         if saved.get("key") == key:

@@ -33,6 +33,13 @@ def add_medusa_parser(subparsers: Any) -> None:
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the positions")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (one-cycle)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="positions per step")
+    add_collect_args(p)
+    p.set_defaults(func=cmd_train_medusa)
+
+
+def add_collect_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the collection both trainers share (prompts, workloads, threads)."""
+    d = TrainOptions()
     p.add_argument(
         "--max-prompt-tokens", type=int, default=d.max_prompt_tokens, help="skip longer prompts"
     )
@@ -46,23 +53,27 @@ def add_medusa_parser(subparsers: Any) -> None:
         + ", ".join(f"{w} x{DEFAULT_MIX.count(w)}" for w in WORKLOADS),
     )
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
-    p.set_defaults(func=cmd_train_medusa)
+
+
+def train_options(args: argparse.Namespace, **more: Any) -> TrainOptions:
+    """TrainOptions from the parsed flags (`more`: a trainer's own fields)."""
+    return TrainOptions(
+        prompts=args.prompts,
+        new_tokens=args.new_tokens,
+        epochs=args.epochs,
+        lr=args.lr,
+        max_prompt_tokens=args.max_prompt_tokens,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        workloads=tuple(args.workload or DEFAULT_MIX),
+        num_threads=args.num_threads,
+        **more,
+    )
 
 
 def cmd_train_medusa(args: argparse.Namespace) -> int:
     try:
-        options = TrainOptions(
-            prompts=args.prompts,
-            new_tokens=args.new_tokens,
-            epochs=args.epochs,
-            lr=args.lr,
-            batch_size=args.batch_size,
-            max_prompt_tokens=args.max_prompt_tokens,
-            concurrency=args.concurrency,
-            seed=args.seed,
-            workloads=tuple(args.workload or DEFAULT_MIX),
-            num_threads=args.num_threads,
-        )
+        options = train_options(args, batch_size=args.batch_size)
         base_dir = resolve_model_dir(args.model)
         report = train_medusa(
             base_dir,

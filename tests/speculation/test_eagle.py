@@ -52,12 +52,18 @@ def _target() -> Any:
     )
 
 
+@pytest.fixture
+def full_chains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random heads are unsure of everything: draft every chain to its k."""
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+
+
 def _seq(outputs: list[int], seq_id: int = 0) -> Sequence:
     return Sequence(seq_id, f"r{seq_id}", [1, 2, 3], SamplingParams(), output_ids=list(outputs))
 
 
 @pytest.mark.parametrize("window", [64, 4])
-def test_drafts_follow_the_chain_training_unrolls(window: int) -> None:
+def test_drafts_follow_the_chain_training_unrolls(window: int, full_chains: None) -> None:
     head, target = _head(window), _target()
     proposer = EagleProposer(head, target, None)
     features = torch.randn(12, HIDDEN)
@@ -89,7 +95,7 @@ def test_drafts_follow_the_chain_training_unrolls(window: int) -> None:
 
 
 @pytest.mark.parametrize("window", [64, 4])
-def test_history_kept_across_steps_equals_one_pass(window: int) -> None:
+def test_history_kept_across_steps_equals_one_pass(window: int, full_chains: None) -> None:
     head, target = _head(window), _target()
     features = torch.randn(12, HIDDEN)
     tokens = [3 + 2 * (i % 17) for i in range(12)]
@@ -107,7 +113,7 @@ def test_history_kept_across_steps_equals_one_pass(window: int) -> None:
     assert a[0].scores == pytest.approx(b[0].scores, rel=1e-5)
 
 
-def test_batched_drafts_equal_drafts_alone() -> None:
+def test_batched_drafts_equal_drafts_alone(full_chains: None) -> None:
     head, target = _head(), _target()
     together, alone = EagleProposer(head, target, None), EagleProposer(head, target, None)
     seqs = [_seq([3 + 2 * ((i * s) % 17) for i in range(n)], s) for s, n in ((0, 5), (1, 9))]
@@ -121,7 +127,7 @@ def test_batched_drafts_equal_drafts_alone() -> None:
         assert x.tokens == y.tokens and x.scores == pytest.approx(y.scores, rel=1e-5)
 
 
-def test_a_gap_or_a_release_starts_the_history_over() -> None:
+def test_a_gap_or_a_release_starts_the_history_over(full_chains: None) -> None:
     head, target = _head(), _target()
     proposer = EagleProposer(head, target, None)
     seq = _seq([5, 7, 9])
@@ -136,7 +142,30 @@ def test_a_gap_or_a_release_starts_the_history_over() -> None:
         proposer.sync(_seq([5]), torch.randn(2, HIDDEN))
 
 
-def test_sampled_drafts_are_the_samplers_pick_under_the_targets_noise() -> None:
+def test_a_chain_stops_where_the_head_doubts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    head, target = _head(), _target()
+    seqs = [_seq([5, 7, 9], 0), _seq([5, 7, 11], 1)]
+    full = EagleProposer(head, target, None)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    feats = torch.randn(3, HIDDEN)
+    for s in seqs:
+        full.sync(s, feats)
+    chains = full.propose(seqs, [4, 4])
+    threshold = 0.5 * float(torch.tensor(chains[0].scores[:2]).prod())
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", threshold)
+    cut = EagleProposer(head, target, None)
+    for s in seqs:
+        cut.sync(s, feats)
+    a, b = cut.propose(seqs, [4, 4])
+    # reach after 2 tokens is above the threshold, after 3 below it: 3 tokens, the third's
+    # probability included; the batch-mate's chain is cut where its own reach falls
+    assert a.tokens == chains[0].tokens[:3] and a.scores == chains[0].scores[:3]
+    reach = torch.tensor(chains[1].scores).cumprod(0)
+    n = next((i + 1 for i, r in enumerate(reach.tolist()) if r < threshold), 4)
+    assert b.tokens == chains[1].tokens[:n]
+
+
+def test_sampled_drafts_are_the_samplers_pick_under_the_targets_noise(full_chains: None) -> None:
     head, target = _head(), _target()
     params = SamplingParams(temperature=0.9, seed=7)
     seq = Sequence(0, "r0", [1, 2], params, output_ids=[5, 7, 9])
