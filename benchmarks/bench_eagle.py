@@ -98,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
     print(machine_lines(info))
+    print()
     print("| B | k | drafting ms/step | ms per drafted token | target step ms | token cost |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:

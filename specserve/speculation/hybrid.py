@@ -1,14 +1,15 @@
 """`HybridProposer`: per sequence and step, the suffix lookup's draft or the EAGLE head's.
 
-Lookup is nearly free and excellent where the output copies its context; the head costs a few
-percent of a target step per drafted token and is the only one with something to say on free
-text. Each source keeps its own online calibration (confidence bucket -> observed acceptance),
-fed in `sync` by comparing the draft it proposed with the tokens the target committed. Per
-sequence the lookup proposes first; the head runs only where the lookup's expected accepted
+Lookup is nearly free and excellent where the output copies its context; the head costs about
+a tenth of a target step per drafted token (benchmarks/bench_eagle.py) and is the only one with
+something to say on free text. Each source keeps its own online calibration (confidence bucket
+-> observed acceptance), fed in `sync` by comparing the draft it proposed, served or not, with
+the tokens the target committed (the target's own continuation whichever draft it verified).
+Per sequence the lookup proposes first; the head runs only where the lookup's expected accepted
 length is below what the head has been achieving in that sequence (a running mean of its
 accepted tokens per draft, from an optimistic prior) less the head's drafting cost in tokens,
-and then the draft with the larger expected accepted length serves. The draft's confidences are the
-chosen source's calibrated probabilities, so the engine's policy reads one scale.
+and then the draft with the larger expected accepted length serves. The draft's confidences
+are the chosen source's calibrated probabilities, so the engine's policy reads one scale.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 
 @dataclass(frozen=True)
 class _Proposed:
-    source: str  # "lookup" or "head"
     tokens: list[int]
     raw: list[float]  # the source's own confidences, the calibration's keys
 
@@ -57,7 +57,9 @@ class HybridProposer(Proposer):
         self.lookup, self.head = lookup, head
         self.calibration = {"lookup": Calibration(), "head": Calibration()}
         self.chosen = {"lookup": 0, "head": 0}
-        self._proposed: dict[int, _Proposed] = {}
+        # seq_id -> each source's draft this step, chosen or not: the committed tokens are the
+        # target's own continuation either way, so both sources learn from every step
+        self._proposed: dict[int, dict[str, _Proposed]] = {}
         # seq_id -> the head's accepted tokens per draft in this sequence, a running mean (from
         # HEAD_PRIOR: each sequence tries the head until its own outcomes say otherwise)
         self._head_mean: dict[int, float] = {}
@@ -77,12 +79,14 @@ class HybridProposer(Proposer):
             # the head's drafting is paid once asked: the draft expected to keep more serves
             head_value = _expected(self._calibrated("head", head))
             source, draft = ("head", head) if head_value > value else ("lookup", look)
+            drafted = {"lookup": look, "head": head}
+            self._proposed[seq.seq_id] = {
+                name: _Proposed(d.tokens, d.scores) for name, d in drafted.items() if d.tokens
+            }
             if not draft.tokens:
-                self._proposed.pop(seq.seq_id, None)
                 out.append(draft)
                 continue
             self.chosen[source] += 1
-            self._proposed[seq.seq_id] = _Proposed(source, draft.tokens, draft.scores)
             calibrated = self._calibrated(source, draft)
             out.append(Draft(draft.tokens, draft.probs, calibrated))
         return out
@@ -96,21 +100,19 @@ class HybridProposer(Proposer):
         self.head.sync(seq, hidden)
 
     def _observe(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        """Record how the draft proposed for `seq` fared: the committed tokens of this step (one
+        """Record how each source's draft for `seq` fared: the committed tokens of this step (one
         per hidden row) against it; positions past them were not verified."""
-        proposed = self._proposed.pop(seq.seq_id, None)
-        if proposed is None:
-            return
         rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
         committed = seq.output_ids[len(seq.output_ids) - rows :]
-        seen = min(len(proposed.tokens), len(committed))
-        right = 0
-        while right < seen and proposed.tokens[right] == committed[right]:
-            right += 1
-        self.calibration[proposed.source].record(proposed.raw[:seen], right)
-        if proposed.source == "head":
-            mean = self._head_mean.get(seq.seq_id, HEAD_PRIOR)
-            self._head_mean[seq.seq_id] = mean + HEAD_RATE * (right - mean)
+        for source, proposed in self._proposed.pop(seq.seq_id, {}).items():
+            seen = min(len(proposed.tokens), len(committed))
+            right = 0
+            while right < seen and proposed.tokens[right] == committed[right]:
+                right += 1
+            self.calibration[source].record(proposed.raw[:seen], right)
+            if source == "head":
+                mean = self._head_mean.get(seq.seq_id, HEAD_PRIOR)
+                self._head_mean[seq.seq_id] = mean + HEAD_RATE * (right - mean)
 
     def release(self, seq: Sequence) -> None:
         self._proposed.pop(seq.seq_id, None)

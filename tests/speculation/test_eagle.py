@@ -271,6 +271,23 @@ def test_hybrid_calibrates_each_source_on_what_the_target_committed() -> None:
     assert hybrid._head_mean == {} and hybrid._proposed == {}
 
 
+def test_hybrid_learns_from_the_draft_it_did_not_serve() -> None:
+    # fresh calibrations (prior (1 + c) / 2): both worth 0.5; a tie keeps the free lookup
+    look = _Fixed("suffix", Draft([7], confidence=[0.0]))
+    head = _Fixed("eagle", Draft([4], confidence=[0.0]))
+    hybrid = HybridProposer(look, head)  # type: ignore[arg-type]
+    seq = _seq([1, 2])
+    assert hybrid.propose([seq], [2])[0].tokens == [7]  # the lookup serves, the head was asked
+    assert head.asked == [[2]] and hybrid.chosen == {"lookup": 1, "head": 0}
+    hybrid.sync(_seq([1, 2, 4, 5]), torch.zeros(2, 4))  # the target went the head's way
+    head_row, look_row = (
+        hybrid.calibration["head"].table()[0],
+        hybrid.calibration["lookup"].table()[0],
+    )
+    assert (head_row.tested, head_row.accepted) == (1, 1)
+    assert (look_row.tested, look_row.accepted) == (1, 0)
+
+
 def test_hybrid_stops_asking_the_head_in_a_sequence_where_it_fails() -> None:
     head = _Fixed("eagle", Draft([7, 8, 9], confidence=[0.5, 0.5, 0.5]))
     hybrid = HybridProposer(_Fixed("suffix", Draft([])), head)  # type: ignore[arg-type]
