@@ -55,9 +55,9 @@ BAD = [
         "f.yaml: pool 'a', field speculat: Extra inputs are not permitted",
     ),
     (
-        {"default_pool": "a", "pools": {"a": {"proposer": "eagle"}}},
+        {"default_pool": "a", "pools": {"a": {"proposer": "lookahead"}}},
         "f.yaml: pool 'a', field proposer: Input should be "
-        "'auto', 'ngram', 'suffix', 'draft' or 'medusa'",
+        "'auto', 'ngram', 'suffix', 'draft', 'medusa', 'eagle' or 'hybrid'",
     ),
     (
         {"default_pool": "a", "pools": {"a": {"speculate": -1}}},
