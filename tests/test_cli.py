@@ -143,6 +143,8 @@ CHANGED = EngineConfig(
         draft_model="/models/d",
         medusa="/heads",
         force_medusa=True,
+        eagle="/eagle-head",
+        force_eagle=True,
         ngram_max=3,
         suffix_cache_tokens=99,
     ),
