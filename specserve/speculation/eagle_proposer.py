@@ -20,6 +20,7 @@ are distributed right but are not the same tokens).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha25
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.loader import resolve_model_dir
 from specserve.request import Sequence
-from specserve.runner.sampler import SampleRow, processed_logits, sample_row
+from specserve.runner.sampler import SampleRow, sample_row
 from specserve.speculation.eagle import (
     CONFIG_FILE,
     HEAD_FILE,
@@ -124,7 +125,8 @@ class EagleProposer(Proposer):
 
     # ------------------------------------------------------------------------- protocol
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        rows = hidden.reshape(-1, hidden.shape[-1]).detach().float()
+        # a copy: a view would keep the whole step's hidden states alive until the next proposal
+        rows = hidden.reshape(-1, hidden.shape[-1]).detach().to(torch.float32, copy=True)
         n = len(seq.output_ids)
         if len(rows) > n:
             raise ValueError(f"{len(rows)} feature rows for {n} output tokens")
@@ -268,20 +270,17 @@ class _Chain:
     def sample(self, logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, j: int) -> int:
         """The engine sampler's pick from the head's logits (see the module docstring)."""
         seq = self.seq
-        if self.dead:
-            return 0
         full = torch.full((vocab_size,), float("-inf"))
         full[vocab] = logits
         row = SampleRow(
             seq.params, seq.token_ids + self.tokens, len(seq.output_ids) + j, seq.logits_processors
         )
-        z = processed_logits(full, row)
-        if not torch.isfinite(z).any():  # the request allows no draft id here: the chain ends
+        picked = sample_row(full, row)
+        if not math.isfinite(picked.logprob):  # the request allows no draft id: the chain ends
             self.dead = True
             return 0
-        token = sample_row(full, row).token
-        self.add(token, float(torch.softmax(z, dim=-1)[token]))
-        return token
+        self.add(picked.token, math.exp(picked.logprob))
+        return picked.token
 
     def draft(self) -> Draft:
         return Draft(tokens=self.tokens, confidence=self.confidence)

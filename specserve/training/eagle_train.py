@@ -43,6 +43,7 @@ from specserve.training.medusa_data import (
     draft_vocab,
     recording_engine,
     training_prompts,
+    vocab_head,
 )
 from specserve.training.medusa_options import TrainOptions
 from specserve.training.medusa_train import rounded
@@ -107,17 +108,18 @@ def train_eagle(
         )
     model = engine.res.model
     vocab = draft_vocab(train_set)
-    cols = _vocab_columns(model, vocab)
+    scores = vocab_head(model.lm_head, vocab)  # frozen: [..., H] -> [..., K]
     head = EagleHead(HeadShape.for_target(model.arch, intermediate_size, window))
     head.draft_vocab = vocab
     _initialise(head, model)
-    embed = _embedder(model)
-    train = [_batch(chunk, vocab, embed) for chunk in _chunks(train_set, sequences_per_step)]
+    train = [
+        _batch(chunk, vocab, model.embed_tokens) for chunk in _chunks(train_set, sequences_per_step)
+    ]
     started = time.perf_counter()
-    _fit(head, cols, train, depths, opts, progress)
+    _fit(head, scores, train, depths, opts, progress)
     train_s = time.perf_counter() - started
-    held = [(c.workload, _batch([c], vocab, embed)) for c in held_set]
-    report = _evaluate(head, cols, held, depths, vocab, collect_s, train_s)
+    held = [(c.workload, _batch([c], vocab, model.embed_tokens)) for c in held_set]
+    report = _evaluate(head, scores, held, depths, vocab, collect_s, train_s)
     report = dataclasses.replace(report, train_positions=sum(len(c.tokens) - 1 for c in train_set))
     cfg = EagleConfig(
         head.shape,
@@ -159,26 +161,13 @@ def data_key(base_dir: Path, opts: TrainOptions) -> dict[str, Any]:
     return {"base": fingerprint(base_dir), **{f: repr(getattr(opts, f)) for f in collecting}}
 
 
-def _vocab_columns(model: Any, vocab: torch.Tensor) -> torch.Tensor:
-    from specserve.models.block_linear import linear_weight
-
-    return linear_weight(model.lm_head).detach()[vocab].T.float().contiguous()  # [H, K]
-
-
-def _embedder(model: Any) -> Any:
-    def embed(ids: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return model.embed_tokens(ids).float()
-
-    return embed
-
-
 def _chunks(conts: list[Continuation], n: int) -> list[list[Continuation]]:
     ordered = sorted(conts, key=lambda c: len(c.tokens))  # similar lengths pad little
     return [ordered[i : i + n] for i in range(0, len(ordered), n)]
 
 
-def _batch(conts: list[Continuation], vocab: torch.Tensor, embed: Any) -> Batch:
+@torch.no_grad()
+def _batch(conts: list[Continuation], vocab: torch.Tensor, embed: torch.nn.Module) -> Batch:
     """Pairs (f_p, x_p) for p < len - 1 of each continuation, padded to one length."""
     t = max(len(c.tokens) - 1 for c in conts)
     h = conts[0].hidden.shape[-1]
@@ -191,7 +180,7 @@ def _batch(conts: list[Continuation], vocab: torch.Tensor, embed: Any) -> Batch:
         n = len(c.tokens) - 1
         ids = torch.tensor(c.tokens)
         features[b, :n] = c.hidden[:n].float()
-        embeddings[b, :n] = embed(ids[:n])
+        embeddings[b, :n] = embed(ids[:n]).float()
         nxt = ids[1:]
         pos = torch.searchsorted(vocab, nxt).clamp(max=len(vocab) - 1)
         targets[b, :n] = torch.where(vocab[pos] == nxt, pos, IGNORE)
@@ -250,7 +239,7 @@ def depth_targets(batch: Batch, j: int) -> torch.Tensor:
 
 def _fit(
     head: EagleHead,
-    cols: torch.Tensor,
+    scores: torch.nn.Module,
     batches: list[Batch],
     depths: int,
     opts: TrainOptions,
@@ -268,12 +257,12 @@ def _fit(
                 batch = batches[i]
                 loss = torch.zeros(())
                 with torch.no_grad():
-                    soft = (batch.teacher @ cols).softmax(-1)  # [B, T, K]
+                    soft = scores(batch.teacher).softmax(-1)  # [B, T, K]
                 known = batch.teacher.abs().sum(-1) > 0  # f_{p+1} recorded
                 for j, out in enumerate(unrolled(head, batch, depths)):
                     scored = known & (depth_targets(batch, j) != IGNORE)
                     if scored.any():
-                        ce = F.cross_entropy(out[scored] @ cols, soft[scored])
+                        ce = F.cross_entropy(scores(out[scored]), soft[scored])
                         reg = F.smooth_l1_loss(out[scored], batch.teacher[scored])
                         loss = loss + DEPTH_WEIGHT**j * (ce + reg)
                 opt.zero_grad(set_to_none=True)
@@ -287,7 +276,7 @@ def _fit(
 @torch.no_grad()
 def _evaluate(
     head: EagleHead,
-    cols: torch.Tensor,
+    scores: torch.nn.Module,
     held: list[tuple[str, Batch]],
     depths: int,
     vocab: torch.Tensor,
@@ -301,7 +290,7 @@ def _evaluate(
     for workload, batch in held:
         correct = []  # per depth [T] bool, at the position the depth scores
         for j, out in enumerate(unrolled(head, batch, depths)):
-            logits = (out @ cols)[0]
+            logits = scores(out)[0]
             t = depth_targets(batch, j)[0]
             scored = t != IGNORE
             scored[:j] = False
