@@ -7,7 +7,10 @@ take turns wave by wave, in a rotated order, so that drift in the machine's spee
 moves all three alike. Every
 request is a hand-written chat prompt (text no built-in workload uses) rendered by the model's
 template, greedy, EOS ignored, 128 new tokens, speculation off, no prefix cache (each prompt is
-sent more than once). A concurrency-c cell sends c requests at once, `--waves` times.
+sent more than once). A concurrency-c cell sends c requests at once, `--waves` times, and at
+least often enough that each side serves `--min-requests` requests: a p99 over three batch-1
+requests (381 gaps) is their fourth-largest gap, and which three requests ran, on a machine whose
+speed drifts from one second to the next, moves it by more than the 1.5x target's margin.
 
 Per side: aggregate tok/s (tokens / wall time of the waves), end-to-end tok/s per request
 (tokens / (finish - send)), and where token times are seen (in process, streaming), decode
@@ -18,7 +21,7 @@ three sides are compared token for token.
 The load generator shares the machine with the server: it uses no torch, one thread, httpx.
 
 Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
-    [--concurrency 1,16] [--waves 3] [--json FILE]
+    [--concurrency 1,16] [--waves 3] [--min-requests 16] [--json FILE]
 """
 
 from __future__ import annotations
@@ -214,7 +217,9 @@ def render(texts: list[str]) -> list[str]:
 SIDES = ("in process", "HTTP streaming", "HTTP non-streaming")
 
 
-def run_threads(threads: int, concs: list[int], waves: int, log: Path) -> list[Cell]:
+def run_threads(
+    threads: int, concs: list[int], waves: int, min_requests: int, log: Path
+) -> list[Cell]:
     """Waves interleaved: each wave runs on the three sides back to back, the side order rotated
     from wave to wave, so that a machine getting slower or faster during the run moves all three
     alike. The server idles while the engine in this process runs, and the other way round."""
@@ -247,7 +252,7 @@ def run_threads(threads: int, concs: list[int], waves: int, log: Path) -> list[C
             walls = dict.fromkeys(SIDES, 0.0)
             cpus: dict[str, float | None] = dict.fromkeys(SIDES)
             runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in SIDES}
-            for w in range(waves):
+            for w in range(max(waves, -(-min_requests // conc))):
                 batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
                 for side in SIDES[w % 3 :] + SIDES[: w % 3]:
                     wall, cpu, wave_runs, wave_outputs = sides[side](batch)
@@ -277,15 +282,22 @@ def report(info: dict[str, Any], cells: list[Cell]) -> str:
         ref = base[(c.threads, c.concurrency)]
         rate = (lambda x: x.e2e_tok_s) if c.concurrency == 1 else (lambda x: x.aggregate_tok_s)
         fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        tail = (
+            "-"
+            if c.itl_p99_ms is None or not c.itl_p50_ms
+            else f"{c.itl_p99_ms / c.itl_p50_ms:.2f}"
+        )
         rows.append([
             str(c.threads), str(c.concurrency), c.side, f"{c.aggregate_tok_s:.1f}",
             f"{c.e2e_tok_s:.1f}", fmt(c.decode_tok_s), fmt(c.itl_p50_ms), fmt(c.itl_p99_ms),
+            tail,
             "-" if c.client_cpu_ms is None else f"{c.client_cpu_ms:.2f}",
             f"{rate(c) / rate(ref):.2f}x",
         ])  # fmt: skip
     header = [
         "threads", "concurrency", "side", "aggregate tok/s", "e2e tok/s per request",
-        "decode tok/s", "ITL p50 ms", "ITL p99 ms", "client CPU ms/token", "/ in process",
+        "decode tok/s", "ITL p50 ms", "ITL p99 ms", "p99 / p50", "client CPU ms/token",
+        "/ in process",
     ]  # fmt: skip
     return machine_lines(info) + "\n\n" + markdown_table(header, rows)
 
@@ -297,6 +309,9 @@ def main() -> None:
     p.add_argument("--threads", default="1,2", help="compute threads, comma-separated")
     p.add_argument("--concurrency", default="1,16", help="comma-separated")
     p.add_argument("--waves", type=int, default=3, help="rounds of `concurrency` requests")
+    p.add_argument(
+        "--min-requests", type=int, default=16, help="at least this many requests per side and cell"
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--logs", default="/tmp")
     args = p.parse_args()
@@ -305,7 +320,9 @@ def main() -> None:
     cells = [
         cell
         for threads in (int(t) for t in args.threads.split(","))
-        for cell in run_threads(threads, concs, args.waves, Path(args.logs) / "bench-serving.log")
+        for cell in run_threads(
+            threads, concs, args.waves, args.min_requests, Path(args.logs) / "bench-serving.log"
+        )
     ]
     print(report(info, cells))
     if args.json:
