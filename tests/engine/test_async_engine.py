@@ -245,32 +245,67 @@ def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
     assert steps >= 16 and wake_ups <= steps  # four requests' outputs, one wake-up a step
 
 
-def test_hand_over_is_done_after_the_woken_consumers_ran() -> None:
-    """The step thread's wait ends only once the loop has run the consumers a hand-over woke."""
-    from specserve.engine.async_engine import _hand_over
+def test_hand_over_is_done_once_every_consumer_came_back() -> None:
+    """The step thread's wait ends only once each consumer a hand-over woke has done its work
+    (however many loop passes framing and the socket write take) and come back for more."""
+    from specserve.engine.async_engine import _hand_over, _Ticket
 
     async def main() -> list[bool]:
         loop = asyncio.get_running_loop()
-        queues: list[asyncio.Queue[RequestOutput]] = [asyncio.Queue() for _ in range(3)]
+        queues: list[asyncio.Queue[tuple[RequestOutput, _Ticket]]] = [
+            asyncio.Queue() for _ in range(3)
+        ]
         done = threading.Event()
         seen: list[bool] = []
 
-        async def consumer(q: asyncio.Queue[RequestOutput]) -> None:
-            await q.get()
-            await asyncio.sleep(0)  # one more hop, as a framing coroutine would take
+        async def consumer(q: asyncio.Queue[tuple[RequestOutput, _Ticket]], hops: int) -> None:
+            _, ticket = await q.get()
+            for _ in range(hops):  # framing, middleware, the write: passes of the loop
+                await asyncio.sleep(0)
             seen.append(done.is_set())
+            ticket.release()
 
-        tasks = [asyncio.ensure_future(consumer(q)) for q in queues]
+        tasks = [asyncio.ensure_future(consumer(q, 2 + 3 * i)) for i, q in enumerate(queues)]
         await asyncio.sleep(0)  # every consumer waits on its queue
         out = RequestOutput("r", [1], "a", False, None, 1, 1)
         items = [(q, out) for q in queues]
-        await asyncio.to_thread(loop.call_soon_threadsafe, _hand_over, loop, items, done)
+        await asyncio.to_thread(loop.call_soon_threadsafe, _hand_over, items, done)
         await asyncio.gather(*tasks)
-        await asyncio.to_thread(done.wait, 10)
-        assert done.is_set()
+        assert done.is_set()  # the last one back set it, on the loop
         return seen
 
     assert asyncio.run(main()) == [False, False, False]
+
+
+def test_generate_releases_its_ticket_when_the_caller_comes_back_or_leaves(
+    tiny_llama: Path,
+) -> None:
+    from specserve.engine import async_engine
+
+    released: list[int] = []
+    release = async_engine._Ticket.release
+
+    def counted(ticket: async_engine._Ticket) -> None:
+        released.append(1)
+        release(ticket)
+
+    front = AsyncEngine(make_engine(tiny_llama))
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+
+    async def main() -> tuple[int, int]:
+        outputs = [o async for o in front.generate([5, 6, 7], params)]
+        early = front.generate([5, 6, 8], params)
+        await anext(early)  # the caller leaves after its first output
+        await early.aclose()
+        await front.shutdown()
+        return len(outputs), 1
+
+    try:
+        async_engine._Ticket.release = counted  # type: ignore[method-assign]
+        finished, left = asyncio.run(main())
+    finally:
+        async_engine._Ticket.release = release  # type: ignore[method-assign]
+    assert len(released) == finished + left  # every output's ticket, the abandoned one too
 
 
 def test_the_step_thread_builds_the_engine_and_its_errors_reach_the_caller(
