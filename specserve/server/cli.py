@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import asdict
 from types import FrameType
 from typing import Any
@@ -83,8 +83,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app.state.ctx.service,
         args.drain_timeout,
     )
-    asyncio.run(_serve(server, async_engine))
+    run_loop(_serve(server, async_engine))
     return 0
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` on uvloop where it is installed, else on asyncio's own loop. Measured on 2
+    cores, batch-1 streaming, the step thread's time between the end of one step and the start
+    of the next (the hand-over and the loop's work for it, done while no parallel region runs)
+    was 0.13-0.15 ms a token on uvloop against 0.64-0.91 ms on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 # Seconds given, after the drain, to the last aborted responses and to the engine thread.
