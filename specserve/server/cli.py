@@ -88,7 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run `main` on uvloop where it is installed, else on asyncio's own loop. Measured on 2
+    """Run `main` on uvloop where it is installed, else on asyncio's own loop. Measured ad hoc on 2
     cores, batch-1 streaming, the step thread's time between the end of one step and the start
     of the next (the hand-over and the loop's work for it, done while no parallel region runs)
     was 0.13-0.15 ms a token on uvloop against 0.64-0.91 ms on asyncio's loop."""
