@@ -1,0 +1,54 @@
+"""The serving benchmark's stream reader: events parsed after the reply, stamped by their read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.bench_serving import sse_tokens
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(payload: object) -> bytes:
+    event = b"data:" + json.dumps(payload).encode() + b"\n\n"
+    return f"{len(event):x}\r\n".encode() + event + b"\r\n"
+
+
+def token(token_id: int) -> bytes:
+    return chunk({"token": {"id": token_id}})
+
+
+def test_each_token_gets_the_time_of_the_read_that_completed_its_chunk() -> None:
+    one, two, three = token(7), token(8), token(9)
+    reads = [
+        (1.0, HEAD + one[:10]),  # the first event, cut in its middle
+        (2.0, one[10:] + two),  # ...completed here, with all of the second
+        (3.0, three[:-2]),  # the third's data, but not its chunk's CRLF
+        (4.0, three[-2:] + b"0\r\n\r\n"),
+    ]
+    assert sse_tokens(reads) == ([2.0, 2.0, 3.0], [7, 8, 9])
+
+
+def test_an_event_split_over_two_chunks_is_stamped_by_the_second() -> None:
+    event = b'data:{"token": {"id": 5}}\n\n'
+    first, second = event[:12], event[12:]
+    reads = [
+        (1.0, HEAD + f"{len(first):x}\r\n".encode() + first + b"\r\n"),
+        (2.0, f"{len(second):x}\r\n".encode() + second + b"\r\n0\r\n\r\n"),
+    ]
+    assert sse_tokens(reads) == ([2.0], [5])
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (b"HTTP/1.1 422 Unprocessable\r\ncontent-length: 0\r\n\r\n", "answered"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", "chunked"),
+        (HEAD + token(1) + chunk({"error": "boom"}) + b"0\r\n\r\n", "boom"),
+    ],
+)
+def test_a_failed_reply_raises(reply: bytes, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        sse_tokens([(1.0, reply)])
