@@ -11,6 +11,8 @@ sent more than once). A concurrency-c cell sends c requests at once, `--waves` t
 least often enough that each side serves `--min-requests` requests: a p99 over three batch-1
 requests (381 gaps) is their fourth-largest gap, and which three requests ran, on a machine whose
 speed drifts from one second to the next, moves it by more than the 1.5x target's margin.
+Six waves by default: on this machine one 16-request wave ran 10-15% faster or slower than the
+next on the same side (ad hoc), and three waves a side moved the ratio by as much.
 
 Per side: aggregate tok/s (tokens / wall time of the waves), end-to-end tok/s per request
 (tokens / (finish - send)), and where token times are seen (in process, streaming), decode
@@ -22,7 +24,7 @@ The load generator shares the machine with the server and uses no torch: streame
 read on blocking sockets, one thread each (see `_stream`), non-streaming ones through httpx.
 
 Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
-    [--concurrency 1,16] [--waves 3] [--min-requests 16] [--json FILE]
+    [--concurrency 1,16] [--waves 6] [--min-requests 16] [--json FILE]
 """
 
 from __future__ import annotations
@@ -338,7 +340,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", default="1,2", help="compute threads, comma-separated")
     p.add_argument("--concurrency", default="1,16", help="comma-separated")
-    p.add_argument("--waves", type=int, default=3, help="rounds of `concurrency` requests")
+    p.add_argument("--waves", type=int, default=6, help="rounds of `concurrency` requests")
     p.add_argument(
         "--min-requests", type=int, default=16, help="at least this many requests per side and cell"
     )
