@@ -6,6 +6,7 @@ the drain test sends SIGTERM to a real `specserve serve` process.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,14 @@ from specserve.server.app import create_app
 from specserve.server.context import ServerContext
 from specserve.server.settings import ServerSettings
 from tests import http
-from tests.server.conftest import TINY_FLAGS, free_port, idle, sse_events, start_server
+from tests.server.conftest import (
+    TINY_FLAGS,
+    Server,
+    free_port,
+    idle,
+    sse_events,
+    start_server,
+)
 
 
 class ThreadServer:
@@ -168,3 +176,10 @@ def test_sigterm_drains_in_flight_requests(tiny_model: Path, tmp_path: Path) -> 
         assert "engine stopped" in server.log.read_text()
     finally:
         server.stop()
+
+
+def test_serve_freezes_what_lives_after_start_up(tiny_server: Server) -> None:
+    """A full garbage collection would walk every object of the model and its modules while
+    holding the GIL, stalling every stream: `serve` freezes them once it has started."""
+    match = re.search(r"(\d+) objects alive after start-up frozen", tiny_server.log.read_text())
+    assert match is not None and int(match[1]) > 10_000, tiny_server.log_tail()
