@@ -21,7 +21,8 @@ the end-to-end rate at concurrency 1 and of the aggregate at higher concurrency.
 three sides are compared token for token.
 
 The load generator shares the machine with the server and uses no torch: streamed requests are
-read on blocking sockets, one thread each (see `_stream`), non-streaming ones through httpx.
+read on blocking sockets, one thread each, non-streaming ones through httpx
+(`benchmarks/serving_client.py`).
 
 Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
     [--concurrency 1,16] [--waves 6] [--min-requests 16] [--json FILE]
@@ -30,24 +31,19 @@ Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
 from __future__ import annotations
 
 import argparse
-import asyncio
-import bisect
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+from benchmarks.serving_client import NEW_TOKENS, Run, over_http
 
-NEW_TOKENS = 128
 PORT = 8393
 
 # Held out: no built-in workload uses these texts.
@@ -111,11 +107,6 @@ def summarise(
     )
 
 
-# wall seconds, the load generator's CPU seconds (None in process), per request
-# (send time, token stamps), and each prompt's token ids
-Run = tuple[float, float | None, list[tuple[float, list[float]]], dict[str, list[int]]]
-
-
 def in_process(engine: Any, batch: list[str]) -> Run:
     """One wave: `batch` sent at once to the engine stepped in this process."""
     from specserve.request import SamplingParams
@@ -133,98 +124,6 @@ def in_process(engine: Any, batch: list[str]) -> Run:
             tokens[out.request_id] += out.new_token_ids
     runs = [(sent, stamps[rid]) for rid in ids]
     return time.perf_counter() - sent, None, runs, {ids[rid]: tokens[rid] for rid in ids}
-
-
-async def _one(client: httpx.AsyncClient, url: str, text: str) -> Any:
-    """One non-streaming request: the token ids arrive, all at once, with the reply."""
-    body = {
-        "inputs": text,
-        "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True, "details": True},
-    }
-    sent = time.perf_counter()
-    r = await client.post(url + "/generate", json=body)
-    r.raise_for_status()
-    done = time.perf_counter()
-    ids = [t["id"] for t in r.json()["details"]["tokens"]]
-    return text, sent, [done] * len(ids), ids
-
-
-def _stream(url: str, text: str) -> Any:
-    """POST /generate_stream over a blocking socket: stamp each read, parse after the reply ends.
-
-    The load generator's CPU comes out of the cores the server computes on, and at batch 1 it
-    runs beside every step: httpx's streaming cost ~1 ms an event on this machine, a hand-written
-    reader on an asyncio stream ~0.34 ms, the same reader on a blocking socket ~0.21 ms (ad hoc,
-    `time.process_time`). Here the work per event is one `recv` and one clock read (~0.09 ms,
-    most of it the kernel's loopback work); events are parsed once the reply has ended, each
-    stamped with the time of the read that completed it. The server cannot tell the difference:
-    the same request, the same bytes back."""
-    host, port = url.removeprefix("http://").split(":")
-    body = {"inputs": text, "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
-    payload = json.dumps(body).encode()
-    head = (
-        f"POST /generate_stream HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-    )
-    reads: list[tuple[float, bytes]] = []
-    with socket.create_connection((host, int(port))) as sock:
-        sent = time.perf_counter()
-        sock.sendall(head.encode() + payload)
-        while data := sock.recv(1 << 16):
-            reads.append((time.perf_counter(), data))
-    stamps, ids = sse_tokens(reads)
-    return text, sent, stamps, ids
-
-
-def sse_tokens(reads: list[tuple[float, bytes]]) -> tuple[list[float], list[int]]:
-    """The token events of a chunked SSE reply read as (time, bytes) pieces: per token, the time
-    of the read that held the last byte of its event's chunk, and its id."""
-    raw = b"".join(data for _, data in reads)
-    ends = list(itertools.accumulate(len(data) for _, data in reads))
-    head, _, _ = raw.partition(b"\r\n\r\n")
-    status, _, headers = head.partition(b"\r\n")
-    if b" 200 " not in status:
-        raise RuntimeError(f"/generate_stream answered {status!r}")
-    if b"transfer-encoding: chunked" not in headers.lower():
-        raise RuntimeError("expected a chunked SSE reply")
-    stamps: list[float] = []
-    ids: list[int] = []
-    pos, pending = len(head) + 4, b""
-    while size := int(raw[pos : (eol := raw.index(b"\r\n", pos))], 16):
-        pending += raw[eol + 2 : eol + 2 + size]
-        pos = eol + 2 + size + 2
-        arrived = reads[bisect.bisect_right(ends, eol + 1 + size)][0]
-        *events, pending = pending.split(b"\n\n")
-        for line in (ln for ev in events for ln in ev.split(b"\n")):
-            if line.startswith(b"data:"):
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise RuntimeError(event["error"])
-                stamps.append(arrived)
-                ids.append(event["token"]["id"])
-    return stamps, ids
-
-
-async def _non_streaming(url: str, batch: list[str]) -> tuple[float, float, list[Any]]:
-    limits = httpx.Limits(max_connections=len(batch) + 2)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        started, cpu = time.perf_counter(), time.process_time()
-        done = await asyncio.gather(*(_one(client, url, t) for t in batch))
-        return time.perf_counter() - started, time.process_time() - cpu, done
-
-
-def over_http(url: str, batch: list[str], stream: bool) -> Run:
-    """One wave: `batch` sent at once to the server; streamed, one thread per request. The
-    wall and CPU times leave out setting up the client (httpx's takes ~50 ms of CPU)."""
-    if stream:
-        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            started, cpu = time.perf_counter(), time.process_time()
-            done = list(pool.map(lambda t: _stream(url, t), batch))
-            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    else:
-        wall, cpu, done = asyncio.run(_non_streaming(url, batch))
-    runs = [(sent, stamps) for _, sent, stamps, _ in done]
-    return wall, cpu, runs, {t: ids for t, _, _, ids in done}
 
 
 def start_server(threads: int, log: Path) -> subprocess.Popen[bytes]:

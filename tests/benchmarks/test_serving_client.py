@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.bench_serving import sse_tokens
+from benchmarks.serving_client import sse_tokens
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
