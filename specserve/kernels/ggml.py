@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 # decoder.h (the stack's layers in one call) brings the paged attention kernel in as well.
-_HEADERS = ("simd.h", "q8_dot.h", "q8_matmul.h", "decoder.h", "paged_attention.c")
+_HEADERS = ("simd.h", "q8_dot.h", "x8.h", "q8_matmul.h", "decoder.h", "paged_attention.c")
 _ATTENTION_HEADERS = ("attention_simd.h", "rope.h", "mask.h")
 KERNEL = build.KernelSource(
     _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
@@ -33,21 +33,43 @@ KERNEL = build.KernelSource(
 )  # fmt: skip
 QK = 32  # weights per block
 Q8A_BYTES = 40  # a quantised activation block: float32 d, float32 s, 32 int8
+X8_ROWS = 8  # weight rows interleaved together in the *_X8 kinds
 SERIAL_DEQUANT_ROWS = 64  # fewer rows than this are decoded without a parallel region
 
 
 class BlockKind(IntEnum):
-    """GGUF quantisation types the kernels read; the value is the C enum's."""
+    """GGUF quantisation types the kernels read; the value is the C enum's. The *_X8 kinds are
+    the same blocks with rows interleaved eight at a time (`x8.h`, `repack_x8`), which the q8
+    numerics multiplies with fewer instructions per extra activation row."""
 
     Q4_1 = 0
     Q8_0 = 1
+    Q4_1_X8 = 2
+    Q8_0_X8 = 3
+
+    @property
+    def plain(self) -> BlockKind:
+        """The GGUF type the blocks hold, whatever their layout."""
+        return BlockKind(self.value - 2) if self.interleaved else self
+
+    @property
+    def interleaved(self) -> bool:
+        return self.value >= 2
+
+    @property
+    def x8(self) -> BlockKind:
+        """The interleaved form of this kind."""
+        return self if self.interleaved else BlockKind(self.value + 2)
 
     @property
     def block_bytes(self) -> int:
-        return 20 if self is BlockKind.Q4_1 else 34
+        return 34 if self.plain is BlockKind.Q8_0 else 20
 
     def row_bytes(self, in_features: int) -> int:
         return in_features // QK * self.block_bytes
+
+
+GGUF_KINDS = (BlockKind.Q4_1, BlockKind.Q8_0)  # the layouts a GGUF file stores
 
 
 @cache
@@ -66,6 +88,10 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_matmul_fused.restype = c_int
     lib.ggml_quantize_q8.argtypes = [ptr, ptr, i64, i64, c_int]
     lib.ggml_quantize_q8.restype = None
+    lib.ggml_repack_x8.argtypes = [c_int, ptr, ptr, i64, i64]
+    lib.ggml_repack_x8.restype = c_int
+    lib.ggml_gather_rows.argtypes = [c_int, ptr, ptr, i64, ptr, i64]
+    lib.ggml_gather_rows.restype = None
     lib.ggml_q8_path.argtypes = [c_int]
     lib.ggml_q8_path.restype = c_int
     lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
@@ -92,6 +118,37 @@ def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> Non
         )
     if not blocks.is_contiguous() or blocks.device.type != "cpu":
         raise ValueError("blocks must be a contiguous CPU tensor")
+    if kind.interleaved and blocks.shape[0] % X8_ROWS:
+        rows = blocks.shape[0]
+        raise ValueError(f"{kind.name} blocks need a multiple of {X8_ROWS} rows, got {rows}")
+
+
+def repack_x8(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.Tensor:
+    """Plain blocks [N, row_bytes] (N a multiple of 8) in their interleaved layout, `kind.x8`:
+    the same bytes, eight rows side by side, for the q8 numerics' kernel (layout in `x8.h`)."""
+    lib = _require()
+    check_blocks(blocks, kind, in_features)
+    if kind.interleaved or blocks.shape[0] % X8_ROWS:
+        raise ValueError(f"cannot interleave {kind.name} blocks of {blocks.shape[0]} rows")
+    out = torch.empty_like(blocks)
+    lib.ggml_repack_x8(kind.x8, blocks.data_ptr(), out.data_ptr(), blocks.shape[0], in_features)
+    return out
+
+
+def gather_rows(
+    blocks: torch.Tensor, kind: BlockKind, ids: torch.Tensor, in_features: int
+) -> torch.Tensor:
+    """Rows `ids` of `blocks` (any layout) as plain GGUF rows of `kind.plain` [len(ids), bytes].
+    `blocks` must have passed `check_blocks`; ids are checked against its rows here."""
+    lib = _require()
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= blocks.shape[0]):
+        raise IndexError(f"row ids must be in [0, {blocks.shape[0]})")
+    out = torch.empty(ids.numel(), blocks.shape[1], dtype=torch.uint8)
+    lib.ggml_gather_rows(
+        kind, blocks.data_ptr(), ids.data_ptr(), ids.numel(), out.data_ptr(), in_features
+    )
+    return out
 
 
 def matmul(
@@ -121,6 +178,8 @@ def matmul_checked(
         raise ValueError(f"activations must be float32, got {x.dtype}")
     if q8:
         return matmul_fused(x, blocks, kind, x.shape[-1], threads=threads, q8=True)
+    if kind.interleaved:
+        raise ValueError(f"{kind.name} blocks multiply in the q8 numerics only")
     x = x.contiguous()
     out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
     lib.ggml_matmul(
@@ -164,6 +223,8 @@ def matmul_fused(
         in_features, threads or torch.get_num_threads(), _ptr(norm_w), eps, int(swiglu),
         _ptr(bias), _ptr(residual), int(q8),
     )  # fmt: skip
+    if rc == -2:
+        raise ValueError(f"{kind.name} blocks multiply in the q8 numerics only")
     if rc != 0:
         raise MemoryError("block kernel could not allocate its input buffer")
     return out

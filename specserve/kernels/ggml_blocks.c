@@ -18,7 +18,8 @@
 
 #include "simd.h"
 
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
+// *_X8: the same blocks with rows interleaved eight at a time (x8.h), for the q8 numerics only.
+enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q4_1_X8 = 2, KIND_Q8_0_X8 = 3 };
 #define QK 32
 // Bytes ahead of the block being expanded to prefetch: the weights are streamed once per
 // product, and without it the loop waits on memory (3x slower once W leaves the cache).
@@ -60,9 +61,13 @@ static inline __attribute__((always_inline)) void expand(int kind, const uint8_t
     }
 }
 
-static inline int64_t block_bytes(int kind) { return kind == KIND_Q4_1 ? 20 : 34; }
+// Bytes of one plain block (x8 kinds: the per-row share of an interleaved block, the same).
+static inline int64_t block_bytes(int kind) {
+    return kind == KIND_Q4_1 || kind == KIND_Q4_1_X8 ? 20 : 34;
+}
 
 #include "q8_dot.h"
+#include "x8.h"
 
 
 // y = dot (+ bias) (+ residual), rounded in that order, as x @ W^T + b then r + y would be.
@@ -135,6 +140,24 @@ static inline __attribute__((always_inline)) void dequantize_impl(
     }
 }
 
+// dequantize_impl for interleaved weights: each row's blocks put back in GGUF's layout, expanded.
+static void dequantize_x8(int kind, const uint8_t* w, float* out, int64_t N, int64_t K,
+                          int threads) {
+    const int64_t nb = K / QK, gb = x8_block_bytes(kind);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t* g = w + (n / X8_ROWS) * nb * gb;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            uint8_t b[34];
+            __m256 v[4];
+            x8_row_block(kind, g + blk * gb, (int)(n % X8_ROWS), b);
+            expand(plain_kind(kind), b, v);
+            float* o = out + n * K + blk * QK;
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
+        }
+    }
+}
+
 // y [M, N] = x [M, K] @ W^T. K must be a multiple of 32; x and y are contiguous float32.
 void ggml_matmul(int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
                  int64_t K, int threads) {
@@ -189,6 +212,11 @@ int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int6
     for (int64_t m = 0; m < (in ? M : 0); m++)
         prepare_row(x + m * (swiglu ? 2 * K : K), in + m * K, K, norm_w, eps, swiglu);
     const float* src = in ? in : x;
+    if (is_x8(kind) && !q8) {
+        free(in);
+        free(a);
+        return -2;  // interleaved rows run in the q8 numerics only
+    }
     if (q8) {
         ggml_quantize_q8(src, a, M, K, threads);
         matmul_q8(kind, a, w, y, M, N, K, threads, bias, res);
@@ -204,7 +232,8 @@ int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int6
 
 // out [N, K] = the float32 weights of W.
 void ggml_dequantize(int kind, const uint8_t* w, float* out, int64_t N, int64_t K, int threads) {
-    if (kind == KIND_Q4_1) dequantize_impl(KIND_Q4_1, w, out, N, K, threads);
+    if (is_x8(kind)) dequantize_x8(kind, w, out, N, K, threads);
+    else if (kind == KIND_Q4_1) dequantize_impl(KIND_Q4_1, w, out, N, K, threads);
     else dequantize_impl(KIND_Q8_0, w, out, N, K, threads);
 }
 

@@ -59,9 +59,36 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
 // taking several at once to overlap their FMA chains (measured on the whole model, M = 1).
 #define Q8_CHUNK_ROWS 64
 
+// matmul_q8 on interleaved weights (x8.h): threads split the groups of eight weight rows.
+static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, int64_t M,
+                      int64_t N, int64_t K, int threads, const float* bias, const float* res) {
+    const int64_t nb = K / QK, gb = nb * x8_block_bytes(kind);
+    const int avx2 = q8_avx2;
+#pragma omp parallel num_threads(threads)
+    for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {
+        const int64_t m1 = M - m0 < Q8_CHUNK_ROWS ? M : m0 + Q8_CHUNK_ROWS;
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < N / X8_ROWS; g++) {
+            for (int64_t m = m0; m < m1;) {
+                float dots[X8_MAX_TILE * X8_ROWS];
+                const int rows = x8_tile(kind, m1 - m, w + g * gb, a + m * nb, nb, avx2, dots);
+                for (int r = 0; r < rows; r++)
+                    for (int i = 0; i < X8_ROWS; i++)
+                        store(y, bias, res, (m + r) * N + g * X8_ROWS + i, g * X8_ROWS + i,
+                              dots[X8_ROWS * r + i]);
+                m += rows;
+            }
+        }
+    }
+}
+
 // y [M, N] = a @ W^T (+ bias) (+ res), a the Q8A rows of the activations.
 static void matmul_q8(int kind, const block_q8a* a, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* bias, const float* res) {
+    if (is_x8(kind)) {
+        matmul_x8(kind, a, w, y, M, N, K, threads, bias, res);
+        return;
+    }
     const int64_t nb = K / QK, rb = nb * block_bytes(kind);
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {

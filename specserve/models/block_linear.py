@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +23,21 @@ from specserve.models.llama import LlamaForCausalLM, RMSNorm
 DIRECT_MAX_ROWS = 64
 
 
+_interleave = True  # see plain_rows()
+
+
+@contextmanager
+def plain_rows() -> Iterator[None]:
+    """BlockLinears built inside the block keep the GGUF row layout in the q8 numerics too
+    (benchmarks: the kernel before interleaving, side by side; not thread-safe)."""
+    global _interleave
+    _interleave = False
+    try:
+        yield
+    finally:
+        _interleave = True
+
+
 class BlockLinear(nn.Module):
     """y = x @ W^T (+ bias) with W held as GGUF blocks [out_features, row_bytes] (CPU, float32),
     in `numerics` (config.Numerics): q8 or exact."""
@@ -36,6 +54,11 @@ class BlockLinear(nn.Module):
     ) -> None:
         super().__init__()
         ggml.check_blocks(blocks, kind, in_features)
+        eight = blocks.shape[0] % ggml.X8_ROWS == 0
+        if numerics == "q8" and _interleave and not kind.interleaved and eight:
+            # every activation row after the first (verify, batches, prefill) costs far fewer
+            # instructions on rows interleaved eight at a time (kernels/x8.h)
+            blocks, kind = ggml.repack_x8(blocks, kind, in_features), kind.x8
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
         self.numerics = numerics
         self.register_buffer("blocks", blocks)
@@ -98,7 +121,9 @@ def block_numerics(model: nn.Module) -> Numerics | None:
 
 def block_kinds(model: nn.Module) -> list[str]:
     """The GGUF block formats `model`'s weights run as, sorted; empty for plain weights."""
-    kinds = {m.kind.name for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)}
+    kinds = {
+        m.kind.plain.name for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)
+    }
     return sorted(kinds)
 
 
@@ -142,8 +167,8 @@ class BlockEmbedding(nn.Module):
         self.register_buffer("blocks", blocks)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, dim]
-        rows = self.blocks.index_select(0, ids.reshape(-1))
-        return ggml.dequantize(rows, self.kind, self.embedding_dim).view(*ids.shape, -1)
+        rows = ggml.gather_rows(self.blocks, self.kind, ids, self.embedding_dim)
+        return ggml.dequantize(rows, self.kind.plain, self.embedding_dim).view(*ids.shape, -1)
 
 
 def _fused(
@@ -190,7 +215,8 @@ def attach_blocks(
     if embedding is not None:
         kind, rows = embedding
         if tied and isinstance(model.lm_head, BlockLinear):
-            rows = model.lm_head.blocks  # one copy serves both, as the tied weight did
+            # one copy serves both, as the tied weight did (interleaved or not)
+            kind, rows = model.lm_head.kind, model.lm_head.blocks
         model.embed_tokens = BlockEmbedding(rows, kind, model.arch.hidden_size)
         covered.add("model.embed_tokens.weight")
     return covered

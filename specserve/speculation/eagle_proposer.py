@@ -86,8 +86,9 @@ class EagleProposer(Proposer):
         lm_head = target.lm_head
         self.vocab_logits: nn.Module  # [..., H] -> [..., K]: the target's lm_head rows
         if blocks and isinstance(lm_head, BlockLinear):
-            rows = lm_head.blocks[self.vocab].contiguous()
-            self.vocab_logits = BlockLinear(rows, lm_head.kind, lm_head.in_features, None)
+            kind, width = lm_head.kind, lm_head.in_features
+            rows = ggml.gather_rows(lm_head.blocks, kind, self.vocab, width)
+            self.vocab_logits = BlockLinear(rows, kind.plain, width, None)
         else:
             self.vocab_logits = nn.Linear(head.shape.hidden_size, len(self.vocab), bias=False)
             rows = linear_weight(lm_head).detach()[self.vocab].float()

@@ -15,7 +15,7 @@ from tests.kernels.test_ggml import quantised
 pytestmark = pytest.mark.usefixtures("block_kernels", "attention_kernels")
 
 
-@pytest.mark.parametrize("kind", list(BlockKind))
+@pytest.mark.parametrize("kind", ggml.GGUF_KINDS)
 @pytest.mark.parametrize("rows", [1, 3, 5, 9])
 def test_norm_bias_residual_fused_equal_the_steps(kind: BlockKind, rows: int) -> None:
     blocks, weight = quantised(kind, 40, 64)
@@ -62,7 +62,7 @@ def test_rope_in_place_is_bit_identical_to_apply_rope(head_dim: int) -> None:
     assert torch.equal(qkv[:, heads * head_dim :], untouched)
 
 
-@pytest.mark.parametrize("kind", list(BlockKind))
+@pytest.mark.parametrize("kind", ggml.GGUF_KINDS)
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kind: BlockKind) -> None:
     """Bit for bit: what a verify step computes for a row is what a decode step computes."""
     blocks, _ = quantised(kind, 37, 96)  # 37 outputs: every column grouping and remainder

@@ -17,14 +17,29 @@ pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where exp
 
 
 def random_blocks(kind: BlockKind, out_features: int, in_features: int, seed: int) -> torch.Tensor:
-    """Arbitrary block bytes (every nibble, int8 -128 included) with finite fp16 scales."""
+    """Arbitrary block bytes (every nibble, int8 -128 included) with finite fp16 scales, in
+    `kind`'s layout (interleaved kinds: the plain rows, then interleaved)."""
     rng = np.random.default_rng(seed)
     nb = in_features // ggml.QK
     rows = rng.integers(0, 256, (out_features, nb, kind.block_bytes), dtype=np.uint8)
-    scales = 2 if kind is BlockKind.Q4_1 else 1  # Q4_1: d and m; Q8_0: d
+    scales = 2 if kind.plain is BlockKind.Q4_1 else 1  # Q4_1: d and m; Q8_0: d
     half = (rng.standard_normal((out_features, nb, scales)) * 0.05).astype(np.float16)
     rows[:, :, : 2 * scales] = half.view(np.uint8)
-    return torch.from_numpy(rows.reshape(out_features, -1).copy())
+    plain = torch.from_numpy(rows.reshape(out_features, -1).copy())
+    return ggml.repack_x8(plain, kind.plain, in_features) if kind.interleaved else plain
+
+
+def outputs(kind: BlockKind, out_features: int) -> int:
+    """`out_features`, rounded up to whole groups of eight rows for an interleaved kind."""
+    return -(-out_features // ggml.X8_ROWS) * ggml.X8_ROWS if kind.interleaved else out_features
+
+
+def quantised_as(kind: BlockKind, out_features: int, in_features: int):
+    """`quantised`'s blocks and float32 weights, the blocks in `kind`'s layout."""
+    blocks, weight = quantised(kind.plain, out_features, in_features)
+    if kind.interleaved:
+        blocks = ggml.repack_x8(blocks, kind.plain, in_features)
+    return blocks, weight
 
 
 def activations(rows: int, width: int, seed: int) -> torch.Tensor:
@@ -66,6 +81,7 @@ def test_avx2_is_bit_identical_to_the_scalar_reference(
     kind: BlockKind, rows: int, out: int, width: int
 ) -> None:
     assert ggml.q8_path() == "avx2"  # every machine that builds the kernels has AVX2
+    out = outputs(kind, out)
     blocks, x = random_blocks(kind, out, width, seed=rows), activations(rows, width, seed=out)
     bias, residual = torch.randn(out), torch.randn(rows, out)
     norm = (torch.rand(width) + 0.5, 1e-5)
@@ -91,7 +107,7 @@ def test_avx2_is_bit_identical_to_the_scalar_reference(
 @pytest.mark.parametrize("kind", list(BlockKind))
 def test_a_rows_q8_product_does_not_depend_on_m_or_its_position(kind: BlockKind) -> None:
     """Bit for bit, whatever the tile, chunk, thread count or neighbours: batch invariance."""
-    blocks, _ = quantised(kind, 37, 96)
+    blocks, _ = quantised_as(kind, outputs(kind, 37), 96)
     x = torch.randn(512, 96, generator=torch.Generator().manual_seed(7))
     alone = torch.cat([ggml.matmul(x[i : i + 1], blocks, kind, q8=True) for i in range(512)])
     perm = torch.randperm(512, generator=torch.Generator().manual_seed(8))
@@ -105,12 +121,13 @@ def test_a_rows_q8_product_does_not_depend_on_m_or_its_position(kind: BlockKind)
 
 @pytest.mark.parametrize("kind", list(BlockKind))
 def test_q8_product_is_within_the_quantisation_bound_of_float32(kind: BlockKind) -> None:
-    blocks, weight = quantised(kind, 64, 256)
+    blocks, weight = quantised_as(kind, 64, 256)
     x = torch.randn(33, 256, generator=torch.Generator().manual_seed(3)) * 3
     got, want = ggml.matmul(x, blocks, kind, q8=True), x @ weight.T
     error = (got - want).abs()
     assert bool((error <= _q8_bound(x, weight) + _f32_bound(x, weight)).all())
-    assert not torch.equal(got, ggml.matmul(x, blocks, kind))  # it is another numeric
+    plain, _ = quantised(kind.plain, 64, 256)
+    assert not torch.equal(got, ggml.matmul(x, plain, kind.plain))  # it is another numeric
     torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * float(want.abs().mean()))
 
 
@@ -123,3 +140,55 @@ def test_fused_q8_quantises_the_normed_or_gated_row() -> None:
     steps = residual + ggml.matmul(F.silu(gate) * up, blocks, BlockKind.Q4_1, q8=True)
     # silu's e^x is simd.h's polynomial (2 ulp), so the quantised row may round differently
     torch.testing.assert_close(got, steps, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ggml.GGUF_KINDS)
+def test_interleaved_rows_hold_the_same_weights(kind: BlockKind) -> None:
+    """Interleaving reorders bytes and nothing else: every row decodes and gathers as before."""
+    blocks = random_blocks(kind, 24, 96, seed=5)
+    x8 = ggml.repack_x8(blocks, kind, 96)
+    assert x8.shape == blocks.shape and not torch.equal(x8, blocks)
+    assert torch.equal(ggml.dequantize(x8, kind.x8, 96), ggml.dequantize(blocks, kind, 96))
+    ids = torch.tensor([23, 0, 7, 8, 8, 15])
+    assert torch.equal(ggml.gather_rows(x8, kind.x8, ids, 96), blocks[ids])
+    assert torch.equal(ggml.gather_rows(blocks, kind, ids, 96), blocks[ids])
+    with pytest.raises(IndexError):
+        ggml.gather_rows(x8, kind.x8, torch.tensor([24]), 96)
+    with pytest.raises(ValueError, match="cannot interleave"):
+        ggml.repack_x8(blocks[:20].contiguous(), kind, 96)  # not whole groups of eight
+    with pytest.raises(ValueError, match="q8 numerics only"):
+        ggml.matmul(torch.randn(2, 96), x8, kind.x8)  # the float32 kernel reads plain rows
+
+
+@pytest.mark.parametrize("kind", ggml.GGUF_KINDS)
+def test_interleaved_q8_product_is_the_scalar_sum_per_block(kind: BlockKind) -> None:
+    """The interleaved kernel's arithmetic, written out in numpy: per block, the exact integer
+    sum, then fma(d_w * d_a, s, acc) (and fma(m_w, s_a, acc) for Q4_1), in block order."""
+    blocks = random_blocks(kind, 8, 96, seed=9)
+    x = activations(3, 96, seed=4)
+    got = ggml.matmul(x, ggml.repack_x8(blocks, kind, 96), kind.x8, q8=True).numpy()
+    d_a, s_a, q_a = reference_q8(x.numpy())
+    raw = blocks.numpy().reshape(8, 3, kind.block_bytes)
+    scales = raw[..., :4].copy().view(np.float16).astype(np.float32)  # d (and m for Q4_1)
+    if kind is BlockKind.Q4_1:
+        nibbles = raw[..., 4:]
+        q_w = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int32)
+    else:
+        q_w = raw[..., 2:].view(np.int8).astype(np.int32)
+    f32 = np.float32
+    for m in range(3):
+        for n in range(8):
+            acc = f32(0)
+            for blk in range(3):
+                s = int((q_w[n, blk] * q_a[m, blk].astype(np.int32)).sum())
+                acc = _fma(f32(scales[n, blk, 0] * d_a[m, blk]), f32(s), acc)
+                if kind is BlockKind.Q4_1:
+                    acc = _fma(scales[n, blk, 1], s_a[m, blk], acc)
+            assert got[m, n] == acc, (m, n)
+
+
+def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    """float32 fma: the product is exact in float64; the sum rounds to float64 and then to
+    float32, which can differ from one rounding only when the float64 sum lands exactly on a
+    float32 rounding tie (not in these few hundred operations)."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))

@@ -18,7 +18,12 @@ from specserve.engine.engine import Engine
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models import block_linear
-from specserve.models.block_linear import BlockEmbedding, BlockLinear, block_numerics
+from specserve.models.block_linear import (
+    BlockEmbedding,
+    BlockLinear,
+    block_kinds,
+    block_numerics,
+)
 from specserve.models.gguf_blocks import (
     BLOCKS_FILE,
     _f32_bound,
@@ -56,15 +61,18 @@ def test_block_linear_equals_linear_on_decoded_weights(rows: int, numerics: Nume
     assert torch.equal(layer.weight, weights)
 
 
-@pytest.mark.parametrize("kind", list(BlockKind))
-def test_q8_rows_do_not_depend_on_m_through_the_layer(kind: BlockKind) -> None:
+@pytest.mark.parametrize("kind", ggml.GGUF_KINDS)
+@pytest.mark.parametrize("out", [40, 37])  # rows interleaved eight at a time; plain rows
+def test_q8_rows_do_not_depend_on_m_through_the_layer(kind: BlockKind, out: int) -> None:
     """A row's projection, plain and fused (RMSNorm + residual, SwiGLU), bit-identical for every
     M, on both sides of DIRECT_MAX_ROWS: the q8 layer never switches kernels."""
-    blocks, _ = quantised(kind, 40, 64)
-    layer = BlockLinear(blocks, kind, 64, torch.randn(40), "q8")
+    blocks, weights = quantised(kind, out, 64)
+    layer = BlockLinear(blocks, kind, 64, torch.randn(out), "q8")
+    assert layer.kind is (kind.x8 if out % 8 == 0 else kind)
+    assert torch.equal(layer.weight, weights)  # whatever the layout
     norm = RMSNorm(64, 1e-5)
     x, gated = torch.randn(512, 64), torch.randn(512, 128)
-    residual = torch.randn(512, 40)
+    residual = torch.randn(512, out)
 
     def forms(rows: torch.Tensor) -> list[torch.Tensor]:
         return [
@@ -149,8 +157,13 @@ def test_q8_engine_is_lossless_under_speculation_and_batching(tmp_path: Path) ->
     untied float32 lm_head is MKL, whose rows vary with M by ~1e-6); prefill chunking stays
     fixed (chunked attention is not yet invariant: ~5e-7)."""
     model_dir = blockify(make_model_dir(tmp_path, "llama", tied=True))
-    layer = build_model(model_dir, CPU).layers[0].qkv_proj
+    model = build_model(model_dir, CPU)
+    layer = model.layers[0].qkv_proj
     assert isinstance(layer, BlockLinear) and layer.numerics == "q8"  # the default
+    assert layer.kind is BlockKind.Q4_1_X8 and model.lm_head.kind is BlockKind.Q8_0_X8
+    # one copy of the interleaved rows serves the lm_head and the embedding lookups
+    assert model.embed_tokens.blocks.data_ptr() == model.lm_head.blocks.data_ptr()
+    assert block_kinds(model) == ["Q4_1", "Q8_0"]  # /info names the GGUF types
     prompts = mixed_prompts(6)
     params = SamplingParams(max_new_tokens=12, ignore_eos=True, logprobs=2)
     want = [logprobs(make_engine(model_dir), [p], params)[0] for p in prompts]

@@ -1,0 +1,194 @@
+// GGUF weight rows interleaved eight at a time ("x8": Q4_1_X8, Q8_0_X8), for the q8 numerics:
+// a verify or batch step's extra activation rows cost far fewer instructions than on plain rows.
+// Included once, by ggml_blocks.c, after q8_dot.h.
+//
+// Why: on plain rows each (weight row, activation row, block) ends in a float multiply, a
+// conversion and an FMA on eight int32 lanes (q8_dot.h), and those float ops, not the integer
+// products, bound a step of several rows. Here the 32 quants of eight weight rows sit side by
+// side, four of each row per 32 bytes, so one maddubs against four broadcast activation bytes
+// gives products for eight outputs at once, and the float work is one multiply, one conversion
+// and one FMA (two with Q4_1's m) per eight outputs and block.
+//
+// Layout: for each group of eight weight rows (n = 8g .. 8g+7), for each block, the bytes of
+// the eight plain blocks, reordered:
+//   Q4_1_X8 (160 bytes): [0, 16) d of rows 0..7 (fp16), [16, 32) m of rows 0..7 (fp16),
+//     [32, 160) four 32-byte vectors V_t: byte 4i + k of V_t is nibble byte 4t + k of row i,
+//     i.e. its low nibble is q_i[4t + k] and its high one q_i[16 + 4t + k];
+//   Q8_0_X8 (272 bytes): [0, 16) d of rows 0..7 (fp16), [16, 272) eight 32-byte vectors V_t:
+//     byte 4i + k of V_t is q_i[4t + k].
+//
+// Arithmetic of one output (weight row n, activation row a), block after block, the same
+// whatever else is multiplied alongside (batch invariance) and in the scalar reference:
+//   s = sum_j q_w[j] q_a[j]                        exact in int32
+//   acc = fma(d_w * d_a, (float)s, acc)
+//   acc = fma(m_w, s_a, acc)                       Q4_1 only
+// and the output is acc (then + bias, + residual, as store() adds them).
+// Integer ranges: Q4_1's eight maddubs of a block are summed in int16 (each at most
+// 2 * 15 * 127 = 3810, eight under 32767), then widened once; Q8_0's each widen at once
+// (2 * 128 * 127 = 32512 fits int16, two would not).
+
+#pragma once
+
+#define X8_ROWS 8
+#define X8_MAX_TILE 4  // activation rows per pass over a group's blocks (registers: 2 each + 6)
+
+static inline int is_x8(int kind) { return kind == KIND_Q4_1_X8 || kind == KIND_Q8_0_X8; }
+static inline int plain_kind(int kind) { return is_x8(kind) ? kind - 2 : kind; }
+// Bytes of one block of a group of eight rows.
+static inline int64_t x8_block_bytes(int kind) { return X8_ROWS * block_bytes(plain_kind(kind)); }
+
+// Where row i's bytes of one block sit in an interleaved block: scale (and m), then the quants
+// four at a time. `plain` receives the block as GGUF stores it.
+static inline void x8_row_block(int kind, const uint8_t* o, int i, uint8_t* plain) {
+    if (kind == KIND_Q4_1_X8) {
+        __builtin_memcpy(plain, o + 2 * i, 2);
+        __builtin_memcpy(plain + 2, o + 16 + 2 * i, 2);
+        for (int t = 0; t < 4; t++) __builtin_memcpy(plain + 4 + 4 * t, o + 32 + 32 * t + 4 * i, 4);
+    } else {
+        __builtin_memcpy(plain, o + 2 * i, 2);
+        for (int t = 0; t < 8; t++) __builtin_memcpy(plain + 2 + 4 * t, o + 16 + 32 * t + 4 * i, 4);
+    }
+}
+
+// dst = src [N, K/32 plain blocks] interleaved as `kind` (an x8 kind); N a multiple of 8.
+int ggml_repack_x8(int kind, const uint8_t* src, uint8_t* dst, int64_t N, int64_t K) {
+    if (!is_x8(kind) || N % X8_ROWS) return -1;
+    const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind)), gb = x8_block_bytes(kind);
+    for (int64_t g = 0; g < N / X8_ROWS; g++) {
+        for (int64_t blk = 0; blk < nb; blk++) {
+            uint8_t* o = dst + (g * nb + blk) * gb;
+            for (int i = 0; i < X8_ROWS; i++) {
+                const uint8_t* b = src + ((g * X8_ROWS + i) * nb + blk) * bb;
+                __builtin_memcpy(o + 2 * i, b, 2);  // d
+                if (kind == KIND_Q4_1_X8) {
+                    __builtin_memcpy(o + 16 + 2 * i, b + 2, 2);  // m
+                    for (int t = 0; t < 4; t++) __builtin_memcpy(o + 32 + 32 * t + 4 * i, b + 4 + 4 * t, 4);
+                } else {
+                    for (int t = 0; t < 8; t++) __builtin_memcpy(o + 16 + 32 * t + 4 * i, b + 2 + 4 * t, 4);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+// Rows ids[0 .. n) of W (any kind) as plain GGUF rows: out [n, K/32 plain blocks].
+void ggml_gather_rows(int kind, const uint8_t* w, const int64_t* ids, int64_t n, uint8_t* out,
+                      int64_t K) {
+    const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind));
+    for (int64_t r = 0; r < n; r++) {
+        uint8_t* o = out + r * nb * bb;
+        if (!is_x8(kind)) {
+            __builtin_memcpy(o, w + ids[r] * nb * bb, nb * bb);
+            continue;
+        }
+        const uint8_t* g = w + (ids[r] / X8_ROWS) * nb * x8_block_bytes(kind);
+        for (int64_t blk = 0; blk < nb; blk++)
+            x8_row_block(kind, g + blk * x8_block_bytes(kind), (int)(ids[r] % X8_ROWS), o + blk * bb);
+    }
+}
+
+// Scalar reference: row i of the group at g . one activation row of nb blocks.
+static float dot_x8_scalar(int kind, const uint8_t* g, int i, const block_q8a* a, int64_t nb) {
+    const int64_t gb = x8_block_bytes(kind);
+    float acc = 0.0f;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        uint8_t b[34];
+        x8_row_block(kind, g + blk * gb, i, b);
+        int32_t s = 0;
+        for (int j = 0; j < QK; j++) {
+            const int32_t w = kind == KIND_Q4_1_X8 ? (j < 16 ? b[4 + j] & 0x0F : b[4 + j - 16] >> 4)
+                                                   : (int8_t)b[2 + j];
+            s += w * a[blk].qs[j];
+        }
+        acc = fmaf(q8_half(b) * a[blk].d, (float)s, acc);
+        if (kind == KIND_Q4_1_X8) acc = fmaf(q8_half(b + 2), a[blk].s, acc);
+    }
+    return acc;
+}
+
+static inline __m256i x8_broadcast4(const int8_t* q) {
+    int32_t v;
+    __builtin_memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// AVX2: the eight rows of the group at g . ROWS activation rows (a[r * nb + blk]);
+// out[8 r + i] as dot_x8_scalar(kind, g, i, a + r * nb, nb) computes it.
+static inline __attribute__((always_inline)) void dot_x8_avx2(
+    int kind, int rows, const uint8_t* g, const block_q8a* a, int64_t nb, float* out) {
+    const int64_t gb = x8_block_bytes(kind);
+    __m256 acc[X8_MAX_TILE];
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const uint8_t* o = g + blk * gb;
+        for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
+        __m256i sum[X8_MAX_TILE];  // Q4_1: int16 sums of maddubs; Q8_0: int32 sums
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++) sum[r] = _mm256_setzero_si256();
+        if (kind == KIND_Q4_1_X8) {
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 32 + 32 * t));
+                const __m256i lo = _mm256_and_si256(v, nibble);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+#pragma GCC unroll 4
+                for (int r = 0; r < rows; r++) {
+                    const int8_t* q = a[r * nb + blk].qs;
+                    const __m256i pl = _mm256_maddubs_epi16(lo, x8_broadcast4(q + 4 * t));
+                    const __m256i ph = _mm256_maddubs_epi16(hi, x8_broadcast4(q + 16 + 4 * t));
+                    sum[r] = _mm256_add_epi16(sum[r], _mm256_add_epi16(pl, ph));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < rows; r++) sum[r] = _mm256_madd_epi16(sum[r], ones);
+        } else {
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 16 + 32 * t));
+                const __m256i av = _mm256_sign_epi8(v, v);  // |w|; the sign moves to a
+#pragma GCC unroll 4
+                for (int r = 0; r < rows; r++) {
+                    const __m256i q = _mm256_sign_epi8(x8_broadcast4(a[r * nb + blk].qs + 4 * t), v);
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, q), ones);
+                    sum[r] = _mm256_add_epi32(sum[r], p);
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)o));
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++) {
+            const block_q8a* ab = a + r * nb + blk;
+            const __m256 s = _mm256_cvtepi32_ps(sum[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
+            if (kind == KIND_Q4_1_X8) {
+                const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 16)));
+                acc[r] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&ab->s), acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+// Up to X8_MAX_TILE activation rows a[0 .. left) against the group at g: out[8 r + i]; how many.
+static int x8_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a, int64_t nb,
+                   int avx2, float* out) {
+    if (!avx2) {
+        for (int i = 0; i < X8_ROWS; i++) out[i] = dot_x8_scalar(kind, g, i, a, nb);
+        return 1;
+    }
+    const int rows = left < X8_MAX_TILE ? (int)left : X8_MAX_TILE;
+#define X8_ROWS_OF(KIND)                                         \
+    switch (rows) {                                              \
+        case 1: dot_x8_avx2(KIND, 1, g, a, nb, out); break;      \
+        case 2: dot_x8_avx2(KIND, 2, g, a, nb, out); break;      \
+        case 3: dot_x8_avx2(KIND, 3, g, a, nb, out); break;      \
+        default: dot_x8_avx2(KIND, 4, g, a, nb, out); break;     \
+    }
+    if (kind == KIND_Q4_1_X8) X8_ROWS_OF(KIND_Q4_1_X8) else X8_ROWS_OF(KIND_Q8_0_X8)
+#undef X8_ROWS_OF
+    return rows;
+}
