@@ -1,9 +1,11 @@
 """All of the embedded model's projections at M activation rows: GGUF blocks against float32.
 
 For each M, one pass over the 211 projection matrices of SmolLM2-135M (every layer's q/k/v,
-o, gate/up, down, and the tied lm_head) four ways, side by side:
+o, gate/up, down, and the tied lm_head) five ways, side by side:
 - q8: the block kernel in the q8 numerics (`--numerics q8`, the default; every M): each
-  activation row quantised to int8 per 32 values, integer dot products;
+  activation row quantised to int8 per 32 values, integer dot products, on the weights as
+  `BlockLinear` holds them (rows interleaved eight at a time, `kernels/x8.h`);
+- q8 plain: the same numerics on the GGUF rows as stored (the kernel before interleaving);
 - blocks: the block kernel in float32 (`--numerics exact` up to DIRECT_MAX_ROWS);
 - decode + mm: decode each matrix to float32, then MKL (`BlockLinear`'s path above it);
 - dense: MKL on float32 weights kept in memory (`--dense-weights`).
@@ -38,6 +40,7 @@ from safetensors import safe_open
 
 from specserve.config import EngineConfig, Numerics
 from specserve.kernels import ggml
+from specserve.models.block_linear import BlockLinear
 from specserve.models.gguf_blocks import load_blocks
 from specserve.models.loader import resolve_model_dir
 
@@ -54,26 +57,33 @@ def best_of(
     return min(times)
 
 
-Items = list[tuple[ggml.BlockKind, torch.Tensor, torch.Tensor]]  # kind, blocks, float32 weight
+# kind, blocks, float32 weight, and the blocks as the q8 numerics holds them (BlockLinear)
+Item = tuple[ggml.BlockKind, torch.Tensor, torch.Tensor, BlockLinear]
+Items = list[Item]
 
 
 def on_blocks(items: Items, xs: dict[int, torch.Tensor]) -> None:
-    for kind, rows, w in items:
+    for kind, rows, w, _ in items:
         ggml.matmul(xs[w.shape[1]], rows, kind)
 
 
 def on_q8(items: Items, xs: dict[int, torch.Tensor]) -> None:
-    for kind, rows, w in items:
+    for _, _, w, served in items:
+        ggml.matmul(xs[w.shape[1]], served.blocks, served.kind, q8=True)
+
+
+def on_q8_plain(items: Items, xs: dict[int, torch.Tensor]) -> None:
+    for kind, rows, w, _ in items:
         ggml.matmul(xs[w.shape[1]], rows, kind, q8=True)
 
 
 def decoded(items: Items, xs: dict[int, torch.Tensor]) -> None:
-    for kind, rows, w in items:
+    for kind, rows, w, _ in items:
         F.linear(xs[w.shape[1]], ggml.dequantize(rows, kind, w.shape[1]))
 
 
 def on_dense(items: Items, xs: dict[int, torch.Tensor]) -> None:
-    for _, _, w in items:
+    for _, _, w, _ in items:
         F.linear(xs[w.shape[1]], w)
 
 
@@ -142,19 +152,25 @@ def main() -> None:
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
           f"{args.threads} threads; best of {args.repeats} (ms per pass, "
           f"{'CPU time' if args.cpu_clock else 'wall clock'})\n")  # fmt: skip
-    print("| M | q8 | blocks | decode + mm | dense | q8 / M=1 | blocks / M=1 | blocks / q8 |")
-    print("|---|---|---|---|---|---|---|---|")
-    first: tuple[float, float] | None = None
-    items = [(kind, rows, dense[name]) for name, (kind, rows) in blocks.items()]
+    print("| M | q8 | q8 plain | blocks | decode + mm | dense | q8 / M=1 | q8 plain / M=1 | "
+          "blocks / M=1 | q8 plain / q8 | blocks / q8 |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    first: tuple[float, float, float] | None = None
+    items = [
+        (kind, rows, dense[name], BlockLinear(rows, kind, dense[name].shape[1], None, "q8"))
+        for name, (kind, rows) in blocks.items()
+    ]
+    fns = (on_q8, on_q8_plain, on_blocks, decoded, on_dense)
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in dense.values()}}
-        passes = [partial(fn, items, xs) for fn in (on_q8, on_blocks, decoded, on_dense)]
+        passes = [partial(fn, items, xs) for fn in fns]
         with ggml.scalar_q8() if args.scalar else nullcontext():
             clock = time.process_time if args.cpu_clock else time.perf_counter
-            t_q, t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats, clock) for fn in passes)
-        first = first or (t_q, t_b)
-        print(f"| {m} | {t_q:.1f} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | {t_q / first[0]:.2f} | "
-              f"{t_b / first[1]:.2f} | {t_b / t_q:.2f} |")  # fmt: skip
+            t_q, t_p, t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats, clock) for fn in passes)
+        first = first or (t_q, t_p, t_b)
+        print(f"| {m} | {t_q:.1f} | {t_p:.1f} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | "
+              f"{t_q / first[0]:.2f} | {t_p / first[1]:.2f} | {t_b / first[2]:.2f} | "
+              f"{t_p / t_q:.2f} | {t_b / t_q:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ prompt cache, speculation off. Three parts:
   (`llamacpp_load.py`);
 - verify cost in process (specserve only; llama-server has no verify): one step scoring k + 1
   rows of one sequence (~256 tokens of context) against k = 0, in each numerics, as the
-  engine runs them (fp16 KV cache, the native layer stack).
+  engine runs them (fp16 KV cache, the native layer stack), and q8 on the GGUF row layout
+  (the kernel before rows were interleaved eight at a time), the sides taking turns.
 
 llama.cpp is not built here: point --llama-server (or $LLAMA_SERVER) at a `llama-server` binary,
 e.g. built from the llama-cpp-python sdist's vendored source with
@@ -46,7 +47,7 @@ import torch
 from benchmarks.llamacpp_load import LoadResult, load_side, serve
 from benchmarks.llamacpp_report import batch1_table, first_difference, load_table, verify_table
 from benchmarks.machine import machine_info, machine_lines
-from benchmarks.verify_cost import Point, engine_verify_costs
+from benchmarks.verify_cost import PLAIN_ROWS, Point, engine_verify_costs
 from specserve.bench.workloads import build_workload
 from specserve.config import Numerics
 from specserve.engine.resources import load_tokenizer
@@ -270,7 +271,8 @@ def main() -> None:
         )
         print("\n" + load_table(load, args.concurrency), flush=True)
     ks = [int(k) for k in args.verify_ks.split(",") if k]
-    verify: dict[str, list[Point]] = {m: engine_verify_costs(m, ks) for m in modes} if ks else {}
+    verify_sides: list[str] = [*modes, PLAIN_ROWS] if "q8" in modes else list(modes)
+    verify: dict[str, list[Point]] = engine_verify_costs(verify_sides, ks) if ks else {}
     if verify:
         print("\n" + verify_table(verify))
     if args.json:
