@@ -30,7 +30,8 @@
 #pragma once
 
 #define X8_ROWS 8
-#define X8_MAX_TILE 4  // activation rows per pass over a group's blocks (registers: 2 each + 6)
+#define X8_MAX_TILE 16  // activation rows per pass over a group's blocks (Q4_1)
+#define X8_Q8_0_TILE 4  // the same for Q8_0 (its rows' sums live in registers)
 
 static inline int is_x8(int kind) { return kind == KIND_Q4_1_X8 || kind == KIND_Q8_0_X8; }
 static inline int plain_kind(int kind) { return is_x8(kind) ? kind - 2 : kind; }
@@ -115,36 +116,45 @@ static inline __m256i x8_broadcast4(const int8_t* q) {
 
 // AVX2: the eight rows of the group at g . ROWS activation rows (a[r * nb + blk]);
 // out[8 r + i] as dot_x8_scalar(kind, g, i, a + r * nb, nb) computes it.
+// Q4_1: a block's eight unpacked vectors stay in registers while every activation row passes
+// over them (one pass over the weights for up to X8_MAX_TILE rows; a second pass cost more
+// than the rows themselves). Q8_0 needs each vector twice (|w| and its sign), so it goes a
+// vector at a time with the rows' sums in registers, X8_Q8_0_TILE rows a pass.
 static inline __attribute__((always_inline)) void dot_x8_avx2(
     int kind, int rows, const uint8_t* g, const block_q8a* a, int64_t nb, float* out) {
     const int64_t gb = x8_block_bytes(kind);
     __m256 acc[X8_MAX_TILE];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
     for (int64_t blk = 0; blk < nb; blk++) {
         const uint8_t* o = g + blk * gb;
         for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
-        __m256i sum[X8_MAX_TILE];  // Q4_1: int16 sums of maddubs; Q8_0: int32 sums
-#pragma GCC unroll 4
-        for (int r = 0; r < rows; r++) sum[r] = _mm256_setzero_si256();
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)o));
         if (kind == KIND_Q4_1_X8) {
+            __m256i w[8];  // w[t]: q[4t .. 4t+3] of each row (low nibbles t < 4, high after)
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 32 + 32 * t));
-                const __m256i lo = _mm256_and_si256(v, nibble);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-#pragma GCC unroll 4
-                for (int r = 0; r < rows; r++) {
-                    const int8_t* q = a[r * nb + blk].qs;
-                    const __m256i pl = _mm256_maddubs_epi16(lo, x8_broadcast4(q + 4 * t));
-                    const __m256i ph = _mm256_maddubs_epi16(hi, x8_broadcast4(q + 16 + 4 * t));
-                    sum[r] = _mm256_add_epi16(sum[r], _mm256_add_epi16(pl, ph));
-                }
+                w[t] = _mm256_and_si256(v, nibble);
+                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
             }
-#pragma GCC unroll 4
-            for (int r = 0; r < rows; r++) sum[r] = _mm256_madd_epi16(sum[r], ones);
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 16)));
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++) {
+                const block_q8a* ab = a + r * nb + blk;
+                __m256i sum = _mm256_maddubs_epi16(w[0], x8_broadcast4(ab->qs));
+#pragma GCC unroll 7
+                for (int t = 1; t < 8; t++)
+                    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[t], x8_broadcast4(ab->qs + 4 * t)));
+                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
+                acc[r] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&ab->s), acc[r]);
+            }
         } else {
+            __m256i sum[X8_Q8_0_TILE];
+#pragma GCC unroll 4
+            for (int r = 0; r < rows; r++) sum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 16 + 32 * t));
@@ -156,39 +166,38 @@ static inline __attribute__((always_inline)) void dot_x8_avx2(
                     sum[r] = _mm256_add_epi32(sum[r], p);
                 }
             }
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)o));
 #pragma GCC unroll 4
-        for (int r = 0; r < rows; r++) {
-            const block_q8a* ab = a + r * nb + blk;
-            const __m256 s = _mm256_cvtepi32_ps(sum[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
-            if (kind == KIND_Q4_1_X8) {
-                const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 16)));
-                acc[r] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&ab->s), acc[r]);
+            for (int r = 0; r < rows; r++) {
+                const block_q8a* ab = a + r * nb + blk;
+                const __m256 s = _mm256_cvtepi32_ps(sum[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < rows; r++) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
-// Up to X8_MAX_TILE activation rows a[0 .. left) against the group at g: out[8 r + i]; how many.
+// Up to X8_MAX_TILE (Q8_0: X8_Q8_0_TILE) activation rows a[0 .. left) against the group at g:
+// out[8 r + i]; how many.
 static int x8_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a, int64_t nb,
                    int avx2, float* out) {
     if (!avx2) {
         for (int i = 0; i < X8_ROWS; i++) out[i] = dot_x8_scalar(kind, g, i, a, nb);
         return 1;
     }
-    const int rows = left < X8_MAX_TILE ? (int)left : X8_MAX_TILE;
-#define X8_ROWS_OF(KIND)                                         \
-    switch (rows) {                                              \
-        case 1: dot_x8_avx2(KIND, 1, g, a, nb, out); break;      \
-        case 2: dot_x8_avx2(KIND, 2, g, a, nb, out); break;      \
-        case 3: dot_x8_avx2(KIND, 3, g, a, nb, out); break;      \
-        default: dot_x8_avx2(KIND, 4, g, a, nb, out); break;     \
+    if (kind == KIND_Q8_0_X8) {
+        const int rows = left < X8_Q8_0_TILE ? (int)left : X8_Q8_0_TILE;
+        switch (rows) {
+            case 1: dot_x8_avx2(KIND_Q8_0_X8, 1, g, a, nb, out); break;
+            case 2: dot_x8_avx2(KIND_Q8_0_X8, 2, g, a, nb, out); break;
+            case 3: dot_x8_avx2(KIND_Q8_0_X8, 3, g, a, nb, out); break;
+            default: dot_x8_avx2(KIND_Q8_0_X8, 4, g, a, nb, out); break;
+        }
+        return rows;
     }
-    if (kind == KIND_Q4_1_X8) X8_ROWS_OF(KIND_Q4_1_X8) else X8_ROWS_OF(KIND_Q8_0_X8)
-#undef X8_ROWS_OF
+    const int rows = left < X8_MAX_TILE ? (int)left : X8_MAX_TILE;
+    if (rows == 1) dot_x8_avx2(KIND_Q4_1_X8, 1, g, a, nb, out);  // decode: all in registers
+    else dot_x8_avx2(KIND_Q4_1_X8, rows, g, a, nb, out);
     return rows;
 }
