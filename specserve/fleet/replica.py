@@ -30,7 +30,7 @@ from specserve.server.info import engine_info
 from specserve.server.metrics import EngineSnapshot, snapshot
 from specserve.server.provenance import Provenance
 from specserve.server.settings import Limits, ServerSettings
-from specserve.server.startup import start, with_profile
+from specserve.server.startup import freeze_startup_heap, start, with_profile
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class PoolReplica:
         self.started = time.time()
         self._engine = started.engine
         logger.info("pool %s: replica %d up: %s", self.pool, os.getpid(), self.config.spec)
+        freeze_startup_heap()  # as `serve` does: no full collection walks the model again
 
     def check_health(self) -> None:
         """Ray Serve's periodic probe: raising marks this replica unhealthy, and Serve replaces

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -36,7 +35,7 @@ from specserve.engine.engine import Engine
 from specserve.server.provenance import Provenance
 from specserve.server.service import GenerationService
 from specserve.server.settings import ServerSettings
-from specserve.server.startup import SERVE_OPTIONS, FlagError, start
+from specserve.server.startup import SERVE_OPTIONS, FlagError, freeze_startup_heap, start
 
 logger = logging.getLogger("specserve.serve")
 
@@ -73,8 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async_engine, settings, provenance = started.engine, started.settings, started.provenance
     log_startup(started.config, settings, async_engine.engine, provenance)
     app = create_app(async_engine, settings, provenance)
-    frozen = freeze_startup_heap()
-    logger.info("%d objects alive after start-up frozen: no garbage collection scans them", frozen)
+    freeze_startup_heap()
     server = DrainingServer(
         uvicorn.Config(
             app,
@@ -88,19 +86,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     run_loop(_serve(server, async_engine))
     return 0
-
-
-def freeze_startup_heap() -> int:
-    """Put every object alive now out of the garbage collector's reach; returns how many.
-
-    The model, tokenizer and imported modules live as long as the process, and a full
-    collection walks them all while holding the GIL: with the embedded model, ~376k objects
-    and 420-450 ms a full collection (ad hoc, this machine), a stall for every stream in flight
-    whenever one runs while serving; after the freeze it took under 1 ms. The collector still
-    frees what is allocated from now on."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:

@@ -12,6 +12,7 @@ server and its admission (`ServerSettings`), not the engine, so they are no `Eng
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -179,3 +180,18 @@ def server_settings(values: Mapping[str, Any]) -> ServerSettings:
         max_body_bytes=values.get("max_body_bytes", ServerSettings.max_body_bytes),
         private_metrics=values.get("private_metrics", False),
     )
+
+
+def freeze_startup_heap() -> int:
+    """Put every object alive now out of the garbage collector's reach; returns how many.
+
+    The model, tokenizer and imported modules live as long as the process, and a full
+    collection walks them all while holding the GIL: with the embedded model, ~376k objects
+    and 420-450 ms a full collection (ad hoc, this machine), a stall for every stream in flight
+    whenever one runs while serving; after the freeze it took under 1 ms. The collector still
+    frees what is allocated from now on."""
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    logger.info("%d objects alive after start-up frozen: no garbage collection scans them", frozen)
+    return frozen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,10 @@ def test_a_replica_takes_every_live_field_in_place(fleet_model: Path) -> None:
 
     async def run() -> None:
         replica = PoolReplica("code", fixed)
+        gc.unfreeze()
         await replica.reconfigure(live_settings(pool))
         try:
+            assert gc.get_freeze_count() > 0  # the start-up heap frozen, as `serve` does
             for name, value in NEW_VALUES.items():
                 live = live_settings(with_changes(config, "code", {name: value}).pools["code"])
                 await replica.reconfigure(live)
@@ -56,6 +59,7 @@ def test_a_replica_takes_every_live_field_in_place(fleet_model: Path) -> None:
                 assert replica.engine.engine.config.spec == want, name
                 assert (await replica.state()).live[name] == value, name
         finally:
+            gc.unfreeze()  # back to how the test process had it
             await replica.engine.shutdown(timeout=5.0)
 
     asyncio.run(run())
