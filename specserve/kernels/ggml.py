@@ -90,8 +90,8 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_quantize_q8.restype = None
     lib.ggml_repack_x8.argtypes = [c_int, ptr, ptr, i64, i64]
     lib.ggml_repack_x8.restype = c_int
-    lib.ggml_gather_rows.argtypes = [c_int, ptr, ptr, i64, ptr, i64]
-    lib.ggml_gather_rows.restype = None
+    lib.ggml_gather_rows.argtypes = [c_int, ptr, i64, ptr, i64, ptr, i64]
+    lib.ggml_gather_rows.restype = c_int
     lib.ggml_q8_path.argtypes = [c_int]
     lib.ggml_q8_path.restype = c_int
     lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
@@ -142,12 +142,12 @@ def gather_rows(
     `blocks` must have passed `check_blocks`; ids are checked against its rows here."""
     lib = _require()
     ids = ids.reshape(-1).to(torch.int64).contiguous()
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= blocks.shape[0]):
-        raise IndexError(f"row ids must be in [0, {blocks.shape[0]})")
     out = torch.empty(ids.numel(), blocks.shape[1], dtype=torch.uint8)
-    lib.ggml_gather_rows(
-        kind, blocks.data_ptr(), ids.data_ptr(), ids.numel(), out.data_ptr(), in_features
-    )
+    rows = blocks.shape[0]
+    if lib.ggml_gather_rows(
+        kind, blocks.data_ptr(), rows, ids.data_ptr(), ids.numel(), out.data_ptr(), in_features
+    ):
+        raise IndexError(f"row ids must be in [0, {rows})")
     return out
 
 

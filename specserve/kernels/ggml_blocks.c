@@ -201,6 +201,7 @@ static void prepare_row(const float* x, float* o, int64_t K, const float* norm_w
 int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* norm_w, float eps,
                       int swiglu, const float* bias, const float* res, int q8) {
+    if (is_x8(kind) && !q8) return -2;  // interleaved rows run in the q8 numerics only
     float* in = (swiglu || norm_w) ? malloc(sizeof(float) * M * K) : 0;
     block_q8a* a = q8 ? malloc(sizeof(block_q8a) * M * (K / QK)) : 0;
     if ((!in && (swiglu || norm_w)) || (!a && q8)) {
@@ -212,11 +213,6 @@ int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int6
     for (int64_t m = 0; m < (in ? M : 0); m++)
         prepare_row(x + m * (swiglu ? 2 * K : K), in + m * K, K, norm_w, eps, swiglu);
     const float* src = in ? in : x;
-    if (is_x8(kind) && !q8) {
-        free(in);
-        free(a);
-        return -2;  // interleaved rows run in the q8 numerics only
-    }
     if (q8) {
         ggml_quantize_q8(src, a, M, K, threads);
         matmul_q8(kind, a, w, y, M, N, K, threads, bias, res);

@@ -38,55 +38,53 @@ static inline int plain_kind(int kind) { return is_x8(kind) ? kind - 2 : kind; }
 // Bytes of one block of a group of eight rows.
 static inline int64_t x8_block_bytes(int kind) { return X8_ROWS * block_bytes(plain_kind(kind)); }
 
-// Where row i's bytes of one block sit in an interleaved block: scale (and m), then the quants
-// four at a time. `plain` receives the block as GGUF stores it.
-static inline void x8_row_block(int kind, const uint8_t* o, int i, uint8_t* plain) {
-    if (kind == KIND_Q4_1_X8) {
-        __builtin_memcpy(plain, o + 2 * i, 2);
-        __builtin_memcpy(plain + 2, o + 16 + 2 * i, 2);
-        for (int t = 0; t < 4; t++) __builtin_memcpy(plain + 4 + 4 * t, o + 32 + 32 * t + 4 * i, 4);
-    } else {
-        __builtin_memcpy(plain, o + 2 * i, 2);
-        for (int t = 0; t < 8; t++) __builtin_memcpy(plain + 2 + 4 * t, o + 16 + 32 * t + 4 * i, 4);
+// Row i's bytes of one block, between an interleaved block `o` and its plain GGUF block:
+// scale (and m), then the quants four at a time. to_x8: plain -> o; else o -> plain.
+static inline void x8_move(int kind, uint8_t* o, int i, uint8_t* plain, int to_x8) {
+    const int quads = kind == KIND_Q4_1_X8 ? 4 : 8, scales = kind == KIND_Q4_1_X8 ? 2 : 1;
+    for (int s = 0; s < scales; s++) {  // d, then m (Q4_1)
+        uint8_t *x = o + 16 * s + 2 * i, *p = plain + 2 * s;
+        __builtin_memcpy(to_x8 ? x : p, to_x8 ? p : x, 2);
     }
+    for (int t = 0; t < quads; t++) {
+        uint8_t *x = o + 16 * scales + 32 * t + 4 * i, *p = plain + 2 * scales + 4 * t;
+        __builtin_memcpy(to_x8 ? x : p, to_x8 ? p : x, 4);
+    }
+}
+
+// Row i of an interleaved block, as GGUF stores it.
+static inline void x8_row_block(int kind, const uint8_t* o, int i, uint8_t* plain) {
+    x8_move(kind, (uint8_t*)o, i, plain, 0);
 }
 
 // dst = src [N, K/32 plain blocks] interleaved as `kind` (an x8 kind); N a multiple of 8.
 int ggml_repack_x8(int kind, const uint8_t* src, uint8_t* dst, int64_t N, int64_t K) {
     if (!is_x8(kind) || N % X8_ROWS) return -1;
     const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind)), gb = x8_block_bytes(kind);
-    for (int64_t g = 0; g < N / X8_ROWS; g++) {
-        for (int64_t blk = 0; blk < nb; blk++) {
-            uint8_t* o = dst + (g * nb + blk) * gb;
-            for (int i = 0; i < X8_ROWS; i++) {
-                const uint8_t* b = src + ((g * X8_ROWS + i) * nb + blk) * bb;
-                __builtin_memcpy(o + 2 * i, b, 2);  // d
-                if (kind == KIND_Q4_1_X8) {
-                    __builtin_memcpy(o + 16 + 2 * i, b + 2, 2);  // m
-                    for (int t = 0; t < 4; t++) __builtin_memcpy(o + 32 + 32 * t + 4 * i, b + 4 + 4 * t, 4);
-                } else {
-                    for (int t = 0; t < 8; t++) __builtin_memcpy(o + 16 + 32 * t + 4 * i, b + 2 + 4 * t, 4);
-                }
-            }
-        }
-    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t blk = 0; blk < nb; blk++)
+            x8_move(kind, dst + ((n / X8_ROWS) * nb + blk) * gb, (int)(n % X8_ROWS),
+                    (uint8_t*)src + (n * nb + blk) * bb, 1);
     return 0;
 }
 
-// Rows ids[0 .. n) of W (any kind) as plain GGUF rows: out [n, K/32 plain blocks].
-void ggml_gather_rows(int kind, const uint8_t* w, const int64_t* ids, int64_t n, uint8_t* out,
-                      int64_t K) {
-    const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind));
+// Rows ids[0 .. n) of W [N rows, any kind] as plain GGUF rows: out [n, K/32 plain blocks];
+// -1 (out untouched past the bad id) when an id is outside [0, N).
+int ggml_gather_rows(int kind, const uint8_t* w, int64_t N, const int64_t* ids, int64_t n,
+                     uint8_t* out, int64_t K) {
+    const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind)), gb = x8_block_bytes(kind);
     for (int64_t r = 0; r < n; r++) {
+        if (ids[r] < 0 || ids[r] >= N) return -1;
         uint8_t* o = out + r * nb * bb;
         if (!is_x8(kind)) {
             __builtin_memcpy(o, w + ids[r] * nb * bb, nb * bb);
             continue;
         }
-        const uint8_t* g = w + (ids[r] / X8_ROWS) * nb * x8_block_bytes(kind);
+        const uint8_t* g = w + (ids[r] / X8_ROWS) * nb * gb;
         for (int64_t blk = 0; blk < nb; blk++)
-            x8_row_block(kind, g + blk * x8_block_bytes(kind), (int)(ids[r] % X8_ROWS), o + blk * bb);
+            x8_row_block(kind, g + blk * gb, (int)(ids[r] % X8_ROWS), o + blk * bb);
     }
+    return 0;
 }
 
 // Scalar reference: row i of the group at g . one activation row of nb blocks.
