@@ -44,10 +44,11 @@ from typing import Any
 import httpx
 import torch
 
+from benchmarks.engine_verify import PLAIN_ROWS, engine_verify_costs
 from benchmarks.llamacpp_load import LoadResult, load_side, serve
 from benchmarks.llamacpp_report import batch1_table, first_difference, load_table, verify_table
 from benchmarks.machine import machine_info, machine_lines
-from benchmarks.verify_cost import PLAIN_ROWS, Point, engine_verify_costs
+from benchmarks.verify_cost import Point
 from specserve.bench.workloads import build_workload
 from specserve.config import Numerics
 from specserve.engine.resources import load_tokenizer
