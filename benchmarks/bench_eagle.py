@@ -30,7 +30,8 @@ from specserve.request import Sequence as Seq
 from specserve.runner.model_runner import ModelRunner
 from specserve.scheduler.kv_blocks import BlockAllocator
 from specserve.speculation import eagle_proposer
-from specserve.speculation.eagle_proposer import EagleProposer, eagle_head_dir
+from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.eagle_resolve import eagle_head_dir
 
 MODULE = "benchmarks.bench_eagle"
 HISTORY = 64

@@ -5,7 +5,9 @@ Per sequence it keeps the head's keys and values of verified output positions (t
 `window - 1`) and the pairs (feature, token) that `sync` handed over since the last proposal.
 `propose` first runs those pending pairs (their keys join the cache: computed from the target's
 true features) and then drafts k tokens, each from the head's own previous output; the chain's
-keys live only for that call. Drafted ids come from the draft vocabulary only.
+keys live only for that call. Drafted ids come from the draft vocabulary only. Where the head's
+projections are GGUF blocks, the layer runs in one native call and the keys live in lanes of a
+cache of the head's own (eagle_native.py); elsewhere as torch operations over padded tensors.
 
 Greedy requests without penalties or logits processors draft the head's argmax. Others draft
 what the engine's sampler would pick from the head's logits (-inf outside the draft
@@ -21,32 +23,25 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
-from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
 from specserve.models.llama import LlamaForCausalLM
-from specserve.models.loader import resolve_model_dir
 from specserve.request import Sequence
 from specserve.runner.sampler import SampleRow, sample_row
 from specserve.speculation.eagle import (
-    CONFIG_FILE,
-    HEAD_FILE,
     NO_POSITION,
     EagleHead,
     check_base,
     load_eagle,
-    read_eagle_config,
-    shipped_head_for,
 )
-from specserve.speculation.proposer import Draft, HiddenRows, Loaded, Proposer, Registration
+from specserve.speculation.eagle_native import Lane, NativeHead, Rows
+from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
 # Draft another token only while the head gives the chain so far at least this probability of
@@ -66,6 +61,7 @@ class _State:
     values: torch.Tensor | None = None
     positions: torch.Tensor | None = None  # [L]
     last: torch.Tensor | None = None  # the head's output at the newest verified position
+    lane: Lane | None = None  # its slots in the native path's cache (eagle_native.py)
 
 
 class EagleProposer(Proposer):
@@ -98,6 +94,8 @@ class EagleProposer(Proposer):
         if blocks:
             for name in ("fc", "qkv", "o", "gate_up", "down"):
                 setattr(head, name, q8_linear(getattr(head, name)))
+        # the layer in one native call per drafting step where its projections allow it
+        self.native = NativeHead(head) if blocks and NativeHead.supports(head) else None
         self._states: dict[int, _State] = {}
 
     @classmethod
@@ -133,7 +131,8 @@ class EagleProposer(Proposer):
             raise ValueError(f"{len(rows)} feature rows for {n} output tokens")
         state = self._states.setdefault(seq.seq_id, _State(next_pos=n - len(rows)))
         if state.next_pos + len(state.tokens) != n - len(rows):  # a gap: start over from here
-            self._states[seq.seq_id] = state = _State(next_pos=n - len(rows))
+            lane = state.lane  # kept: its keys are not used again (see NativeHead.make_room)
+            self._states[seq.seq_id] = state = _State(next_pos=n - len(rows), lane=lane)
         state.features += list(rows)
         state.tokens += seq.output_ids[n - len(rows) :]
         keep = self.head.shape.window
@@ -143,7 +142,9 @@ class EagleProposer(Proposer):
         state.num_tokens = seq.num_tokens
 
     def release(self, seq: Sequence) -> None:
-        self._states.pop(seq.seq_id, None)
+        state = self._states.pop(seq.seq_id, None)
+        if state is not None and state.lane is not None and self.native is not None:
+            self.native.release(state.lane)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft(tokens=[]) for _ in seqs]
@@ -179,6 +180,9 @@ class EagleProposer(Proposer):
         todo = [s for s in states if s.tokens]
         if not todo:
             return
+        if self.native is not None:
+            self._catch_up_native(todo, self.native)
+            return
         head, t = self.head, max(len(s.tokens) for s in todo)
         feats = torch.zeros(len(todo), t, head.shape.hidden_size)
         ids = torch.zeros(len(todo), t, dtype=torch.long)
@@ -207,7 +211,26 @@ class EagleProposer(Proposer):
             s.next_pos += n
             s.features, s.tokens = [], []
 
+    def _catch_up_native(self, todo: list[_State], native: NativeHead) -> None:
+        rows = Rows([], [s.next_pos for s in todo], [len(s.tokens) for s in todo])
+        for s, count in zip(todo, rows.counts, strict=True):
+            s.lane = s.lane or native.lane(s.next_pos)
+            native.make_room(s.lane, s.next_pos, count)
+            rows.lanes.append(s.lane)
+        feats = torch.stack([f for s in todo for f in s.features])
+        ids = torch.tensor([t for s in todo for t in s.tokens])
+        out = native.forward(self.head.fuse(feats, self._embed(ids)), rows)
+        native.commit(rows)
+        end = 0
+        for s, count in zip(todo, rows.counts, strict=True):
+            end += count
+            s.last = out[end - 1]
+            s.next_pos += count
+            s.features, s.tokens = [], []
+
     def _draft(self, seqs: list[Sequence], ks: list[int], states: list[_State]) -> list[Draft]:
+        if self.native is not None:
+            return self._draft_native(seqs, ks, states, self.native)
         head = self.head
         g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
         past_k, past_v, past_pos = self._cache(states)
@@ -223,6 +246,25 @@ class EagleProposer(Proposer):
             past_pos = torch.cat([past_pos, pos], dim=1)
             g = head.finish(x, head.attend(q, past_k, past_v, head.window_mask(pos, past_pos)))
             pos = pos + 1
+        return [c.draft() for c in picks]
+
+    def _draft_native(
+        self, seqs: list[Sequence], ks: list[int], states: list[_State], native: NativeHead
+    ) -> list[Draft]:
+        ks = [min(k, native.max_chain) for k in ks]
+        lanes = []
+        for s, k in zip(states, ks, strict=True):
+            assert s.lane is not None  # caught up at least once: `last` is there
+            native.make_room(s.lane, s.next_pos, k)
+            lanes.append(s.lane)
+        g = torch.stack([s.last for s in states if s.last is not None])  # [B, H]
+        picks = [_Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
+        for j in range(max(ks)):
+            tokens = self._pick(g, picks, j)  # [B]
+            if all(c.done() for c in picks):
+                break
+            x = self.head.fuse(g, self._embed(tokens))
+            g = native.forward(x, Rows(lanes, [s.next_pos + j for s in states], [1] * len(lanes)))
         return [c.draft() for c in picks]
 
     def _pick(self, g: torch.Tensor, chains: list[_Chain], j: int) -> torch.Tensor:
@@ -301,59 +343,3 @@ def _padded_cache(
             n = len(s.positions)
             keys[b, :, :n], values[b, :, :n], positions[b, :n] = s.keys, s.values, s.positions
     return keys, values, positions
-
-
-# ------------------------------------------------------------------------ registration
-def eagle_head_dir(model_dir: Path, eagle: str | None) -> Path | None:
-    """`--eagle DIR`, else the shipped head trained for exactly this base (None: none)."""
-    if eagle is not None:
-        read_eagle_config(Path(eagle))  # a clear error when it is not a head directory
-        return Path(eagle)
-    return shipped_head_for(model_dir)
-
-
-def eagle_proposer(loaded: Loaded) -> EagleProposer | None:
-    """The EAGLE proposer for the loaded target; None when no head serves it (logged)."""
-    spec, target = loaded.config.spec, loaded.target
-    if target is None:
-        return None
-    head_dir = eagle_head_dir(target.model_dir, spec.eagle)
-    if head_dir is None:
-        logger.info(
-            "--proposer %s: no EAGLE head for %s (pass --eagle DIR; specserve train-eagle "
-            "makes one); n-gram serves",
-            spec.proposer,
-            target.model_dir,
-        )
-        return None
-    return EagleProposer.load(head_dir, target.model, target.model_dir, spec.force_eagle)
-
-
-def _artifact_dir(settings: Mapping[str, Any], target_dir: Path, live: Proposer | None) -> Path:
-    head_dir = getattr(live, "head_dir", None)
-    if isinstance(head_dir, Path):
-        return head_dir
-    eagle = settings.get("eagle")
-    if eagle:
-        return Path(eagle)
-    return shipped_head_for(resolve_model_dir(str(target_dir))) or target_dir
-
-
-def fingerprint_head(head_dir: Path, cache_dir: Path | None) -> Fingerprint:
-    config = head_dir / CONFIG_FILE
-    return {
-        "config_sha256": config_sha256(config) if config.is_file() else None,
-        "weights_sha256": files_sha256(
-            [p for p in [head_dir / HEAD_FILE] if p.is_file()], cache_dir
-        ),
-    }
-
-
-REGISTRATION = Registration(
-    "eagle",
-    eagle_proposer,
-    artifacts=("eagle", "force_eagle"),
-    hidden=HiddenRows.ACCEPTED,
-    artifact_dir=_artifact_dir,
-    fingerprint=fingerprint_head,
-)

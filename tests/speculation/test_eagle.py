@@ -305,7 +305,7 @@ def test_hybrid_stops_asking_the_head_in_a_sequence_where_it_fails() -> None:
 # ----------------------------------------------------------------------- real default model
 def _real_engine(proposer: str | None, speculate: int, num_blocks: int = 512) -> Any:
     """An engine on the embedded model (loaded once) with the shipped head's proposer."""
-    from specserve.speculation.eagle_proposer import eagle_head_dir
+    from specserve.speculation.eagle_resolve import eagle_head_dir
     from specserve.speculation.suffix import SuffixProposer
     from tests.integration.test_real_model import base_engine, engine_with
 
@@ -324,7 +324,7 @@ def _real_engine(proposer: str | None, speculate: int, num_blocks: int = 512) ->
 def test_shipped_head_matches_the_default_model() -> None:
     from specserve.models.loader import resolve_model_dir
     from specserve.speculation.eagle import SHIPPED_DIR
-    from specserve.speculation.eagle_proposer import eagle_head_dir
+    from specserve.speculation.eagle_resolve import eagle_head_dir
     from specserve.speculation.registry import REGISTRY
 
     model_dir = resolve_model_dir(None)
@@ -368,6 +368,9 @@ def test_shipped_head_greedy_is_bit_identical(proposer: str, pools: tuple[int, .
         stats = engine.stats.proposer
         assert 0 < stats.accepted_tokens < stats.drafted_tokens  # drafted, some rejected
         assert engine.res.allocator.num_free == num_blocks
+        eagle = engine.res.proposer if proposer == "eagle" else engine.res.proposer.head
+        assert not eagle._states  # every finished sequence released its drafting state
+        assert eagle.native is not None and len(eagle.native._free) == eagle.native._lanes
         preemptions += engine.scheduler.num_preemptions
     if pools == TIGHT_POOLS:
         assert preemptions > 0

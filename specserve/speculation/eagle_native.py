@@ -1,0 +1,195 @@
+"""The EAGLE head's decoder layer in one native call per drafting step (`kernels/decoder.h`, the
+call the target's layers make), with the head's keys and values in a paged cache of its own.
+
+Run as torch operations (eagle.py), one chain step is some 35 framework calls (projections,
+RoPE, concatenating the cache, building the window mask, repeating heads for GQA, SDPA), about
+0.9 ms a drafted token at batch 1 on 2 cores: a fifth of a target step. Here it is the fused
+input projection, one `decoder_layers` call over the head's layer, and the final norm.
+
+The cache: each drafting sequence owns a lane of `capacity` consecutive slots (whole blocks),
+its logical position i holding the key of output position `base + i`, so the attention
+kernel's own window (keys within `window` positions of the query) is the head's window. A lane
+keeps the verified positions at logical 0..n-1; a chain's keys go after them and are written
+over by the next call, which recomputes those positions from the target's true features. When
+a lane would overflow, its last `window - 1` verified keys (all a later query can see) move to
+its start. Lanes are reused as sequences finish; the cache doubles when all are taken.
+
+Drafts only decide how much a step verifies, never what the request outputs: this path's
+rounding differs from the torch path's (another attention kernel, RoPE in the kernel), and
+tests hold the two to the same drafts within float tolerance, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specserve.kernels import decoder, ggml
+from specserve.models.block_linear import BlockLinear
+from specserve.models.llama import ROPE_KERNEL_WIDTH
+from specserve.speculation.eagle import EagleHead
+
+BLOCK = 16  # slots per block of the head's cache
+
+
+@dataclass
+class Lane:
+    """One sequence's slots: logical position i (output position base + i) at slot start + i."""
+
+    index: int
+    start: int
+    base: int = 0
+    n: int = 0  # verified positions held, at logical 0..n-1
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A step's new rows: per sequence, its lane, the output position of its first new row and
+    how many rows it has (consecutive positions)."""
+
+    lanes: list[Lane]
+    firsts: list[int]
+    counts: list[int]
+
+
+class NativeHead:
+    """The head's layer over lanes of its own cache (see the module docstring)."""
+
+    def __init__(self, head: EagleHead) -> None:
+        s = head.shape
+        self.head = head
+        self.window = s.window
+        # After moving, a lane holds window - 1 verified keys; a call adds up to `window`
+        # pending pairs (sync keeps no more) or a chain.
+        self.capacity = -(-2 * s.window // BLOCK) * BLOCK
+        self.max_chain = self.capacity - (s.window - 1)
+        self._shape = decoder.Shape(
+            s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads, s.head_dim,
+            s.rms_norm_eps, 1.0 / math.sqrt(s.head_dim), 1,
+        )  # fmt: skip
+        self._free: list[Lane] = []
+        self._lanes = 0
+        self.k_cache = torch.zeros(0)
+        self.v_cache = torch.zeros(0)
+        self._layer: ctypes.Array[decoder.Layer] | None = None
+        self._cos = torch.zeros(0, s.head_dim)
+        self._sin = torch.zeros(0, s.head_dim)
+        self._grow(8)
+
+    @staticmethod
+    def supports(head: EagleHead) -> bool:
+        """Whether every projection of the head is q8 blocks the layer kernel takes."""
+        names = ("fc", "qkv", "o", "gate_up", "down")
+        linears = [getattr(head, n) for n in names]
+        return (
+            ggml.library() is not None
+            and all(isinstance(p, BlockLinear) and p.q8 and p.bias is None for p in linears)
+            and head.qkv.out_features % ROPE_KERNEL_WIDTH == 0
+            and head.shape.head_dim % 8 == 0
+        )
+
+    # ------------------------------------------------------------------------------ lanes
+    def lane(self, first_position: int) -> Lane:
+        if not self._free:
+            self._grow(2 * self._lanes)
+        lane = self._free.pop()
+        lane.base, lane.n = first_position, 0
+        return lane
+
+    def release(self, lane: Lane) -> None:
+        self._free.append(lane)
+
+    def _grow(self, lanes: int) -> None:
+        s = self.head.shape
+        k = torch.zeros(s.num_kv_heads, lanes * self.capacity, s.head_dim)
+        v = torch.zeros_like(k)
+        if self._lanes:
+            used = self._lanes * self.capacity
+            k[:, :used], v[:, :used] = self.k_cache, self.v_cache
+        self.k_cache, self.v_cache = k, v
+        self._free += [Lane(i, i * self.capacity) for i in range(lanes - 1, self._lanes - 1, -1)]
+        self._lanes = lanes
+        head = self.head
+        qkv, o, gate_up, down = (_blocks(p) for p in (head.qkv, head.o, head.gate_up, head.down))
+        layer = decoder.Layer(
+            head.input_norm.weight.data_ptr(), qkv.blocks.data_ptr(), None, o.blocks.data_ptr(),
+            head.post_norm.weight.data_ptr(), gate_up.blocks.data_ptr(), down.blocks.data_ptr(),
+            k.data_ptr(), v.data_ptr(), qkv.kind, o.kind, gate_up.kind, down.kind,
+        )  # fmt: skip
+        self._layer = (decoder.Layer * 1)(layer)
+
+    def make_room(self, lane: Lane, first_position: int, rows: int) -> None:
+        """Ready `lane` for `rows` new rows from output position `first_position`: a lane whose
+        verified keys do not end just before it starts over; one that would overflow keeps its
+        last window - 1 verified keys, moved to its start."""
+        if lane.base + lane.n != first_position:
+            lane.base, lane.n = first_position, 0
+        if lane.n + rows <= self.capacity:
+            return
+        keep = min(lane.n, self.window - 1)
+        src = slice(lane.start + lane.n - keep, lane.start + lane.n)
+        dst = slice(lane.start, lane.start + keep)
+        self.k_cache[:, dst] = self.k_cache[:, src].clone()
+        self.v_cache[:, dst] = self.v_cache[:, src].clone()
+        lane.base += lane.n - keep
+        lane.n = keep
+
+    # ----------------------------------------------------------------------------- layer
+    def forward(self, x: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """The head's layer and final norm over x [T, H] (the fused inputs of the new rows, in
+        `rows` order): their keys and values into the lanes, each attending to its lane's
+        window. Returns the normalised outputs [T, H]; commits nothing (see `commit`)."""
+        slots: list[int] = []
+        info: list[tuple[int, int, int]] = []
+        positions: list[int] = []
+        for lane, first, count in zip(rows.lanes, rows.firsts, rows.counts, strict=True):
+            at = first - lane.base  # logical position of the first new row
+            if at < 0 or at + count > self.capacity:  # make_room was not called: never write
+                raise RuntimeError(f"rows {at}..{at + count} outside a lane of {self.capacity}")
+            info.append((len(slots), count, at + count))
+            slots += range(lane.start + at, lane.start + at + count)
+            positions += range(first, first + count)
+        bpl = self.capacity // BLOCK
+        tables = torch.tensor(
+            [[lane.index * bpl + b for b in range(bpl)] for lane in rows.lanes], dtype=torch.int32
+        )
+        slot_t = torch.tensor(slots, dtype=torch.int64)
+        info_t = torch.tensor(info, dtype=torch.int64)
+        cos, sin = self._rope(positions)
+        batch = decoder.Batch(
+            slot_t.data_ptr(), info_t.data_ptr(), tables.data_ptr(), len(info), bpl, BLOCK,
+            self.window, self.k_cache.shape[1], self.k_cache.element_size(),
+        )  # fmt: skip
+        x = x.contiguous()
+        assert self._layer is not None
+        decoder.run_layers(self._layer, self._shape, batch, x, cos, sin)
+        norm = self.head.norm
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
+
+    @staticmethod
+    def commit(rows: Rows) -> None:
+        """The rows just run are verified positions: they stay in their lanes."""
+        for lane, first, count in zip(rows.lanes, rows.firsts, rows.counts, strict=True):
+            lane.n = first - lane.base + count
+
+    def _rope(self, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, D] at output positions, as the torch path computes them (float64 angles,
+        rounded to float32), from a table that doubles as positions grow."""
+        top = max(positions) + 1
+        if top > len(self._cos):
+            size = max(top, 2 * len(self._cos), 1024)
+            angles = torch.arange(size, dtype=torch.float64).unsqueeze(-1) * self.head.inv_freq
+            emb = torch.cat([angles, angles], dim=-1)
+            self._cos, self._sin = emb.cos().float(), emb.sin().float()
+        index = torch.tensor(positions, dtype=torch.int64)
+        return self._cos[index].contiguous(), self._sin[index].contiguous()
+
+
+def _blocks(linear: object) -> BlockLinear:
+    assert isinstance(linear, BlockLinear)  # NativeHead.supports checked it
+    return linear

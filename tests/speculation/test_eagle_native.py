@@ -1,0 +1,112 @@
+"""The EAGLE head's layer in one native call (speculation/eagle_native.py) drafts what the torch
+path drafts: the same tokens, confidences equal to float tolerance (another attention kernel),
+through histories longer than a lane, gaps, batches of mixed histories and lanes reused."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from specserve.kernels import ggml
+from specserve.request import SamplingParams, Sequence
+from specserve.speculation.eagle import EagleHead, HeadShape
+from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.proposer import Draft
+
+pytestmark = pytest.mark.skipif(ggml.library() is None, reason="no GGUF block kernels here")
+
+HIDDEN, VOCAB = 64, 96
+
+
+def _head(window: int) -> EagleHead:
+    torch.manual_seed(0)
+    head = EagleHead(HeadShape(HIDDEN, 4, 2, 16, 64, 1e-6, 10000.0, window))
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.15)
+    head.draft_vocab = torch.arange(3, VOCAB, 2)
+    return head.eval()
+
+
+def _target() -> Any:
+    torch.manual_seed(1)
+    return SimpleNamespace(
+        embed_tokens=torch.nn.Embedding(VOCAB, HIDDEN),
+        lm_head=torch.nn.Linear(HIDDEN, VOCAB, bias=False),
+        arch=SimpleNamespace(vocab_size=VOCAB, hidden_size=HIDDEN, head_dim=16),
+    )
+
+
+def _pair(window: int) -> tuple[EagleProposer, EagleProposer]:
+    """(native, torch) proposers over copies of one head and one target, q8 blocks both."""
+    head, target = _head(window), _target()
+    native = EagleProposer(copy.deepcopy(head), target, None, blocks=True)
+    plain = EagleProposer(copy.deepcopy(head), target, None, blocks=True)
+    plain.native = None
+    assert native.native is not None
+    return native, plain
+
+
+@pytest.fixture(autouse=True)
+def full_chains(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+
+
+def _same(a: list[Draft], b: list[Draft]) -> None:
+    assert [d.tokens for d in a] == [d.tokens for d in b]
+    for x, y in zip(a, b, strict=True):
+        assert x.confidence == pytest.approx(y.confidence, abs=1e-3)
+
+
+def _play(proposers: tuple[EagleProposer, ...], steps: list[list[tuple[int, int, int]]]) -> int:
+    """Each step: per sequence (seq id, new tokens, k) sync that many rows, then propose all
+    at once on every proposer; the drafts must agree. Returns how many drafts were compared."""
+    gen = torch.Generator().manual_seed(7)
+    seqs: dict[int, Sequence] = {}
+    compared = 0
+    for step in steps:
+        batch, ks = [], []
+        for sid, new, k in step:
+            seq = seqs.setdefault(sid, Sequence(sid, f"r{sid}", [1, 2], SamplingParams()))
+            seq.output_ids += torch.randint(0, VOCAB, (new,), generator=gen).tolist()
+            feats = torch.randn(new, HIDDEN, generator=gen)
+            for p in proposers:
+                p.sync(seq, feats)
+            batch.append(seq)
+            ks.append(k)
+        drafts = [p.propose(batch, ks) for p in proposers]
+        for other in drafts[1:]:
+            _same(drafts[0], other)
+        compared += sum(len(d.tokens) for d in drafts[0])
+    return compared
+
+
+def test_native_drafts_equal_the_torch_paths_over_long_histories() -> None:
+    native, plain = _pair(window=8)
+    assert native.native is not None
+    capacity = native.native.capacity
+    # 1-3 accepted a step for ~3 lanes' worth of positions: lanes move their keys many times
+    steps = [[(0, 1 + i % 3, 4)] for i in range(3 * capacity // 2)]
+    assert _play((native, plain), steps) == 4 * len(steps)
+
+
+def test_native_batches_of_mixed_histories_gaps_and_reused_lanes() -> None:
+    native, plain = _pair(window=16)
+    assert native.native is not None
+    steps = [[(s, 5 + 3 * s, 3) for s in range(3)]]
+    steps += [[(s, 1 + (s + i) % 4, 2 + s) for s in range(3)] for i in range(12)]
+    _play((native, plain), steps)
+    # a gap: sequence 1's next rows skip positions, and both paths start its history over
+    seq = Sequence(1, "r1", [1, 2], SamplingParams(), output_ids=list(range(3, 80)))
+    for p in (native, plain):
+        p.sync(seq, torch.randn(2, HIDDEN, generator=torch.Generator().manual_seed(3)))
+    _same(native.propose([seq], [4]), plain.propose([seq], [4]))
+    # more sequences than the cache first had lanes for; then every lane is returned
+    many = [[(10 + s, 4, 3) for s in range(12)], [(10 + s, 2, 3) for s in range(12)]]
+    _play((native, plain), many)
+    for sid in [0, 1, 2, *range(10, 22)]:
+        native.release(Sequence(sid, "x", [1], SamplingParams()))
+    assert len(native.native._free) == native.native._lanes >= 15
