@@ -4,7 +4,9 @@ For B sequences at once (each with 64 verified positions in the head's cache), o
 proposer work as the engine runs it: `sync` with one new feature row, then `propose` of k
 tokens (the pending pair, then k - 1 chain steps). Beside it, the target's own decode step (one
 row per sequence at a 256-token context) on the same machine. The ratio per drafted token is
-what `speculation/hybrid.py` charges the head (HEAD_TOKEN_COST).
+what `speculation/hybrid.py` charges the head (HEAD_TOKEN_COST). The same drafting with the
+head's layer as torch operations (the path for heads not on GGUF blocks) runs beside it, the
+two taking turns batch by batch.
 
     python -m benchmarks.bench_eagle [--threads 2] [--batches 1,16] [--k 4] [--json PATH]
 """
@@ -77,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if head_dir is None:
         raise SystemExit("error: no EAGLE head for the default model")
     proposer = EagleProposer.load(head_dir, model, model_dir)
+    torch_path = EagleProposer.load(head_dir, model, model_dir)
+    torch_path.native = None
     eagle_proposer.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
     blocks = max(batches) * (256 // 16 + 2)
     runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
@@ -86,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for batch, target in zip(batches, targets, strict=True):
         ms = statistics.median(draft_ms(proposer, batch, args.k, args.repeats))
+        torch_ms = statistics.median(draft_ms(torch_path, batch, args.k, args.repeats))
         per_token = ms / (batch * args.k)
         rows.append(
             {
@@ -93,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "k": args.k,
                 "draft_ms": round(ms, 3),
                 "draft_ms_per_token": round(per_token, 4),
+                "torch_path_ms_per_token": round(torch_ms / (batch * args.k), 4),
                 "target_step_ms": round(target.ms_step, 3),
                 # a drafted token's cost in target steps of one sequence (the step's share)
                 "token_cost": round(per_token / (target.ms_step / batch), 4),
@@ -100,11 +106,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(machine_lines(info))
     print()
-    print("| B | k | drafting ms/step | ms per drafted token | target step ms | token cost |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| B | k | drafting ms/step | ms per drafted token | torch path, ms per drafted token "
+        "| torch path / native | target step ms | token cost |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(
             f"| {r['batch']} | {r['k']} | {r['draft_ms']:.2f} | {r['draft_ms_per_token']:.3f} | "
+            f"{r['torch_path_ms_per_token']:.3f} | "
+            f"{r['torch_path_ms_per_token'] / r['draft_ms_per_token']:.2f}x | "
             f"{r['target_step_ms']:.2f} | {r['token_cost']:.3f} |"
         )
     if args.json is not None:
