@@ -38,10 +38,10 @@ from specserve.speculation.suffix import SuffixProposer
 logger = logging.getLogger(__name__)
 
 # The head's cost per drafted token, in target tokens (one sequence's share of a decode step):
-# benchmarks/bench_eagle.py measured 0.15 at batch 1 and 0.10 at 16 on 2 AVX2 cores
-# (docs/benchmarks.md; 0.11-0.22 at batch 1 over its runs that day): rounded up, as at batch 1,
-# where the hybrid matters most.
-HEAD_TOKEN_COST = 0.2
+# benchmarks/bench_eagle.py measured 0.10-0.11 at batch 1 and 0.07 at 16 on 2 AVX2 cores with
+# the layer in one native call (docs/bench/eagle-cost-0352.md; 0.15-0.21 as torch operations):
+# rounded up, as at batch 1, where the hybrid matters most.
+HEAD_TOKEN_COST = 0.12
 HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 
