@@ -4,9 +4,9 @@ For B sequences at once (each with 64 verified positions in the head's cache), o
 proposer work as the engine runs it: `sync` with one new feature row, then `propose` of k
 tokens (the pending pair, then k - 1 chain steps). Beside it, the target's own decode step (one
 row per sequence at a 256-token context) on the same machine. The ratio per drafted token is
-what `speculation/hybrid.py` charges the head (HEAD_TOKEN_COST). The same drafting with the
-head's layer as torch operations (the path for heads not on GGUF blocks) runs beside it, the
-two taking turns batch by batch.
+what `speculation/eagle_proposer.py` charges the head (HEAD_TOKEN_COST). The same drafting
+with the head's layer as torch operations (the path for heads not on GGUF blocks) runs beside
+it, batch by batch.
 
     python -m benchmarks.bench_eagle [--threads 2] [--batches 1,16] [--k 4] [--json PATH]
 """
@@ -82,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch_path = EagleProposer.load(head_dir, model, model_dir)
     torch_path.native = None
     eagle_proposer.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
+    eagle_proposer.HEAD_TOKEN_COST = (
+        0.0  # every step drafted, whatever its drafts on random features
+    )
     blocks = max(batches) * (256 // 16 + 2)
     runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
     targets = measure_verify_cost(

@@ -83,3 +83,34 @@ class Calibration:
                 )
             )
         return rows
+
+
+def accepted_prefix(drafted: Sequence[int], committed: Sequence[int]) -> int:
+    """How many leading drafted tokens the target committed (positions past `committed` were not
+    verified, so they count as neither)."""
+    n = 0
+    while n < min(len(drafted), len(committed)) and drafted[n] == committed[n]:
+        n += 1
+    return n
+
+
+class RunningAccepted:
+    """Per sequence, a source's accepted tokens per draft: a running mean from an optimistic
+    prior (each sequence tries the source until its own outcomes say otherwise)."""
+
+    def __init__(self, prior: float, rate: float) -> None:
+        self.prior, self.rate = prior, rate
+        self._means: dict[int, float] = {}
+
+    def mean(self, seq_id: int) -> float:
+        return self._means.get(seq_id, self.prior)
+
+    def record(self, seq_id: int, accepted: int) -> None:
+        mean = self.mean(seq_id)
+        self._means[seq_id] = mean + self.rate * (accepted - mean)
+
+    def release(self, seq_id: int) -> None:
+        self._means.pop(seq_id, None)
+
+    def __len__(self) -> int:
+        return len(self._means)

@@ -34,6 +34,7 @@ from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import LlamaForCausalLM
 from specserve.request import Sequence
 from specserve.runner.sampler import SampleRow, sample_row
+from specserve.speculation.calibration import RunningAccepted, accepted_prefix
 from specserve.speculation.eagle import (
     NO_POSITION,
     EagleHead,
@@ -48,6 +49,14 @@ logger = logging.getLogger(__name__)
 # being accepted whole: below it, the next token's expected gain (its probability times this)
 # is worth less than drafting and verifying it (bench_eagle: ~0.1-0.2 of a target step each).
 CONTINUE_ABOVE = 0.35
+# The head's cost per drafted token, in target tokens (one sequence's share of a decode step):
+# benchmarks/bench_eagle.py measured 0.10-0.11 at batch 1 and 0.07 at 16 on 2 AVX2 cores with
+# the layer in one native call (docs/bench/eagle-cost-0352.md; 0.15-0.21 as torch operations):
+# rounded up, as at batch 1. A sequence is drafted for only while the head's running mean of
+# accepted tokens per draft there exceeds what drafting k tokens costs (`propose`).
+HEAD_TOKEN_COST = 0.12
+HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
+HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
 
 
@@ -61,6 +70,7 @@ class _State:
     values: torch.Tensor | None = None
     positions: torch.Tensor | None = None  # [L]
     last: torch.Tensor | None = None  # the head's output at the newest verified position
+    drafted: list[int] = field(default_factory=list)  # the last draft, until its outcome is seen
     lane: Lane | None = None  # its slots in the native path's cache (eagle_native.py)
 
 
@@ -97,6 +107,7 @@ class EagleProposer(Proposer):
         # the layer in one native call per drafting step where its projections allow it
         self.native = NativeHead(head) if blocks and NativeHead.supports(head) else None
         self._states: dict[int, _State] = {}
+        self.accepted = RunningAccepted(HEAD_PRIOR, HEAD_RATE)  # per sequence, per draft
 
     @classmethod
     def load(
@@ -133,6 +144,10 @@ class EagleProposer(Proposer):
         if state.next_pos + len(state.tokens) != n - len(rows):  # a gap: start over from here
             lane = state.lane  # kept: its keys are not used again (see NativeHead.make_room)
             self._states[seq.seq_id] = state = _State(next_pos=n - len(rows), lane=lane)
+        if state.drafted:  # how the last draft fared against what the target committed
+            committed = seq.output_ids[n - len(rows) :]
+            self.accepted.record(seq.seq_id, accepted_prefix(state.drafted, committed))
+            state.drafted = []
         state.features += list(rows)
         state.tokens += seq.output_ids[n - len(rows) :]
         keep = self.head.shape.window
@@ -143,20 +158,26 @@ class EagleProposer(Proposer):
 
     def release(self, seq: Sequence) -> None:
         state = self._states.pop(seq.seq_id, None)
+        self.accepted.release(seq.seq_id)
         if state is not None and state.lane is not None and self.native is not None:
             self.native.release(state.lane)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """Drafts where the head has been paying in the sequence (see HEAD_TOKEN_COST)."""
         drafts = [Draft(tokens=[]) for _ in seqs]
-        rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True)) if k and self._ready(s)]
+        rows = [
+            i
+            for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
+            if k and self._ready(s) and self.accepted.mean(s.seq_id) > HEAD_TOKEN_COST * k
+        ]
         if not rows:
             return drafts
         with torch.inference_mode():
             states = [self._states[seqs[i].seq_id] for i in rows]
             self._catch_up(states)
             chains = self._draft([seqs[i] for i in rows], [ks[i] for i in rows], states)
-        for i, draft in zip(rows, chains, strict=True):
-            drafts[i] = draft
+        for i, draft, state in zip(rows, chains, states, strict=True):
+            drafts[i], state.drafted = draft, draft.tokens
         return drafts
 
     def _ready(self, seq: Sequence) -> bool:

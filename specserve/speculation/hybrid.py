@@ -20,8 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from specserve.request import Sequence
-from specserve.speculation.calibration import Calibration
-from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.calibration import Calibration, RunningAccepted, accepted_prefix
+from specserve.speculation.eagle_proposer import (
+    HEAD_PRIOR,
+    HEAD_RATE,
+    HEAD_TOKEN_COST,
+    EagleProposer,
+)
 from specserve.speculation.eagle_resolve import REGISTRATION as EAGLE
 from specserve.speculation.eagle_resolve import eagle_proposer
 from specserve.speculation.policy import expected_emitted
@@ -36,14 +41,6 @@ from specserve.speculation.proposer import (
 from specserve.speculation.suffix import SuffixProposer
 
 logger = logging.getLogger(__name__)
-
-# The head's cost per drafted token, in target tokens (one sequence's share of a decode step):
-# benchmarks/bench_eagle.py measured 0.10-0.11 at batch 1 and 0.07 at 16 on 2 AVX2 cores with
-# the layer in one native call (docs/bench/eagle-cost-0352.md; 0.15-0.21 as torch operations):
-# rounded up, as at batch 1, where the hybrid matters most.
-HEAD_TOKEN_COST = 0.12
-HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
-HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 
 
 @dataclass(frozen=True)
@@ -62,17 +59,14 @@ class HybridProposer(Proposer):
         # seq_id -> each source's draft this step, chosen or not: the committed tokens are the
         # target's own continuation either way, so both sources learn from every step
         self._proposed: dict[int, dict[str, _Proposed]] = {}
-        # seq_id -> the head's accepted tokens per draft in this sequence, a running mean (from
-        # HEAD_PRIOR: each sequence tries the head until its own outcomes say otherwise)
-        self._head_mean: dict[int, float] = {}
+        # the head's accepted tokens per draft in each sequence
+        self.head_accepted = RunningAccepted(HEAD_PRIOR, HEAD_RATE)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         looked = self.lookup.propose(seqs, ks)
         worth = [_expected(self._calibrated("lookup", d)) for d in looked]
         ask = [
-            k
-            if k and worth[i] < self._head_mean.get(s.seq_id, HEAD_PRIOR) - HEAD_TOKEN_COST * k
-            else 0
+            k if k and worth[i] < self.head_accepted.mean(s.seq_id) - HEAD_TOKEN_COST * k else 0
             for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
         ]
         heads = self.head.propose(seqs, ask) if any(ask) else [Draft([]) for _ in seqs]
@@ -107,18 +101,15 @@ class HybridProposer(Proposer):
         rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
         committed = seq.output_ids[len(seq.output_ids) - rows :]
         for source, proposed in self._proposed.pop(seq.seq_id, {}).items():
+            right = accepted_prefix(proposed.tokens, committed)
             seen = min(len(proposed.tokens), len(committed))
-            right = 0
-            while right < seen and proposed.tokens[right] == committed[right]:
-                right += 1
             self.calibration[source].record(proposed.raw[:seen], right)
             if source == "head":
-                mean = self._head_mean.get(seq.seq_id, HEAD_PRIOR)
-                self._head_mean[seq.seq_id] = mean + HEAD_RATE * (right - mean)
+                self.head_accepted.record(seq.seq_id, right)
 
     def release(self, seq: Sequence) -> None:
         self._proposed.pop(seq.seq_id, None)
-        self._head_mean.pop(seq.seq_id, None)
+        self.head_accepted.release(seq.seq_id)
         self.lookup.release(seq)
         self.head.release(seq)
 

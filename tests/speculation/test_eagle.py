@@ -56,6 +56,7 @@ def _target() -> Any:
 def full_chains(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random heads are unsure of everything: draft every chain to its k."""
     monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
 
 
 def _seq(outputs: list[int], seq_id: int = 0) -> Sequence:
@@ -142,11 +143,35 @@ def test_a_gap_or_a_release_starts_the_history_over(full_chains: None) -> None:
         proposer.sync(_seq([5]), torch.randn(2, HIDDEN))
 
 
+def test_the_head_stops_drafting_in_a_sequence_where_it_does_not_pay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    proposer = EagleProposer(_head(), _target(), None)
+    seq, other = _seq([5, 7, 9], 0), _seq([5, 7, 11], 1)
+    proposer.sync(other, torch.randn(3, HIDDEN))
+    proposer.sync(seq, torch.randn(3, HIDDEN))
+    drafted = 0
+    for _ in range(12):
+        [draft] = proposer.propose([seq], [3])
+        drafted += bool(draft.tokens)
+        wrong = (draft.tokens or [0])[0] + 1  # the target never takes the first draft token
+        seq.output_ids.append(wrong)
+        proposer.sync(seq, torch.randn(1, HIDDEN))
+    # 1.0 decays by 0.8 a failed draft; below 3 x HEAD_TOKEN_COST = 0.36 after five
+    assert drafted == 5
+    assert proposer.accepted.mean(0) < 0.36
+    assert [len(d.tokens) for d in proposer.propose([seq, other], [3, 3])] == [0, 3]
+    proposer.release(seq)
+    assert proposer.accepted.mean(0) == 1.0  # forgotten with the sequence
+
+
 def test_a_chain_stops_where_the_head_doubts_it(monkeypatch: pytest.MonkeyPatch) -> None:
     head, target = _head(), _target()
     seqs = [_seq([5, 7, 9], 0), _seq([5, 7, 11], 1)]
     full = EagleProposer(head, target, None)
     monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
     feats = torch.randn(3, HIDDEN)
     for s in seqs:
         full.sync(s, feats)
@@ -266,9 +291,9 @@ def test_hybrid_calibrates_each_source_on_what_the_target_committed() -> None:
     assert (row.tested, row.accepted) == (40, 20)
     assert hybrid.calibration["lookup"].table()[9].tested == 0
     assert head.synced == 20
-    assert hybrid._head_mean[0] == 1.0  # one token of each head draft accepted
+    assert hybrid.head_accepted.mean(0) == 1.0  # one token of each head draft accepted
     hybrid.release(seq)
-    assert hybrid._head_mean == {} and hybrid._proposed == {}
+    assert len(hybrid.head_accepted) == 0 and hybrid._proposed == {}
 
 
 def test_hybrid_learns_from_the_draft_it_did_not_serve() -> None:
