@@ -21,6 +21,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -65,9 +66,12 @@ class CostCurve:
         slope = (c[i] - c[i - 1]) / (t[i] - t[i - 1])
         return c[i - 1] + slope * (num_tokens - t[i - 1])
 
+    @cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.tokens, dtype=np.float64), np.asarray(self.seconds, np.float64)
+
     def many(self, num_tokens: np.ndarray) -> np.ndarray:  # [n] int -> [n] seconds
-        t = np.asarray(self.tokens, dtype=np.float64)
-        c = np.asarray(self.seconds, dtype=np.float64)
+        t, c = self._arrays  # the policy calls this every step: built once
         x = np.asarray(num_tokens, dtype=np.float64)
         out = np.interp(x, t, c)
         if len(t) > 1:

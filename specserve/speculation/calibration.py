@@ -65,6 +65,16 @@ class Calibration:
             if i < num_accepted:
                 self.accepted[b] += 1
 
+    def best_tested(self) -> float | None:
+        """The highest calibrated probability of a tested bucket (at its mean confidence, as
+        `table` gives it); None before any test. Cheap enough for every step."""
+        best = None
+        for b, n in enumerate(self.tested):
+            if n:
+                p = self.probability(self.confidence_sum[b] / n)
+                best = p if best is None else max(best, p)
+        return best
+
     def table(self) -> list[CalibrationRow]:
         rows = []
         width = 1.0 / self.num_buckets

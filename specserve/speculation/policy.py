@@ -160,7 +160,7 @@ class SpeculationPolicy:
             for s, d in zip(seqs, drafts, strict=True)
             if d is not None and s.static
         )
-        keys = float(np.mean([seqs[i].context for i in free]))
+        keys = sum(seqs[i].context for i in free) / len(free)
         cost = self._row_cost(seqs, prefill, keys)
         chosen = choose_k(accept, cost, base_emitted)
         ks = [
@@ -196,7 +196,7 @@ class SpeculationPolicy:
         if not free:
             return False
         best = self._best_probability()
-        keys = float(np.mean([s.context for s in free]))
+        keys = sum(s.context for s in free) / len(free)  # (np.mean: ~20 us a step)
         cost = self._row_cost([replace_cap(s) for s in seqs], max(prefill, 0), keys)
         m = np.arange(sum(s.cap for s in free) + 1)
         static_rows = sum(s.cap for s in seqs if s.static)
@@ -204,9 +204,8 @@ class SpeculationPolicy:
         return bool(rate[1:].max() <= rate[0])
 
     def _best_probability(self) -> float:
-        cal = self.calibration
-        tested = [row.calibrated for row in cal.table() if row.tested]
-        return max(tested) if tested else 1.0
+        best = self.calibration.best_tested()
+        return 1.0 if best is None else best
 
 
 def replace_cap(seq: DecodeSeq) -> DecodeSeq:
