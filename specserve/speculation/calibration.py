@@ -104,9 +104,10 @@ def accepted_prefix(drafted: Sequence[int], committed: Sequence[int]) -> int:
     return n
 
 
-class RunningAccepted:
-    """Per sequence, a source's accepted tokens per draft: a running mean from an optimistic
-    prior (each sequence tries the source until its own outcomes say otherwise)."""
+class PerSequenceMean:
+    """Per sequence, a running mean of one number per draft (a source's accepted tokens, or the
+    tokens it gained), from an optimistic prior: each sequence tries the source until its own
+    outcomes say otherwise."""
 
     def __init__(self, prior: float, rate: float) -> None:
         self.prior, self.rate = prior, rate
@@ -115,9 +116,9 @@ class RunningAccepted:
     def mean(self, seq_id: int) -> float:
         return self._means.get(seq_id, self.prior)
 
-    def record(self, seq_id: int, accepted: int) -> None:
+    def record(self, seq_id: int, value: float) -> None:
         mean = self.mean(seq_id)
-        self._means[seq_id] = mean + self.rate * (accepted - mean)
+        self._means[seq_id] = mean + self.rate * (value - mean)
 
     def release(self, seq_id: int) -> None:
         self._means.pop(seq_id, None)

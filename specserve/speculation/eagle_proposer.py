@@ -34,7 +34,7 @@ from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import LlamaForCausalLM
 from specserve.request import Sequence
 from specserve.runner.sampler import SampleRow, sample_row
-from specserve.speculation.calibration import RunningAccepted, accepted_prefix
+from specserve.speculation.calibration import PerSequenceMean, accepted_prefix
 from specserve.speculation.eagle import (
     NO_POSITION,
     EagleHead,
@@ -52,8 +52,8 @@ CONTINUE_ABOVE = 0.35
 # The head's cost per drafted token, in target tokens (one sequence's share of a decode step):
 # benchmarks/bench_eagle.py measured 0.10-0.11 at batch 1 and 0.07 at 16 on 2 AVX2 cores with
 # the layer in one native call (docs/bench/eagle-cost-0352.md; 0.15-0.21 as torch operations):
-# rounded up, as at batch 1. A sequence is drafted for only while the head's running mean of
-# accepted tokens per draft there exceeds what drafting k tokens costs (`propose`).
+# rounded up, as at batch 1. A sequence is drafted for only while the head's drafts there have
+# been gaining tokens: a running mean of accepted tokens less drafted x this, per draft.
 HEAD_TOKEN_COST = 0.12
 HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
@@ -107,7 +107,8 @@ class EagleProposer(Proposer):
         # the layer in one native call per drafting step where its projections allow it
         self.native = NativeHead(head) if blocks and NativeHead.supports(head) else None
         self._states: dict[int, _State] = {}
-        self.accepted = RunningAccepted(HEAD_PRIOR, HEAD_RATE)  # per sequence, per draft
+        # per sequence and draft: tokens accepted less what drafting them cost
+        self.gained = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
 
     @classmethod
     def load(
@@ -146,7 +147,8 @@ class EagleProposer(Proposer):
             self._states[seq.seq_id] = state = _State(next_pos=n - len(rows), lane=lane)
         if state.drafted:  # how the last draft fared against what the target committed
             committed = seq.output_ids[n - len(rows) :]
-            self.accepted.record(seq.seq_id, accepted_prefix(state.drafted, committed))
+            right = accepted_prefix(state.drafted, committed)
+            self.gained.record(seq.seq_id, right - HEAD_TOKEN_COST * len(state.drafted))
             state.drafted = []
         state.features += list(rows)
         state.tokens += seq.output_ids[n - len(rows) :]
@@ -158,17 +160,17 @@ class EagleProposer(Proposer):
 
     def release(self, seq: Sequence) -> None:
         state = self._states.pop(seq.seq_id, None)
-        self.accepted.release(seq.seq_id)
+        self.gained.release(seq.seq_id)
         if state is not None and state.lane is not None and self.native is not None:
             self.native.release(state.lane)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Drafts where the head has been paying in the sequence (see HEAD_TOKEN_COST)."""
+        """Drafts where the head's drafts have been gaining tokens in the sequence."""
         drafts = [Draft(tokens=[]) for _ in seqs]
         rows = [
             i
             for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
-            if k and self._ready(s) and self.accepted.mean(s.seq_id) > HEAD_TOKEN_COST * k
+            if k and self._ready(s) and self.gained.mean(s.seq_id) > 0.0
         ]
         if not rows:
             return drafts

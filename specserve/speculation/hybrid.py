@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.request import Sequence
-from specserve.speculation.calibration import Calibration, RunningAccepted, accepted_prefix
+from specserve.speculation.calibration import Calibration, PerSequenceMean, accepted_prefix
 from specserve.speculation.eagle_proposer import (
     HEAD_PRIOR,
     HEAD_RATE,
@@ -60,7 +60,7 @@ class HybridProposer(Proposer):
         # target's own continuation either way, so both sources learn from every step
         self._proposed: dict[int, dict[str, _Proposed]] = {}
         # the head's accepted tokens per draft in each sequence
-        self.head_accepted = RunningAccepted(HEAD_PRIOR, HEAD_RATE)
+        self.head_accepted = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         looked = self.lookup.propose(seqs, ks)

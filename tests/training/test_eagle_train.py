@@ -112,7 +112,7 @@ def test_trained_head_in_the_engine_is_lossless(
     stats = engine.stats.proposer
     assert 0 < stats.accepted_tokens < stats.drafted_tokens  # drafted, some rejected
     assert engine.res.allocator.num_free == engine.res.allocator.num_blocks
-    assert not eagle._states and not len(eagle.accepted)  # every sequence released
+    assert not eagle._states and not len(eagle.gained)  # every sequence released
     if kind == "hybrid":
         assert isinstance(proposer, HybridProposer) and proposer.chosen["head"] > 0
 
