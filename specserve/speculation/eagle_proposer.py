@@ -34,7 +34,7 @@ from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import LlamaForCausalLM
 from specserve.request import Sequence
 from specserve.runner.sampler import SampleRow, sample_row
-from specserve.speculation.calibration import PerSequenceMean, accepted_prefix
+from specserve.speculation.calibration import PerSequenceMean
 from specserve.speculation.eagle import (
     NO_POSITION,
     EagleHead,
@@ -53,7 +53,8 @@ CONTINUE_ABOVE = 0.35
 # benchmarks/bench_eagle.py measured 0.10-0.11 at batch 1 and 0.07 at 16 on 2 AVX2 cores with
 # the layer in one native call (docs/bench/eagle-cost-0352.md; 0.15-0.21 as torch operations):
 # rounded up, as at batch 1. A sequence is drafted for only while the head's drafts there have
-# been gaining tokens: a running mean of accepted tokens less drafted x this, per draft.
+# been gaining tokens: a running mean, per draft, of the tokens verification accepted less
+# drafted x this (a draft the policy does not verify, as under load, gains nothing).
 HEAD_TOKEN_COST = 0.12
 HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
@@ -145,10 +146,9 @@ class EagleProposer(Proposer):
         if state.next_pos + len(state.tokens) != n - len(rows):  # a gap: start over from here
             lane = state.lane  # kept: its keys are not used again (see NativeHead.make_room)
             self._states[seq.seq_id] = state = _State(next_pos=n - len(rows), lane=lane)
-        if state.drafted:  # how the last draft fared against what the target committed
-            committed = seq.output_ids[n - len(rows) :]
-            right = accepted_prefix(state.drafted, committed)
-            self.gained.record(seq.seq_id, right - HEAD_TOKEN_COST * len(state.drafted))
+        if state.drafted:  # what the last draft gained: the rows past the step's own token
+            # are its accepted tokens (none where the policy verified none of it)
+            self.gained.record(seq.seq_id, len(rows) - 1 - HEAD_TOKEN_COST * len(state.drafted))
             state.drafted = []
         state.features += list(rows)
         state.tokens += seq.output_ids[n - len(rows) :]

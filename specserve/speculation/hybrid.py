@@ -61,6 +61,7 @@ class HybridProposer(Proposer):
         self._proposed: dict[int, dict[str, _Proposed]] = {}
         # the head's accepted tokens per draft in each sequence
         self.head_accepted = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
+        self._served: dict[int, str] = {}  # seq_id -> the source whose draft this step verifies
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         looked = self.lookup.propose(seqs, ks)
@@ -83,6 +84,7 @@ class HybridProposer(Proposer):
                 out.append(draft)
                 continue
             self.chosen[source] += 1
+            self._served[seq.seq_id] = source
             calibrated = self._calibrated(source, draft)
             out.append(Draft(draft.tokens, draft.probs, calibrated))
         return out
@@ -100,15 +102,20 @@ class HybridProposer(Proposer):
         per hidden row) against it; positions past them were not verified."""
         rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
         committed = seq.output_ids[len(seq.output_ids) - rows :]
+        served = self._served.pop(seq.seq_id, None)
         for source, proposed in self._proposed.pop(seq.seq_id, {}).items():
             right = accepted_prefix(proposed.tokens, committed)
             seen = min(len(proposed.tokens), len(committed))
             self.calibration[source].record(proposed.raw[:seen], right)
             if source == "head":
-                self.head_accepted.record(seq.seq_id, right)
+                # served: what verification accepted (nothing where the policy verified none of
+                # it, as under load); else what it would have, against the target's tokens
+                gained = rows - 1 if served == "head" else right
+                self.head_accepted.record(seq.seq_id, gained)
 
     def release(self, seq: Sequence) -> None:
         self._proposed.pop(seq.seq_id, None)
+        self._served.pop(seq.seq_id, None)
         self.head_accepted.release(seq.seq_id)
         self.lookup.release(seq)
         self.head.release(seq)

@@ -313,6 +313,28 @@ def test_hybrid_learns_from_the_draft_it_did_not_serve() -> None:
     assert (look_row.tested, look_row.accepted) == (1, 0)
 
 
+def test_a_served_head_draft_left_unverified_gains_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under load the policy verifies none of a draft: the target's own next token may equal the
+    draft's first, but nothing was gained, and both gates count it so."""
+    head = _Fixed("eagle", Draft([7, 8, 9], confidence=[0.9, 0.9, 0.9]))
+    hybrid = HybridProposer(_Fixed("suffix", Draft([])), head)  # type: ignore[arg-type]
+    seq = _seq([1, 2])
+    assert hybrid.propose([seq], [3])[0].tokens == [7, 8, 9]  # served
+    hybrid.sync(_seq([1, 2, 7]), torch.zeros(1, 4))  # one row: the step's own token only
+    assert hybrid.head_accepted.mean(0) == pytest.approx(0.8)  # 1.0 + 0.2 * (0 - 1.0)
+    assert hybrid.calibration["head"].table()[9].accepted == 1  # it would have been right
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    eagle = EagleProposer(_head(), _target(), None)
+    seq = _seq([5, 7, 9])
+    eagle.sync(seq, torch.randn(3, HIDDEN))
+    [draft] = eagle.propose([seq], [3])
+    seq.output_ids.append(draft.tokens[0])
+    eagle.sync(seq, torch.randn(1, HIDDEN))
+    assert eagle.gained.mean(0) == pytest.approx(1.0 + 0.2 * (-0.36 - 1.0))
+
+
 def test_hybrid_stops_asking_the_head_in_a_sequence_where_it_fails() -> None:
     head = _Fixed("eagle", Draft([7, 8, 9], confidence=[0.5, 0.5, 0.5]))
     hybrid = HybridProposer(_Fixed("suffix", Draft([])), head)  # type: ignore[arg-type]
