@@ -6,9 +6,10 @@ something to say on free text. Each source keeps its own online calibration (con
 -> observed acceptance), fed in `sync` by comparing the draft it proposed, served or not, with
 the tokens the target committed (the target's own continuation whichever draft it verified).
 Per sequence the lookup proposes first; the head runs only where the lookup's expected accepted
-length is below what the head has been achieving in that sequence (a running mean of its
-accepted tokens per draft, from an optimistic prior) less the head's drafting cost in tokens,
-and then the draft with the larger expected accepted length serves. The draft's confidences
+length is below what asking the head has been gaining in that sequence (a running mean, from an
+optimistic prior, of the tokens verification accepted of its served drafts, none where it did
+not serve or the policy verified none of it, less its drafting cost), and then the draft with
+the larger expected accepted length serves. The draft's confidences
 are the chosen source's calibrated probabilities, so the engine's policy reads one scale.
 """
 
@@ -59,15 +60,16 @@ class HybridProposer(Proposer):
         # seq_id -> each source's draft this step, chosen or not: the committed tokens are the
         # target's own continuation either way, so both sources learn from every step
         self._proposed: dict[int, dict[str, _Proposed]] = {}
-        # the head's accepted tokens per draft in each sequence
-        self.head_accepted = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
+        # per sequence, what asking the head gained: the tokens verification accepted of its
+        # draft where it served (none where it did not), less what drafting them cost
+        self.head_gained = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
         self._served: dict[int, str] = {}  # seq_id -> the source whose draft this step verifies
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         looked = self.lookup.propose(seqs, ks)
         worth = [_expected(self._calibrated("lookup", d)) for d in looked]
         ask = [
-            k if k and worth[i] < self.head_accepted.mean(s.seq_id) - HEAD_TOKEN_COST * k else 0
+            k if k and worth[i] < self.head_gained.mean(s.seq_id) else 0
             for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
         ]
         heads = self.head.propose(seqs, ask) if any(ask) else [Draft([]) for _ in seqs]
@@ -107,16 +109,15 @@ class HybridProposer(Proposer):
             right = accepted_prefix(proposed.tokens, committed)
             seen = min(len(proposed.tokens), len(committed))
             self.calibration[source].record(proposed.raw[:seen], right)
-            if source == "head":
-                # served: what verification accepted (nothing where the policy verified none of
-                # it, as under load); else what it would have, against the target's tokens
-                gained = rows - 1 if served == "head" else right
-                self.head_accepted.record(seq.seq_id, gained)
+            if source == "head":  # nothing gained where the policy verified none of it
+                accepted = rows - 1 if served == "head" else 0
+                cost = HEAD_TOKEN_COST * len(proposed.tokens)
+                self.head_gained.record(seq.seq_id, accepted - cost)
 
     def release(self, seq: Sequence) -> None:
         self._proposed.pop(seq.seq_id, None)
         self._served.pop(seq.seq_id, None)
-        self.head_accepted.release(seq.seq_id)
+        self.head_gained.release(seq.seq_id)
         self.lookup.release(seq)
         self.head.release(seq)
 

@@ -291,9 +291,10 @@ def test_hybrid_calibrates_each_source_on_what_the_target_committed() -> None:
     assert (row.tested, row.accepted) == (40, 20)
     assert hybrid.calibration["lookup"].table()[9].tested == 0
     assert head.synced == 20
-    assert hybrid.head_accepted.mean(0) == 1.0  # one token of each head draft accepted
+    # one token of each 3-token head draft accepted: 1 - 3 x 0.12 gained, from a prior of 1.0
+    assert hybrid.head_gained.mean(0) == pytest.approx(0.64 + 0.36 * 0.8**20)
     hybrid.release(seq)
-    assert len(hybrid.head_accepted) == 0 and hybrid._proposed == {}
+    assert len(hybrid.head_gained) == 0 and hybrid._proposed == {}
 
 
 def test_hybrid_learns_from_the_draft_it_did_not_serve() -> None:
@@ -311,6 +312,8 @@ def test_hybrid_learns_from_the_draft_it_did_not_serve() -> None:
     )
     assert (head_row.tested, head_row.accepted) == (1, 1)
     assert (look_row.tested, look_row.accepted) == (1, 0)
+    # asked and not served, the head gained nothing (right as it was) and cost its drafting
+    assert hybrid.head_gained.mean(0) == pytest.approx(1.0 + 0.2 * (0.0 - 0.12 - 1.0))
 
 
 def test_a_served_head_draft_left_unverified_gains_nothing(
@@ -323,7 +326,7 @@ def test_a_served_head_draft_left_unverified_gains_nothing(
     seq = _seq([1, 2])
     assert hybrid.propose([seq], [3])[0].tokens == [7, 8, 9]  # served
     hybrid.sync(_seq([1, 2, 7]), torch.zeros(1, 4))  # one row: the step's own token only
-    assert hybrid.head_accepted.mean(0) == pytest.approx(0.8)  # 1.0 + 0.2 * (0 - 1.0)
+    assert hybrid.head_gained.mean(0) == pytest.approx(1.0 + 0.2 * (-0.36 - 1.0))
     assert hybrid.calibration["head"].table()[9].accepted == 1  # it would have been right
     monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
     eagle = EagleProposer(_head(), _target(), None)
