@@ -184,14 +184,14 @@ if [[ $what == eagle || $what == all ]]; then
   python -m benchmarks.bench_eagle --threads "$threads" --json "$out/eagle-cost.json" \
     | tee "$out/eagle-cost.md"
   # Batch 1: Medusa, the EAGLE head and the hybrid on
-  # chat-creative and the hand-written free-form file (about 15 min).
+  # chat-creative and the hand-written free-form file (about 1 min on 2026-12-03).
   python -m benchmarks.spec_bench --threads "$threads" --proposer medusa,eagle,hybrid \
     --policy adaptive --speculate 0,4 --concurrency 1 \
     --workloads chat-creative,workloads/third-party-free.jsonl --prompts-per-workload 8 \
     --new-tokens 128 --json "$out/eagle-free.json" | tee "$out/eagle-free.md"
-  # The hybrid against each single proposer on the built-in workloads at batch 1 (about 7 min),
+  # The hybrid against each single proposer on the built-in workloads at batch 1 (about 6 min),
   # then the hybrid alone against N = 0 at 16 at once (16 requests a workload: one full batch;
-  # about 10 min, most of it code-edit's prefill).
+  # about 3 min, most of it code-edit's prefill).
   builtin="code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa"
   python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix,eagle,hybrid \
     --policy adaptive --speculate 0,4 --concurrency 1 --workloads "$builtin" \
