@@ -43,12 +43,13 @@ def _head(window: int = 64, seed: int = 0) -> EagleHead:
     return head.eval()
 
 
-def _target() -> Any:
+def _target(hidden: int = HIDDEN, vocab: int = VOCAB, head_dim: int = 8) -> Any:
+    """What the proposer reads of a target: embeddings, lm_head, sizes."""
     torch.manual_seed(1)
     return SimpleNamespace(
-        embed_tokens=torch.nn.Embedding(VOCAB, HIDDEN),
-        lm_head=torch.nn.Linear(HIDDEN, VOCAB, bias=False),
-        arch=SimpleNamespace(vocab_size=VOCAB, hidden_size=HIDDEN, head_dim=8),
+        embed_tokens=torch.nn.Embedding(vocab, hidden),
+        lm_head=torch.nn.Linear(hidden, vocab, bias=False),
+        arch=SimpleNamespace(vocab_size=vocab, hidden_size=hidden, head_dim=head_dim),
     )
 
 

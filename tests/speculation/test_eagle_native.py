@@ -5,8 +5,6 @@ through histories longer than a lane, gaps, batches of mixed histories and lanes
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from specserve.request import SamplingParams, Sequence
 from specserve.speculation.eagle import EagleHead, HeadShape
 from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.speculation.proposer import Draft
+from tests.speculation.test_eagle import _target
 
 pytestmark = pytest.mark.skipif(ggml.library() is None, reason="no GGUF block kernels here")
 
@@ -31,18 +30,9 @@ def _head(window: int) -> EagleHead:
     return head.eval()
 
 
-def _target() -> Any:
-    torch.manual_seed(1)
-    return SimpleNamespace(
-        embed_tokens=torch.nn.Embedding(VOCAB, HIDDEN),
-        lm_head=torch.nn.Linear(HIDDEN, VOCAB, bias=False),
-        arch=SimpleNamespace(vocab_size=VOCAB, hidden_size=HIDDEN, head_dim=16),
-    )
-
-
 def _pair(window: int) -> tuple[EagleProposer, EagleProposer]:
     """(native, torch) proposers over copies of one head and one target, q8 blocks both."""
-    head, target = _head(window), _target()
+    head, target = _head(window), _target(HIDDEN, VOCAB, head_dim=16)
     native = EagleProposer(copy.deepcopy(head), target, None, blocks=True)
     plain = EagleProposer(copy.deepcopy(head), target, None, blocks=True)
     plain.native = None
