@@ -95,19 +95,9 @@ class Calibration:
         return rows
 
 
-def accepted_prefix(drafted: Sequence[int], committed: Sequence[int]) -> int:
-    """How many leading drafted tokens the target committed (positions past `committed` were not
-    verified, so they count as neither)."""
-    n = 0
-    while n < min(len(drafted), len(committed)) and drafted[n] == committed[n]:
-        n += 1
-    return n
-
-
 class PerSequenceMean:
-    """Per sequence, a running mean of one number per draft (a source's accepted tokens, or the
-    tokens it gained), from an optimistic prior: each sequence tries the source until its own
-    outcomes say otherwise."""
+    """Per sequence, a running mean of the tokens a source's drafts gained, from an optimistic
+    prior: each sequence tries the source until its own outcomes say otherwise."""
 
     def __init__(self, prior: float, rate: float) -> None:
         self.prior, self.rate = prior, rate

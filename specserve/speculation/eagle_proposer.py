@@ -56,7 +56,7 @@ CONTINUE_ABOVE = 0.35
 # been gaining tokens: a running mean, per draft, of the tokens verification accepted less
 # drafted x this (a draft the policy does not verify, as under load, gains nothing).
 HEAD_TOKEN_COST = 0.12
-HEAD_PRIOR = 1.0  # accepted tokens per head draft assumed before a sequence's first outcome
+HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before a sequence's first outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.request import Sequence
-from specserve.speculation.calibration import Calibration, PerSequenceMean, accepted_prefix
+from specserve.speculation.calibration import Calibration, PerSequenceMean
 from specserve.speculation.eagle_proposer import (
     HEAD_PRIOR,
     HEAD_RATE,
@@ -63,7 +63,7 @@ class HybridProposer(Proposer):
         # per sequence, what asking the head gained: the tokens verification accepted of its
         # draft where it served (none where it did not), less what drafting them cost
         self.head_gained = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
-        self._served: dict[int, str] = {}  # seq_id -> the source whose draft this step verifies
+        self._head_served: set[int] = set()  # seq_ids whose draft this step is the head's
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         looked = self.lookup.propose(seqs, ks)
@@ -86,7 +86,8 @@ class HybridProposer(Proposer):
                 out.append(draft)
                 continue
             self.chosen[source] += 1
-            self._served[seq.seq_id] = source
+            if source == "head":
+                self._head_served.add(seq.seq_id)
             calibrated = self._calibrated(source, draft)
             out.append(Draft(draft.tokens, draft.probs, calibrated))
         return out
@@ -104,19 +105,20 @@ class HybridProposer(Proposer):
         per hidden row) against it; positions past them were not verified."""
         rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
         committed = seq.output_ids[len(seq.output_ids) - rows :]
-        served = self._served.pop(seq.seq_id, None)
+        head_served = seq.seq_id in self._head_served
+        self._head_served.discard(seq.seq_id)
         for source, proposed in self._proposed.pop(seq.seq_id, {}).items():
-            right = accepted_prefix(proposed.tokens, committed)
+            right = _accepted_prefix(proposed.tokens, committed)
             seen = min(len(proposed.tokens), len(committed))
             self.calibration[source].record(proposed.raw[:seen], right)
             if source == "head":  # nothing gained where the policy verified none of it
-                accepted = rows - 1 if served == "head" else 0
+                accepted = rows - 1 if head_served else 0
                 cost = HEAD_TOKEN_COST * len(proposed.tokens)
                 self.head_gained.record(seq.seq_id, accepted - cost)
 
     def release(self, seq: Sequence) -> None:
         self._proposed.pop(seq.seq_id, None)
-        self._served.pop(seq.seq_id, None)
+        self._head_served.discard(seq.seq_id)
         self.head_gained.release(seq.seq_id)
         self.lookup.release(seq)
         self.head.release(seq)
@@ -126,6 +128,15 @@ class HybridProposer(Proposer):
 
     def index_stats(self) -> IndexStats | None:
         return self.lookup.index_stats()
+
+
+def _accepted_prefix(drafted: list[int], committed: list[int]) -> int:
+    """How many leading drafted tokens the target committed (positions past `committed` were not
+    verified, so they count as neither)."""
+    n = 0
+    while n < min(len(drafted), len(committed)) and drafted[n] == committed[n]:
+        n += 1
+    return n
 
 
 def _expected(accept: list[float]) -> float:
