@@ -108,8 +108,11 @@ class EagleProposer(Proposer):
         # the layer in one native call per drafting step where its projections allow it
         self.native = NativeHead(head) if blocks and NativeHead.supports(head) else None
         self._states: dict[int, _State] = {}
-        # per sequence and draft: tokens accepted less what drafting them cost
+        # per sequence and draft: tokens accepted less what drafting them cost; `gated` off
+        # where a caller decides itself where to ask (the hybrid: the head is asked only where
+        # its draft may serve, and the tokens verified may be the lookup's)
         self.gained = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
+        self.gated = True
 
     @classmethod
     def load(
@@ -146,10 +149,10 @@ class EagleProposer(Proposer):
         if state.next_pos + len(state.tokens) != n - len(rows):  # a gap: start over from here
             lane = state.lane  # kept: its keys are not used again (see NativeHead.make_room)
             self._states[seq.seq_id] = state = _State(next_pos=n - len(rows), lane=lane)
-        if state.drafted:  # what the last draft gained: the rows past the step's own token
-            # are its accepted tokens (none where the policy verified none of it)
+        if state.drafted and self.gated:  # what the last draft gained: the rows past the
+            # step's own token are its accepted tokens (none where the policy verified none)
             self.gained.record(seq.seq_id, len(rows) - 1 - HEAD_TOKEN_COST * len(state.drafted))
-            state.drafted = []
+        state.drafted = []
         state.features += list(rows)
         state.tokens += seq.output_ids[n - len(rows) :]
         keep = self.head.shape.window
@@ -170,7 +173,7 @@ class EagleProposer(Proposer):
         rows = [
             i
             for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
-            if k and self._ready(s) and self.gained.mean(s.seq_id) > 0.0
+            if k and self._ready(s) and (not self.gated or self.gained.mean(s.seq_id) > 0.0)
         ]
         if not rows:
             return drafts

@@ -55,6 +55,7 @@ class HybridProposer(Proposer):
 
     def __init__(self, lookup: SuffixProposer, head: EagleProposer) -> None:
         self.lookup, self.head = lookup, head
+        head.gated = False  # asked here on `head_gained`, which counts only drafts it served
         self.calibration = {"lookup": Calibration(), "head": Calibration()}
         self.chosen = {"lookup": 0, "head": 0}
         # seq_id -> each source's draft this step, chosen or not: the committed tokens are the

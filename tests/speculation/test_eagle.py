@@ -353,6 +353,25 @@ def test_hybrid_stops_asking_the_head_in_a_sequence_where_it_fails() -> None:
     assert head.asked[-1] == [0, 3]  # a new sequence still tries it
 
 
+def test_inside_the_hybrid_the_head_does_not_gate_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hybrid decides where to ask the head, on the drafts the head served; the head's own
+    gate would count the lookup's accepted tokens as its own, so it is off there."""
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    eagle = EagleProposer(_head(), _target(), None)
+    hybrid = HybridProposer(_Fixed("suffix", Draft([])), eagle)  # type: ignore[arg-type]
+    seq = _seq([5, 7, 9])
+    hybrid.sync(seq, torch.randn(3, HIDDEN))
+    for _ in range(8):  # every head draft of 3 fails: -0.36 gained each time
+        [draft] = hybrid.propose([seq], [3])
+        if not draft.tokens:
+            break
+        seq.output_ids.append((draft.tokens[0] + 1) % VOCAB)
+        hybrid.sync(seq, torch.randn(1, HIDDEN))
+    assert len(eagle.gained) == 0  # its own gate recorded nothing
+    assert hybrid.head_gained.mean(seq.seq_id) < 0.0  # the hybrid's did, and stopped asking
+    assert hybrid.chosen["head"] == 6  # asked at 1.0, 0.73, 0.51, 0.34, 0.2, 0.09; not -0.004
+
+
 # ----------------------------------------------------------------------- real default model
 def _real_engine(proposer: str | None, speculate: int, num_blocks: int = 512) -> Any:
     """An engine on the embedded model (loaded once) with the shipped head's proposer."""
