@@ -128,6 +128,15 @@ class SpecCounts:
 
 
 @dataclass
+class DraftPause:
+    """Adaptive speculation, per sequence: steps it sits out proposing, and the next pause.
+    See `engine/drafting.py` (`paused`, `record_kept`)."""
+
+    steps_left: int = 0
+    next_pause: int = 1
+
+
+@dataclass
 class Sequence:
     """One request's live state. Tokens = prompt + output; KV holds the first `num_computed`."""
 
@@ -145,6 +154,7 @@ class Sequence:
     first_token_time: float | None = None
     num_preemptions: int = 0
     spec: SpecCounts = field(default_factory=SpecCounts)
+    draft_pause: DraftPause = field(default_factory=DraftPause)
     # Prefix cache: leading blocks of block_table already offered to it; once one could not be
     # cached, none after it can be (their keys chain from it).
     cached_blocks: int = 0

@@ -18,7 +18,9 @@ from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.drafting import (
     decode_views,
     force_drafts,
+    is_static,
     keep_prefixes,
+    paused,
     propose,
     static_caps,
 )
@@ -223,11 +225,14 @@ class Engine:
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
         caps = static_caps(seqs, self.config.spec.speculate, self.max_model_len)
-        if self.res.policy is None:
+        policy = self.res.policy
+        if policy is None:
             return caps
-        return self.res.policy.open(
-            decode_views(self.res.policy, seqs, caps), num_running, scheduled
-        )
+        caps = [
+            0 if c and not is_static(policy, s) and paused(s) else c
+            for s, c in zip(seqs, caps, strict=True)
+        ]
+        return policy.open(decode_views(policy, seqs, caps), num_running, scheduled)
 
     def _verify_and_commit(self, plan: StepPlan, run: RunOutput) -> None:
         """Each sampling sequence verifies and commits alone: a non-finite logits row or an
