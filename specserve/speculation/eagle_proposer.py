@@ -140,6 +140,8 @@ class EagleProposer(Proposer):
 
     # ------------------------------------------------------------------------- protocol
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        if seq.params.speculate == 0:  # it never drafts: no features to keep
+            return
         # a copy: a view would keep the whole step's hidden states alive until the next proposal
         rows = hidden.reshape(-1, hidden.shape[-1]).detach().to(torch.float32, copy=True)
         n = len(seq.output_ids)

@@ -144,6 +144,15 @@ def test_a_gap_or_a_release_starts_the_history_over(full_chains: None) -> None:
         proposer.sync(_seq([5]), torch.randn(2, HIDDEN))
 
 
+def test_a_request_that_never_drafts_keeps_no_features() -> None:
+    proposer = EagleProposer(_head(), _target(), None)
+    off = Sequence(3, "off", [1, 2, 3], SamplingParams(speculate=0), output_ids=[5, 7, 9])
+    proposer.sync(off, torch.randn(3, HIDDEN))
+    assert proposer._states == {}
+    proposer.sync(_seq([5, 7, 9]), torch.randn(3, HIDDEN))
+    assert list(proposer._states) == [0]
+
+
 def test_the_head_stops_drafting_in_a_sequence_where_it_does_not_pay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
