@@ -15,7 +15,9 @@ empty cross-request cache (bench/spec_cells.py). For each (workload, concurrency
 configuration runs back to back, the order rotating from one to the next, so machine noise falls
 on all of them alike.
 
-Per cell: tok/s (generated tokens / wall time, prefill included) and its ratio to N = 0;
+Per cell: tok/s (generated tokens / wall time, prefill included) and its ratio to N = 0
+(with ``--repeats R``: every configuration runs R times, taking turns each time, and the
+repeat with the median tok/s is reported, beside the range of all R);
 acceptance (accepted / verified drafted tokens); accepted per draft step; tokens per scored
 row; proposed and trimmed (proposed but not verified) tokens; identical: requests whose tokens
 equal N = 0's (greedy speculation must be lossless); errors. Then adaptive against the best
@@ -73,21 +75,37 @@ def sweep(
     for workload, items in workloads.items():
         units = conversations(items)
         for conc in args.concurrency:
-            for config in configs[j % len(configs) :] + configs[: j % len(configs)]:
-                engine = engines.get(config.proposer, baseline)
-                runs, wall, counters = run_cell(engine, units, config, conc, params)
-                key = (workload, conc, config.proposer, config.policy, config.n)
-                cells.append({"key": key, "runs": runs, "wall_s": wall, "counters": counters})
-                rate = sum(len(r.tokens) for r in runs) / wall
-                print(
-                    f"[spec_bench] {workload} c={conc} {config.label}: {len(runs)} requests, "
-                    f"{rate:.1f} tok/s, accepted {counters['accepted']}/{counters['drafted']}",
-                    file=sys.stderr,
-                )
-            j += 1
+            for _ in range(args.repeats):
+                for config in configs[j % len(configs) :] + configs[: j % len(configs)]:
+                    engine = engines.get(config.proposer, baseline)
+                    runs, wall, counters = run_cell(engine, units, config, conc, params)
+                    key = (workload, conc, config.proposer, config.policy, config.n)
+                    cells.append({"key": key, "runs": runs, "wall_s": wall, "counters": counters})
+                    rate = sum(len(r.tokens) for r in runs) / wall
+                    print(
+                        f"[spec_bench] {workload} c={conc} {config.label}: {len(runs)} requests,"
+                        f" {rate:.1f} tok/s, accepted {counters['accepted']}/{counters['drafted']}",
+                        file=sys.stderr,
+                    )
+                j += 1
+    cells = median_cells(cells)
     order = {(c.proposer, c.policy, c.n): i for i, c in enumerate(configs)}
     names = list(workloads)
     return sorted(cells, key=lambda c: (names.index(c["key"][0]), c["key"][1], order[c["key"][2:]]))
+
+
+def median_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per key, the repeat with the median tok/s (the lower of the middle two for an even
+    count), carrying every repeat's tok/s as `repeat_tok_s`, in run order."""
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for cell in cells:
+        by_key.setdefault(cell["key"], []).append(cell)
+    out = []
+    for repeats in by_key.values():
+        rates = [sum(len(r.tokens) for r in c["runs"]) / c["wall_s"] for c in repeats]
+        order = sorted(range(len(repeats)), key=rates.__getitem__)
+        out.append({**repeats[order[(len(order) - 1) // 2]], "repeat_tok_s": rates})
+    return out
 
 
 def _csv_ints(p: argparse.ArgumentParser, flag: str, value: str) -> list[int]:
@@ -115,6 +133,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list: names, .jsonl")
     p.add_argument("--prompts-per-workload", type=int, default=3, help="requests (built-ins)")
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every cell this many times (the configurations take turns each time) and "
+        "report the median one by tok/s: this machine's speed drifts by 10-40%% from one "
+        "cell to the next",
+    )
     p.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--device", default="cpu")
@@ -134,6 +160,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         p.error("--speculate must include 0, the baseline every speedup is measured against")
     if args.concurrency[0] < 1 or args.new_tokens < 2 or args.prompts_per_workload < 1:
         p.error("need --concurrency >= 1, --new-tokens >= 2 and --prompts-per-workload >= 1")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     return args
 
 

@@ -51,6 +51,7 @@ def summarise(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "policy": policy,
                 "n": n,
                 **row,
+                "repeat_tok_s": cell.get("repeat_tok_s", [row["tok_s"]]),
             }
         )
     return rows
@@ -108,7 +109,9 @@ def label(row: dict[str, Any]) -> str:
 
 def _cells(row: dict[str, Any]) -> list[str]:
     cells = [label(row)] + [format(row[key], fmt) for _, key, fmt in _COLUMNS]
-    return [*cells, f"{row['identical']}/{row['requests']}", str(row["errors"])]
+    rates = row.get("repeat_tok_s") or [row["tok_s"]]
+    spread = f"{min(rates):.1f}-{max(rates):.1f}"
+    return [*cells, spread, f"{row['identical']}/{row['requests']}", str(row["errors"])]
 
 
 def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
@@ -158,11 +161,13 @@ def render(
     rows: list[dict[str, Any]],
     calibrations: dict[str, list[dict[str, Any]]],
 ) -> str:
-    header = ["config"] + [h for h, _, _ in _COLUMNS] + ["identical", "errors"]
+    header = ["config"] + [h for h, _, _ in _COLUMNS] + ["tok/s of the repeats"]
+    header += ["identical", "errors"]
     parts = [
         f"## spec_bench: proposers {', '.join(args.proposers)}, policies {args.policy}, "
         f"concurrency {args.concurrency}, {args.new_tokens} new tokens, "
-        f"{args.prompts_per_workload} requests per workload, {args.threads} threads\n\n"
+        f"{args.prompts_per_workload} requests per workload, {args.threads} threads, "
+        f"{args.repeats} repeat(s) a cell (the median one by tok/s)\n\n"
         f"{machine_lines(info)}"
     ]
     for workload in dict.fromkeys(r["workload"] for r in rows):
