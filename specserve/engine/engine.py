@@ -228,10 +228,12 @@ class Engine:
         policy = self.res.policy
         if policy is None:
             return caps
-        caps = [
-            0 if c and not is_static(policy, s) and paused(s) else c
+        held = [
+            bool(c) and not is_static(policy, s) and paused(s)
             for s, c in zip(seqs, caps, strict=True)
         ]
+        policy.stats.paused += sum(held)
+        caps = [0 if h else c for h, c in zip(held, caps, strict=True)]
         return policy.open(decode_views(policy, seqs, caps), num_running, scheduled)
 
     def _verify_and_commit(self, plan: StepPlan, run: RunOutput) -> None:

@@ -36,6 +36,7 @@ class PolicySnapshot:
     gated: dict[str, int]  # reason -> steps whose drafts a gate switched off
     predicted_speedup: float  # adaptive: J(chosen k) / J(0) at the last decision
     skipped_steps: int  # adaptive: steps not proposed since no draft could pay
+    paused: int  # adaptive: sequence-steps not proposed, in a pause after unverified drafts
     trimmed_tokens: int  # proposed tokens the adaptive policy did not verify
     calibration: tuple[tuple[str, int, int, float], ...]  # (bucket, tested, accepted, calibrated)
 
@@ -48,6 +49,7 @@ def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
         gated=dict(stats.gated),
         predicted_speedup=stats.predicted_speedup,
         skipped_steps=stats.skipped_steps,
+        paused=stats.paused,
         trimmed_tokens=stats.trimmed_tokens,
         calibration=tuple(
             (f"{r.low:.1f}-{r.high:.1f}", r.tested, r.accepted, r.calibrated)
@@ -301,4 +303,9 @@ def _calibration_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> No
     fam.counter(
         "specserve_spec_skipped_steps", "Steps not proposed: no draft could pay", at,
         p.skipped_steps,
+    )  # fmt: skip
+    fam.counter(
+        "specserve_spec_paused_sequence_steps",
+        "Sequence-steps not proposed: paused after drafts the policy verified none of", at,
+        p.paused,
     )  # fmt: skip

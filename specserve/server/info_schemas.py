@@ -90,6 +90,11 @@ class SpeculationInfo(BaseModel):
     proposed_tokens: int = Field(0, description="drafted tokens, verified or not")
     trimmed_tokens: int = Field(0, description="proposed tokens the adaptive policy did not verify")
     skipped_steps: int = Field(0, description="adaptive: steps not proposed, as no draft could pay")
+    paused_sequence_steps: int = Field(
+        0,
+        description="adaptive: sequence-steps not proposed, paused after drafts the policy "
+        "verified none of",
+    )
 
 
 class ProfileInfo(BaseModel):

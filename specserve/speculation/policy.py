@@ -96,6 +96,7 @@ class PolicyStats:
     k_chosen: dict[int, int] = field(default_factory=dict)  # k -> sequence-steps verifying k
     gated: dict[str, int] = field(default_factory=dict)  # reason -> steps a gate switched off
     skipped_steps: int = 0  # adaptive: steps not proposed, since no draft could pay
+    paused: int = 0  # adaptive: sequence-steps not proposed, in a pause (engine/drafting.py)
     trimmed_tokens: int = 0  # proposed tokens the adaptive policy did not verify
     predicted_speedup: float = 1.0  # J(chosen k) / J(0) at the last decision
 

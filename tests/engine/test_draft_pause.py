@@ -72,5 +72,7 @@ def test_an_adaptive_sequence_whose_drafts_are_never_verified_is_asked_less(
             outs[out.request_id] += out.new_token_ids
     # adaptive: asked at steps 0, 2, 5, 10, 19 of its 24; static: every step (it verifies all)
     assert counting.asked[ids[0]] == 5
+    # its last pause cut short by its end (the last token has no room for drafts: no cap)
+    assert policy.stats.paused == 1 + 2 + 4 + 8 + 2
     assert counting.asked[ids[1]] >= 12
     assert [outs[i] for i in ids] == want  # only the speed changes
