@@ -96,19 +96,26 @@ class Calibration:
 
 
 class PerSequenceMean:
-    """Per sequence, a running mean of the tokens a source's drafts gained, from an optimistic
-    prior: each sequence tries the source until its own outcomes say otherwise."""
+    """Per sequence, a running mean of the tokens a source's drafts gained. A new sequence starts
+    from what the source has gained lately over every sequence (a slower running mean of every
+    outcome, from an optimistic `prior`), but not below `explore`: where the source has stopped
+    paying, a new sequence still tries it a little (where nothing else drafts), so the source
+    is found again when the traffic changes."""
 
-    def __init__(self, prior: float, rate: float) -> None:
-        self.prior, self.rate = prior, rate
+    def __init__(
+        self, prior: float, rate: float, explore: float = 0.0, shared_rate: float = 0.0
+    ) -> None:
+        self.rate, self.explore, self.shared_rate = rate, explore, shared_rate
+        self.shared = prior
         self._means: dict[int, float] = {}
 
     def mean(self, seq_id: int) -> float:
-        return self._means.get(seq_id, self.prior)
+        return self._means.get(seq_id, max(self.shared, self.explore))
 
     def record(self, seq_id: int, value: float) -> None:
         mean = self.mean(seq_id)
         self._means[seq_id] = mean + self.rate * (value - mean)
+        self.shared += self.shared_rate * (value - self.shared)
 
     def release(self, seq_id: int) -> None:
         self._means.pop(seq_id, None)

@@ -56,8 +56,22 @@ CONTINUE_ABOVE = 0.35
 # been gaining tokens: a running mean, per draft, of the tokens verification accepted less
 # drafted x this (a draft the policy does not verify, as under load, gains nothing).
 HEAD_TOKEN_COST = 0.12
-HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before a sequence's first outcome
+HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before any outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
+# A new sequence starts from a running mean over every sequence's outcomes (each weighing
+# this), floored at HEAD_EXPLORE: once the head stops paying on the server's traffic, a new
+# sequence tries it about twice (alone), or (in the hybrid) only where the lookup expects less
+# than this, instead of about six times from HEAD_PRIOR, each first try catching the head up
+# over the whole prompt.
+HEAD_SHARED_RATE = 0.05
+HEAD_EXPLORE = 0.1
+
+
+def head_mean() -> PerSequenceMean:
+    """Per sequence, what asking the head gained (see HEAD_PRIOR .. HEAD_EXPLORE)."""
+    return PerSequenceMean(HEAD_PRIOR, HEAD_RATE, HEAD_EXPLORE, HEAD_SHARED_RATE)
+
+
 PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
 
 
@@ -111,7 +125,7 @@ class EagleProposer(Proposer):
         # per sequence and draft: tokens accepted less what drafting them cost; `gated` off
         # where a caller decides itself where to ask (the hybrid: the head is asked only where
         # its draft may serve, and the tokens verified may be the lookup's)
-        self.gained = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
+        self.gained = head_mean()
         self.gated = True
 
     @classmethod

@@ -8,8 +8,9 @@ the tokens the target committed (the target's own continuation whichever draft i
 Per sequence the lookup proposes first; the head runs only where the lookup's expected accepted
 length is below what asking the head has been gaining in that sequence (a running mean, from an
 optimistic prior, of the tokens verification accepted of its served drafts, none where it did
-not serve or the policy verified none of it, less its drafting cost), and then the draft with
-the larger expected accepted length serves. The draft's confidences
+not serve or the policy verified none of it, less its drafting cost; once that mean is not
+above zero the head is never asked there again and keeps nothing for the sequence), and then
+the draft with the larger expected accepted length serves. The draft's confidences
 are the chosen source's calibrated probabilities, so the engine's policy reads one scale.
 """
 
@@ -21,13 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from specserve.request import Sequence
-from specserve.speculation.calibration import Calibration, PerSequenceMean
-from specserve.speculation.eagle_proposer import (
-    HEAD_PRIOR,
-    HEAD_RATE,
-    HEAD_TOKEN_COST,
-    EagleProposer,
-)
+from specserve.speculation.calibration import Calibration
+from specserve.speculation.eagle_proposer import HEAD_TOKEN_COST, EagleProposer, head_mean
 from specserve.speculation.eagle_resolve import REGISTRATION as EAGLE
 from specserve.speculation.eagle_resolve import eagle_proposer
 from specserve.speculation.policy import expected_emitted
@@ -63,7 +59,7 @@ class HybridProposer(Proposer):
         self._proposed: dict[int, dict[str, _Proposed]] = {}
         # per sequence, what asking the head gained: the tokens verification accepted of its
         # draft where it served (none where it did not), less what drafting them cost
-        self.head_gained = PerSequenceMean(HEAD_PRIOR, HEAD_RATE)
+        self.head_gained = head_mean()
         self._head_served: set[int] = set()  # seq_ids whose draft this step is the head's
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
@@ -99,7 +95,10 @@ class HybridProposer(Proposer):
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
         self._observe(seq, hidden)
         self.lookup.sync(seq, hidden)
-        self.head.sync(seq, hidden)
+        if self.head_gained.mean(seq.seq_id) > 0.0:
+            self.head.sync(seq, hidden)
+        else:  # the lookup's worth is never below 0: the head is not asked here again
+            self.head.release(seq)
 
     def _observe(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """Record how each source's draft for `seq` fared: the committed tokens of this step (one

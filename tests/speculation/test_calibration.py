@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specserve.speculation.calibration import Calibration
+from specserve.speculation.calibration import Calibration, PerSequenceMean
 
 
 def test_records_tested_positions_only() -> None:
@@ -52,3 +52,16 @@ def test_bucket_edges() -> None:
         9,
         0,
     ]
+
+
+def test_a_new_sequence_starts_from_what_the_source_gained_lately_not_below_exploring() -> None:
+    gained = PerSequenceMean(prior=1.0, rate=0.5, explore=0.1, shared_rate=0.5)
+    assert gained.mean(7) == 1.0  # nothing recorded: the prior
+    gained.record(0, 0.2)
+    assert gained.mean(0) == pytest.approx(0.6) and gained.mean(7) == pytest.approx(0.6)
+    for _ in range(6):
+        gained.record(1, -1.0)  # the source stopped paying
+    assert gained.mean(1) < -0.9
+    assert gained.mean(7) == 0.1  # a new sequence still explores a little
+    gained.release(0)
+    assert gained.mean(0) == 0.1 and len(gained) == 1
