@@ -62,11 +62,10 @@ class SuffixProposer(Proposer):
         return [self._draft(seq, k) if k else Draft([]) for seq, k in zip(seqs, ks, strict=True)]
 
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """Share the new output; the sequence's own arena catches up when it next drafts
+        (`_own_index`), holding the same chain as if appended here step by step."""
         del hidden
         self._share(seq)
-        own = self._own.get(seq.seq_id)
-        if own is not None:
-            own.append(seq.seq_id, seq.token_slice(own.num_tokens, seq.num_tokens))
 
     def release(self, seq: Sequence) -> None:
         """Finished: its output stays in the global arena. Preempted: its own arena is rebuilt

@@ -138,3 +138,19 @@ def test_growable_arena_keeps_chains_across_growth() -> None:
 def test_invalid_capacity() -> None:
     with pytest.raises(ValueError):
         TokenArena(0)
+
+
+def test_appending_token_by_token_or_at_once_builds_the_same_arena() -> None:
+    """The suffix proposer's own arena catches up only when it drafts: the chains must not depend
+    on how the tokens were split over appends."""
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]
+    one, many = TokenArena(4, growable=True), TokenArena(4, growable=True)
+    one.append(7, tokens[:2])
+    many.append(7, tokens[:2])
+    for t in tokens[2:]:
+        one.append(7, [t])
+    many.append(7, tokens[2:])
+    for name in ("tok", "prev", "next", "owner", "stamp"):
+        assert np.array_equal(getattr(one, name), getattr(many, name)), name
+    query = np.asarray([5, 9], dtype=np.int32)
+    assert one.match(query)[0] == many.match(query)[0] == 2
