@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -50,7 +51,7 @@ from specserve.server.params import (
     tenant_of,
 )
 from specserve.server.service import Tracked
-from specserve.server.sse import EventStream, sse
+from specserve.server.sse import EventStream, TextEvents, sse
 from specserve.server.tools import ToolPlan, as_call
 
 logger = logging.getLogger(__name__)
@@ -182,6 +183,8 @@ async def chat_completions(
             return ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
 
         held = HeldCalls(prep.tools)
+        # per choice: its text deltas' JSON without a model each (most of a stream's events)
+        deltas = [TextEvents(partial(_content_chunk, chunk, i)) for i in range(body.n)]
 
         def chunks(i: int, out: RequestOutput) -> list[Any]:
             out_chunks: list[Any] = []
@@ -191,7 +194,9 @@ async def chat_completions(
                 out_chunks.append(chunk(i, delta, logprobs=logprobs(entries)))
                 out_chunks.append(chunk(i, Delta(), finish_reason="tool_calls"))
                 return out_chunks
-            if text or (wants_logprobs and entries):
+            if text and not wants_logprobs:
+                out_chunks.append(deltas[i](text))
+            elif text or (wants_logprobs and entries):
                 out_chunks.append(chunk(i, Delta(content=text), logprobs=logprobs(entries)))
             if out.finished:
                 out_chunks.append(chunk(i, Delta(), finish_reason=openai_finish(out)))
@@ -223,6 +228,12 @@ async def chat_completions(
     return ChatCompletionResponse(
         id=rid, created=created, model=model, choices=choices, usage=usage(finals)
     )
+
+
+def _content_chunk(
+    chunk: Callable[[int, Delta], ChatCompletionChunk], i: int, text: str
+) -> ChatCompletionChunk:
+    return chunk(i, Delta(content=text))
 
 
 class HeldCalls:

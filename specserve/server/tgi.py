@@ -30,7 +30,7 @@ from specserve.server.schemas import (
     Token,
 )
 from specserve.server.service import Collected, Tracked
-from specserve.server.sse import EventStream, sse
+from specserve.server.sse import EventStream, json_of, sse
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["TGI"])
@@ -52,11 +52,13 @@ def finish_reason(out: RequestOutput) -> FinishReasonTGI:
     return _FINISH.get(out.finish_reason or "", "length")
 
 
-def _tokens(ctx: ServerContext, out: RequestOutput) -> list[Token]:
+def _tokens(ctx: ServerContext, out: RequestOutput) -> list[dict[str, Any]]:
+    """The output's tokens as `Token`'s fields (models are built only where an event needs
+    more than the token: see `_events`)."""
     texts = ctx.token_texts(out.new_token_ids, out.new_text)
     lps = _logprobs(out.logprobs, len(out.new_token_ids))
     return [
-        Token(id=t, text=s, logprob=lp, special=t in ctx.special_ids)
+        {"id": t, "text": s, "logprob": lp, "special": t in ctx.special_ids}
         for t, s, lp in zip(out.new_token_ids, texts, lps, strict=True)
     ]
 
@@ -179,10 +181,13 @@ async def _events(
                     top = None
                     if p.top_n_tokens and out.logprobs is not None:
                         top = _top_tokens(ctx, out.logprobs[i])
+                    if top is None and not last:  # most events: the token alone, no model
+                        yield sse(token_event(index, token))
+                        continue
                     yield sse(
                         StreamResponse(
                             index=index,
-                            token=token,
+                            token=Token(**token),
                             top_tokens=top,
                             generated_text=text if last else None,
                             details=_stream_details(out, prep) if last and p.details else None,
@@ -193,6 +198,15 @@ async def _events(
     except Exception as exc:  # headers are sent: the error must travel as an event
         logger.exception("stream failed")
         yield sse({"error": f"internal error: {exc}", "error_type": "generation"})
+
+
+def token_event(index: int, token: dict[str, Any]) -> str:
+    """The JSON of `StreamResponse(index=index, token=Token(**token))`, without the models."""
+    return json_of({"index": index, "token": token, **_NO_EXTRAS})
+
+
+# StreamResponse's fields after the token, as a token's event without them carries them.
+_NO_EXTRAS = {"top_tokens": None, "generated_text": None, "details": None}
 
 
 def _stream_details(out: RequestOutput, prep: Prepared) -> StreamDetails:
