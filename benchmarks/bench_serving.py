@@ -22,7 +22,11 @@ three sides are compared token for token.
 
 The load generator shares the machine with the server and uses no torch: streamed requests are
 read on blocking sockets, one thread each, non-streaming ones through httpx
-(`benchmarks/serving_client.py`).
+(`benchmarks/serving_client.py`). Per HTTP side, the CPU per token of the load generator and of
+the server's event-loop thread (the serving work the in-process side does not do; from
+`/proc/PID/task/PID/schedstat`, so Linux only): both come out of the cores the engine computes
+on. They move with the machine's speed as everything does, but say directly how much serving
+work a token costs, where a ratio folds it into a gap of a few percent among the run's noise.
 
 Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
     [--concurrency 1,16] [--waves 6] [--min-requests 16] [--json FILE]
@@ -80,6 +84,13 @@ class Cell:
     itl_p50_ms: float | None
     itl_p99_ms: float | None
     client_cpu_ms: float | None  # the load generator's CPU time per token (HTTP sides)
+    loop_cpu_ms: float | None = None  # the server's event-loop thread's CPU time per token
+
+
+def loop_cpu_s(pid: int) -> float:
+    """CPU seconds the server's main thread (its event loop: `serve` runs uvloop there) has run,
+    from the kernel's per-thread scheduler statistics."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
 def summarise(
@@ -89,6 +100,7 @@ def summarise(
     wall: float,
     cpu: float | None,
     runs: list[tuple[float, list[float]]],
+    loop_cpu: float | None = None,
 ) -> Cell:
     """runs: per request, (send time, token arrival times); a non-streaming run has one stamp
     per token, all at the finish."""
@@ -102,9 +114,11 @@ def summarise(
         itl50 = 1000 * gaps[len(gaps) // 2]
         itl99 = 1000 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
     client = None if cpu is None else 1000 * cpu / tokens
+    loop = None if loop_cpu is None else 1000 * loop_cpu / tokens
     return Cell(
-        side, threads, conc, len(runs), tokens, tokens / wall, e2e, decode, itl50, itl99, client
-    )
+        side, threads, conc, len(runs), tokens, tokens / wall, e2e, decode, itl50, itl99, client,
+        loop,
+    )  # fmt: skip
 
 
 def in_process(engine: Any, batch: list[str]) -> Run:
@@ -182,20 +196,24 @@ def run_threads(
         for conc in concs:
             walls = dict.fromkeys(SIDES, 0.0)
             cpus: dict[str, float | None] = dict.fromkeys(SIDES)
+            loops: dict[str, float | None] = dict.fromkeys(SIDES)
             runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in SIDES}
             for w in range(max(waves, -(-min_requests // conc))):
                 batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
                 for side in SIDES[w % 3 :] + SIDES[: w % 3]:
+                    loop_before = loop_cpu_s(proc.pid)
                     wall, cpu, wave_runs, wave_outputs = sides[side](batch)
                     walls[side] += wall
                     if cpu is not None:
                         cpus[side] = (cpus[side] or 0.0) + cpu
+                        loop = loop_cpu_s(proc.pid) - loop_before
+                        loops[side] = (loops[side] or 0.0) + loop
                     runs[side] += wave_runs
                     for text, ids in wave_outputs.items():
                         if outputs.setdefault(text, ids) != ids:
                             raise SystemExit(f"{side}: output differs for {text[:40]!r}")
             cells += [
-                summarise(side, threads, conc, walls[side], cpus[side], runs[side])
+                summarise(side, threads, conc, walls[side], cpus[side], runs[side], loops[side])
                 for side in SIDES
             ]
     finally:
@@ -223,12 +241,13 @@ def report(info: dict[str, Any], cells: list[Cell]) -> str:
             f"{c.e2e_tok_s:.1f}", fmt(c.decode_tok_s), fmt(c.itl_p50_ms), fmt(c.itl_p99_ms),
             tail,
             "-" if c.client_cpu_ms is None else f"{c.client_cpu_ms:.2f}",
+            "-" if c.loop_cpu_ms is None else f"{c.loop_cpu_ms:.3f}",
             f"{rate(c) / rate(ref):.2f}x",
         ])  # fmt: skip
     header = [
         "threads", "concurrency", "side", "aggregate tok/s", "e2e tok/s per request",
         "decode tok/s", "ITL p50 ms", "ITL p99 ms", "p99 / p50", "client CPU ms/token",
-        "/ in process",
+        "server loop CPU ms/token", "/ in process",
     ]  # fmt: skip
     return machine_lines(info) + "\n\n" + markdown_table(header, rows)
 
