@@ -49,7 +49,15 @@ def choose_k(
     cost: RowCost,
     base_emitted: float,
 ) -> list[int]:
-    """The k_s <= len(accept[s]) maximising (base_emitted + sum of gains kept) / cost(sum k_s).
+    """The k_s <= len(accept[s]) maximising (base_emitted + sum of gains kept) / cost(sum k_s);
+    see `choose_k_rated`."""
+    return choose_k_rated(accept, cost, base_emitted)[0]
+
+
+def choose_k_rated(
+    accept: Sequence[Sequence[float]], cost: RowCost, base_emitted: float
+) -> tuple[list[int], float]:
+    """`choose_k`'s k_s, and J at them over J at no drafts (the predicted speedup).
 
     Keeping draft token i of s adds gain prod_{j<=i} a_{s,j}, which never grows with i, so for
     any total m the best choice is the m largest gains (stable order keeps each sequence's
@@ -64,7 +72,7 @@ def choose_k(
     rate = emitted / cost(np.arange(len(flat) + 1))
     m = int(np.argmax(rate))
     ks = np.bincount(owner[order[:m]], minlength=len(accept))
-    return [int(k) for k in ks]
+    return [int(k) for k in ks], float(rate[m] / rate[0])
 
 
 @dataclass(frozen=True)
@@ -163,7 +171,7 @@ class SpeculationPolicy:
         )
         keys = sum(seqs[i].context for i in free) / len(free)
         cost = self._row_cost(seqs, prefill, keys)
-        chosen = choose_k(accept, cost, base_emitted)
+        chosen, speedup = choose_k_rated(accept, cost, base_emitted)
         ks = [
             len(d.tokens) if d is not None and s.static else 0
             for s, d in zip(seqs, drafts, strict=True)
@@ -171,9 +179,7 @@ class SpeculationPolicy:
         for i, k, a in zip(free, chosen, accept, strict=True):
             ks[i] = k
             self.stats.trimmed_tokens += len(a) - k
-        gain = _kept_gain(accept, chosen)
-        rates = (base_emitted + np.array([0.0, gain])) / cost(np.array([0, sum(chosen)]))
-        self.stats.predicted_speedup = float(rates[1] / rates[0])
+        self.stats.predicted_speedup = speedup
         return ks
 
     def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
@@ -214,7 +220,3 @@ def replace_cap(seq: DecodeSeq) -> DecodeSeq:
     if not seq.static or not seq.cap:
         return seq
     return DecodeSeq(seq.context, True, seq.cap, Draft(tokens=[0] * seq.cap))
-
-
-def _kept_gain(accept: list[list[float]], ks: list[int]) -> float:
-    return sum(expected_emitted(a, k) - 1.0 for a, k in zip(accept, ks, strict=True))

@@ -16,6 +16,7 @@ from specserve.speculation.policy import (
     Gate,
     SpeculationPolicy,
     choose_k,
+    choose_k_rated,
     expected_emitted,
 )
 from specserve.speculation.proposer import Draft
@@ -168,3 +169,15 @@ def test_cost_curve_is_isotonic_and_extrapolates() -> None:
     assert curve(6) == pytest.approx(1.875)
     assert curve(16) == pytest.approx(3.0 + 8 * 2.25 / 4)
     assert curve.many(np.array([1, 6, 16])).tolist() == pytest.approx([0.75, 1.875, 7.5])
+
+
+def test_the_predicted_speedup_is_the_chosen_objective_over_none() -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        accept = [[rng.random() for _ in range(rng.randint(1, 4))] for _ in range(3)]
+        per_row = rng.choice([0.0, 0.0005, 0.002])
+        cost: Cost = lambda m, p=per_row: 0.01 + p * m  # noqa: E731
+        ks, speedup = choose_k_rated(accept, vectorised(cost), 3.0)
+        want = objective(accept, ks, 3.0, cost) / objective(accept, [0, 0, 0], 3.0, cost)
+        assert speedup == pytest.approx(want, rel=1e-12)
+        assert ks == choose_k(accept, vectorised(cost), 3.0)
