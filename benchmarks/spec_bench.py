@@ -42,7 +42,7 @@ import torch
 
 from benchmarks.machine import machine_info
 from benchmarks.spec_cells import Config, run_cell
-from benchmarks.spec_report import render, summarise
+from benchmarks.spec_report import cell_tok_s, render, summarise
 from specserve.bench.workload_items import WorkloadItem, conversations, encode_item
 from specserve.bench.workloads import resolve_workload
 from specserve.config import POLICIES, PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
@@ -80,8 +80,9 @@ def sweep(
                     engine = engines.get(config.proposer, baseline)
                     runs, wall, counters = run_cell(engine, units, config, conc, params)
                     key = (workload, conc, config.proposer, config.policy, config.n)
-                    cells.append({"key": key, "runs": runs, "wall_s": wall, "counters": counters})
-                    rate = sum(len(r.tokens) for r in runs) / wall
+                    cell = {"key": key, "runs": runs, "wall_s": wall, "counters": counters}
+                    cells.append(cell)
+                    rate = cell_tok_s(cell)
                     print(
                         f"[spec_bench] {workload} c={conc} {config.label}: {len(runs)} requests,"
                         f" {rate:.1f} tok/s, accepted {counters['accepted']}/{counters['drafted']}",
@@ -102,7 +103,7 @@ def median_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         by_key.setdefault(cell["key"], []).append(cell)
     out = []
     for repeats in by_key.values():
-        rates = [sum(len(r.tokens) for r in c["runs"]) / c["wall_s"] for c in repeats]
+        rates = [cell_tok_s(c) for c in repeats]
         order = sorted(range(len(repeats)), key=rates.__getitem__)
         out.append({**repeats[order[(len(order) - 1) // 2]], "repeat_tok_s": rates})
     return out

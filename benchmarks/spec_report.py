@@ -34,6 +34,11 @@ class Run:
 CellKey = tuple[str, int, str, str, int]  # (workload, concurrency, proposer, policy, N)
 
 
+def cell_tok_s(cell: dict[str, Any]) -> float:
+    """A cell's generated tokens per wall second, prefill included."""
+    return sum(len(r.tokens) for r in cell["runs"]) / cell["wall_s"]
+
+
 def summarise(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per cell (`cells`: key, runs, wall_s, counters), with speedups and identical
     outputs against the N = 0 cell of the same workload and concurrency."""
@@ -61,12 +66,12 @@ def _row(cell: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
     runs: list[Run] = cell["runs"]
     counters = cell["counters"]
     generated = sum(len(r.tokens) for r in runs)
-    tok_s = generated / cell["wall_s"]
+    tok_s = cell_tok_s(cell)
     decode_s = sum(r.decode_s for r in runs)
     drafted, accepted = counters["drafted"], counters["accepted"]
     decode_rows = max(counters["steps"] - counters["spec_steps"], 0) + counters["spec_steps"]
     ref_tokens = {r.item_id: r.tokens for r in ref["runs"]} if ref else {}
-    ref_tok_s = (sum(len(r.tokens) for r in ref["runs"]) / ref["wall_s"]) if ref else tok_s
+    ref_tok_s = cell_tok_s(ref) if ref else tok_s
     return {
         "requests": len(runs),
         "prompt_tokens_mean": sum(r.prompt_tokens for r in runs) / max(len(runs), 1),
@@ -109,7 +114,7 @@ def label(row: dict[str, Any]) -> str:
 
 def _cells(row: dict[str, Any]) -> list[str]:
     cells = [label(row)] + [format(row[key], fmt) for _, key, fmt in _COLUMNS]
-    rates = row.get("repeat_tok_s") or [row["tok_s"]]
+    rates = row["repeat_tok_s"]
     spread = f"{min(rates):.1f}-{max(rates):.1f}"
     return [*cells, spread, f"{row['identical']}/{row['requests']}", str(row["errors"])]
 

@@ -177,38 +177,9 @@ async def chat_completions(
         return chat_logprobs(ctx.tokenizer, entries) if wants_logprobs else None
 
     if body.stream:
-
-        def chunk(i: int, delta: Delta, **fields: Any) -> ChatCompletionChunk:
-            choice = ChatChunkChoice(index=i, delta=delta, **fields)
-            return ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
-
-        held = HeldCalls(prep.tools)
-        # per choice: its text deltas' JSON without a model each (most of a stream's events)
-        deltas = [TextEvents(partial(_content_chunk, chunk, i)) for i in range(body.n)]
-
-        def chunks(i: int, out: RequestOutput) -> list[Any]:
-            out_chunks: list[Any] = []
-            text, entries, call = held.take(i, out)
-            if call is not None:
-                delta = Delta(tool_calls=[{"index": 0, **call}])
-                out_chunks.append(chunk(i, delta, logprobs=logprobs(entries)))
-                out_chunks.append(chunk(i, Delta(), finish_reason="tool_calls"))
-                return out_chunks
-            if text and not wants_logprobs:
-                out_chunks.append(deltas[i](text))
-            elif text or (wants_logprobs and entries):
-                out_chunks.append(chunk(i, Delta(content=text), logprobs=logprobs(entries)))
-            if out.finished:
-                out_chunks.append(chunk(i, Delta(), finish_reason=openai_finish(out)))
-            return out_chunks
-
-        def last(finals: list[RequestOutput]) -> Any:
-            return ChatCompletionChunk(
-                id=rid, created=created, model=model, choices=[], usage=usage(finals)
-            )
-
-        first = [chunk(i, Delta(role="assistant", content="")) for i in range(body.n)]
-        return _stream(ctx, body, prep, tracked, rid, chunks, last, first)
+        chunks = _ChatChunks(rid, created, model, body.n, prep.tools, wants_logprobs, logprobs)
+        first = [chunks.chunk(i, Delta(role="assistant", content="")) for i in range(body.n)]
+        return _stream(ctx, body, prep, tracked, rid, chunks, chunks.last, first)
     results = await ctx.service.collect_choices(request, tracked, prep, rid, body.n)
     choices = []
     for i, r in enumerate(results):
@@ -230,10 +201,56 @@ async def chat_completions(
     )
 
 
-def _content_chunk(
-    chunk: Callable[[int, Delta], ChatCompletionChunk], i: int, text: str
-) -> ChatCompletionChunk:
-    return chunk(i, Delta(content=text))
+class _ChatChunks:
+    """A streamed chat completion's chunks: per output of a choice, zero or more (a `ChunkFn`);
+    `last`, the usage chunk."""
+
+    def __init__(
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        n: int,
+        tools: ToolPlan,
+        wants_logprobs: bool,
+        logprobs: Callable[[list[TokenLogprob]], ChatLogprobs | None],
+    ) -> None:
+        self.rid, self.created, self.model = rid, created, model
+        self.wants_logprobs, self.logprobs = wants_logprobs, logprobs
+        self.held = HeldCalls(tools)
+        # per choice: its text deltas' JSON without a model each (most of a stream's events)
+        self.deltas = [TextEvents(partial(self._content, i)) for i in range(n)]
+
+    def chunk(self, i: int, delta: Delta, **fields: Any) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(index=i, delta=delta, **fields)
+        return ChatCompletionChunk(
+            id=self.rid, created=self.created, model=self.model, choices=[choice]
+        )
+
+    def _content(self, i: int, text: str) -> ChatCompletionChunk:
+        return self.chunk(i, Delta(content=text))
+
+    def __call__(self, i: int, out: RequestOutput) -> list[Any]:
+        out_chunks: list[Any] = []
+        text, entries, call = self.held.take(i, out)
+        if call is not None:
+            delta = Delta(tool_calls=[{"index": 0, **call}])
+            out_chunks.append(self.chunk(i, delta, logprobs=self.logprobs(entries)))
+            out_chunks.append(self.chunk(i, Delta(), finish_reason="tool_calls"))
+            return out_chunks
+        if text and not self.wants_logprobs:
+            out_chunks.append(self.deltas[i](text))
+        elif text or (self.wants_logprobs and entries):
+            delta = Delta(content=text)
+            out_chunks.append(self.chunk(i, delta, logprobs=self.logprobs(entries)))
+        if out.finished:
+            out_chunks.append(self.chunk(i, Delta(), finish_reason=openai_finish(out)))
+        return out_chunks
+
+    def last(self, finals: list[RequestOutput]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.rid, created=self.created, model=self.model, choices=[], usage=usage(finals)
+        )
 
 
 class HeldCalls:
