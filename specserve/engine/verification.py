@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from specserve.engine.plan import SeqPlan, StepPlan
-from specserve.runner.sampler import SampleRow, processed_logits, sample
+from specserve.runner.sampler import SampleRow, pick_tokens, processed_logits
 from specserve.speculation.verify import VerifyResult, verify_deterministic, verify_sampled
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def batch_picks(logits: torch.Tensor, rows: list[SampleRow]) -> list[int] | None
     """Every row's pick in one call; None when that fails (each span then samples its own
     rows, so the failure is charged to the request it belongs to)."""
     try:
-        return [s.token for s in sample(logits, rows)]
+        return pick_tokens(logits, rows)
     except Exception:
         logger.exception("batched sampling failed: sampling each request alone")
         return None
@@ -69,5 +69,5 @@ def verify_span(
         return verify_sampled(d.tokens, d.probs, target, seed, own[0].out_pos)
     targets = picks[p.logits] if picks is not None else None
     if targets is None:
-        targets = [s.token for s in sample(logits[p.logits], own)]
+        targets = pick_tokens(logits[p.logits], own)
     return verify_deterministic(p.draft_tokens, targets)

@@ -134,14 +134,10 @@ def plain_greedy(row: SampleRow) -> bool:
     return row.params.greedy and row.params.repetition_penalty == 1.0 and not row.processors
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[Sampled]:
-    """logits [N, V] -> one Sampled per row."""
+def pick_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> list[int]:
+    """logits [N, V] -> each row's token, as `sample_row` picks it. Plain greedy rows take the
+    raw argmax in one call and no softmax (nothing here needs their log-probabilities:
+    `engine/logprobs.py` computes those only for requests that ask)."""
     if all(plain_greedy(r) for r in rows):
-        logprobs = logits.float().log_softmax(-1)
-        tokens = argmax_rows(logits)
-        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-        return [
-            Sampled(int(t), float(lp))
-            for t, lp in zip(tokens.tolist(), chosen.tolist(), strict=False)
-        ]
-    return [sample_row(logits[i], r) for i, r in enumerate(rows)]
+        return argmax_rows(logits).tolist()
+    return [sample_row(logits[i], r).token for i, r in enumerate(rows)]

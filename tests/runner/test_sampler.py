@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specserve.request import SamplingParams
-from specserve.runner.sampler import SampleRow, processed_logits, sample
+from specserve.runner.sampler import SampleRow, pick_tokens, processed_logits
 
 GREEDY = SamplingParams()
 
@@ -22,11 +22,11 @@ def ban(token: int, seen: list[list[int]]):  # type: ignore[no-untyped-def]
 def test_a_processor_bans_only_in_its_own_row() -> None:
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))  # [rows, vocab]
     plain = [SampleRow(GREEDY, [], 0) for _ in range(4)]
-    want = [s.token for s in sample(logits, plain)]
+    want = pick_tokens(logits, plain)
     seen: list[list[int]] = []
     rows = list(plain)
     rows[2] = SampleRow(GREEDY, [1, 2, 3], 0, (ban(want[2], seen),))
-    got = [s.token for s in sample(logits, rows)]
+    got = pick_tokens(logits, rows)
     assert got[2] == int(logits[2].topk(2).indices[1])  # the runner-up
     assert got[:2] + got[3:] == want[:2] + want[3:]
     assert seen == [[1, 2, 3]]
