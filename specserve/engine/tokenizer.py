@@ -6,6 +6,10 @@ from two threads at once: an encode may reconfigure truncation or padding on the
 tokenizer (a concurrent borrow then fails with "Already borrowed"). So every call goes through
 one lock; the calls are short (microseconds to decode a few tokens, about a millisecond to encode
 a long prompt), so neither side waits long.
+
+Decoding, twice per generated token on the step thread, goes straight to the Rust tokenizer where
+that is what transformers would return (`_direct_decoder`): 1.8 us against 5.1 us through
+transformers' argument handling for five ids, measured hot.
 """
 
 from __future__ import annotations
@@ -13,7 +17,11 @@ from __future__ import annotations
 import copy
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
+
+from transformers import PreTrainedTokenizerFast
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 
 class LockedTokenizer:
@@ -23,6 +31,7 @@ class LockedTokenizer:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.lock = threading.RLock()
+        self._decode = _direct_decoder(inner) or inner.decode
 
     def __reduce__(self) -> tuple[Any, tuple[Any]]:
         """Pickled (a fleet replica sends its tokenizer to the ingress) without the lock: the
@@ -39,7 +48,7 @@ class LockedTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         with self.lock:
-            text: str = self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+            text: str = self._decode(ids, skip_special_tokens=skip_special_tokens)
             return text
 
     def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
@@ -59,6 +68,22 @@ class LockedTokenizer:
                 return attr(*args, **kwargs)
 
         return locked
+
+
+def _direct_decoder(inner: Any) -> Callable[..., str] | None:
+    """The Rust tokenizer's `decode` when transformers' `decode(ids, skip_special_tokens=...)`
+    returns exactly it: a fast (tokenizers-backed) class overriding neither `decode` nor
+    `_decode`, that cleans up no spaces. Else None."""
+    cls = type(inner)
+    if (
+        not isinstance(inner, PreTrainedTokenizerFast)
+        or getattr(inner, "clean_up_tokenization_spaces", True)
+        or cls.decode is not PreTrainedTokenizerBase.decode
+        or cls._decode is not PreTrainedTokenizerFast._decode
+    ):
+        return None
+    decode: Callable[..., str] = inner.backend_tokenizer.decode
+    return decode
 
 
 def locked(tokenizer: Any) -> LockedTokenizer:

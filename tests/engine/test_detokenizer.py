@@ -126,3 +126,23 @@ def test_stop_matching_per_token_does_not_grow_with_the_output() -> None:
         per_window.append(CountingStop.reads - before)
     assert max(per_window) <= 3 * 2000 * len(stops), per_window
     assert not detok.stopped and len(detok.text) == 128  # held back: it could still be a stop
+
+
+def test_the_locked_tokenizer_decodes_through_rust_as_transformers_would(tiny_llama: Path) -> None:
+    """The step thread's decode skips transformers' wrapper only where the text is the same."""
+    from specserve.engine.tokenizer import _direct_decoder, locked
+
+    inner = tokenizer(tiny_llama)
+    tok = locked(inner)
+    assert _direct_decoder(inner) is not None  # the fast path is the one under test
+    rng = random.Random(1)
+    special = list(inner.all_special_ids)
+    for _ in range(200):
+        ids = [rng.randrange(len(inner)) for _ in range(rng.randint(0, 8))]
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(special))
+        for skip in (True, False):
+            assert tok.decode(ids, skip_special_tokens=skip) == inner.decode(
+                ids, skip_special_tokens=skip
+            )
+    inner.clean_up_tokenization_spaces = True  # transformers would post-process: no shortcut
+    assert _direct_decoder(inner) is None
