@@ -78,7 +78,7 @@ PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its o
 @dataclass
 class _State:
     num_tokens: int = 0  # seq.num_tokens when last synced
-    features: list[torch.Tensor] = field(default_factory=list)  # pending pairs' [H] features
+    features: list[torch.Tensor] = field(default_factory=list)  # pending pairs' [n, H] features
     tokens: list[int] = field(default_factory=list)  # pending pairs' tokens
     next_pos: int = 0  # output position of the next pending pair
     keys: torch.Tensor | None = None  # [kv_heads, L, D] of verified positions
@@ -157,7 +157,9 @@ class EagleProposer(Proposer):
         if seq.params.speculate == 0:  # it never drafts: no features to keep
             return
         # a copy: a view would keep the whole step's hidden states alive until the next proposal
-        rows = hidden.reshape(-1, hidden.shape[-1]).detach().to(torch.float32, copy=True)
+        # (clone: ~4 us against ~14 for `.to(float32, copy=True)` on a float32 row)
+        rows = hidden.detach().reshape(-1, hidden.shape[-1])
+        rows = rows.clone() if rows.dtype == torch.float32 else rows.float()
         n = len(seq.output_ids)
         if len(rows) > n:
             raise ValueError(f"{len(rows)} feature rows for {n} output tokens")
@@ -169,12 +171,13 @@ class EagleProposer(Proposer):
             # step's own token are its accepted tokens (none where the policy verified none)
             self.gained.record(seq.seq_id, len(rows) - 1 - HEAD_TOKEN_COST * len(state.drafted))
         state.drafted = []
-        state.features += list(rows)
+        state.features.append(rows)
         state.tokens += seq.output_ids[n - len(rows) :]
         keep = self.head.shape.window
         if len(state.tokens) > keep:  # pairs no future query can see
             state.next_pos += len(state.tokens) - keep
-            del state.features[:-keep], state.tokens[:-keep]
+            state.features = [torch.cat(state.features)[-keep:]]
+            del state.tokens[:-keep]
         state.num_tokens = seq.num_tokens
 
     def release(self, seq: Sequence) -> None:
@@ -231,7 +234,7 @@ class EagleProposer(Proposer):
         q_pos = torch.full((len(todo), t), PAD_QUERY, dtype=torch.long)
         for b, s in enumerate(todo):
             n = len(s.tokens)
-            feats[b, :n] = torch.stack(s.features)
+            feats[b, :n] = torch.cat(s.features)
             ids[b, :n] = torch.tensor(s.tokens)
             q_pos[b, :n] = torch.arange(s.next_pos, s.next_pos + n)
         x = head.fuse(feats, self._embed(ids))
@@ -259,7 +262,7 @@ class EagleProposer(Proposer):
             s.lane = s.lane or native.lane(s.next_pos)
             native.make_room(s.lane, s.next_pos, count)
             rows.lanes.append(s.lane)
-        feats = torch.stack([f for s in todo for f in s.features])
+        feats = torch.cat([f for s in todo for f in s.features])
         ids = torch.tensor([t for s in todo for t in s.tokens])
         out = native.forward(self.head.fuse(feats, self._embed(ids)), rows)
         native.commit(rows)
