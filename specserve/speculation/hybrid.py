@@ -93,8 +93,10 @@ class HybridProposer(Proposer):
         return self.calibration[source].probabilities(draft.scores) if draft.tokens else []
 
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        self.lookup.sync(seq, hidden)  # every output feeds the lookup's shared arena
+        if seq.params.speculate == 0:  # it never drafts: nothing to observe or keep
+            return
         self._observe(seq, hidden)
-        self.lookup.sync(seq, hidden)
         if self.head_gained.mean(seq.seq_id) > 0.0:
             self.head.sync(seq, hidden)
         else:  # the lookup's worth is never below 0: the head is not asked here again

@@ -5,7 +5,9 @@ Two token arenas (speculation/suffix_index.py):
 - per request, its prompt and output (built when it first drafts, appended as it commits);
 - one global arena, bounded to `cache_tokens`, of every request's *output* as it is committed
   (outputs carry what other requests will repeat: the same file edited again, the same
-  documents answered about again). Full, it evicts whole requests, oldest first.
+  documents answered about again). Full, it evicts whole requests, oldest first. What the
+  sequences committed since it was last read goes in at once (`TokenArena.append_many`) before
+  the next lookup, the arena as the appends one by one would build it.
 
 Each step, for each drafting sequence, the context's last `max_depth` tokens are matched in
 both arenas (longest suffix with a continuation; the global one skips the sequence's own
@@ -56,21 +58,26 @@ class SuffixProposer(Proposer):
         self.max_depth, self.spec_factor, self.min_share = max_depth, spec_factor, min_share
         self._own: dict[int, TokenArena] = {}  # seq_id -> its prompt + output
         self._shared: dict[int, int] = {}  # seq_id -> output tokens in the global arena
+        self._unshared: dict[int, Sequence] = {}  # committed since the arena was last read
         self.drafts_from = {"own": 0, "shared": 0}  # proposed drafts by the arena they came from
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        self._flush()
         return [self._draft(seq, k) if k else Draft([]) for seq, k in zip(seqs, ks, strict=True)]
 
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        """Share the new output; the sequence's own arena catches up when it next drafts
-        (`_own_index`), holding the same chain as if appended here step by step."""
+        """Share the new output before the next lookup (`_flush`); the sequence's own arena
+        catches up when it next drafts (`_own_index`), holding the same chain as if appended
+        here step by step."""
         del hidden
-        self._share(seq)
+        if seq.params.cache_salt is None:  # isolated: its output stays its own
+            self._unshared[seq.seq_id] = seq
 
     def release(self, seq: Sequence) -> None:
         """Finished: its output stays in the global arena. Preempted: its own arena is rebuilt
         when it next drafts; what it shared stays."""
         self._own.pop(seq.seq_id, None)
+        self._flush()
         if seq.is_finished:
             self._share(seq)
             self._shared.pop(seq.seq_id, None)
@@ -82,6 +89,7 @@ class SuffixProposer(Proposer):
         return True
 
     def index_stats(self) -> IndexStats:
+        self._flush()
         index = self.global_index
         return IndexStats(
             tokens=index.num_tokens,
@@ -93,6 +101,18 @@ class SuffixProposer(Proposer):
         )
 
     # ---------------------------------------------------------------- internals
+    def _flush(self) -> None:
+        """Every synced sequence's unshared output into the global arena, in sync order."""
+        if not self._unshared:
+            return
+        runs = []
+        for seq in self._unshared.values():
+            done = self._shared.get(seq.seq_id, 0)
+            runs.append((seq.seq_id, seq.output_ids[done:]))
+            self._shared[seq.seq_id] = len(seq.output_ids)
+        self._unshared.clear()
+        self.global_index.append_many(runs)
+
     def _share(self, seq: Sequence) -> None:
         if seq.params.cache_salt is not None:  # isolated: its output stays its own
             return

@@ -124,6 +124,44 @@ class TokenArena:
         chain.slots.append(slots)
         chain.size += m
 
+    def append_many(self, runs: list[tuple[int, list[int]]]) -> None:
+        """`append` of each (owner, tokens) in turn, distinct owners, with each array written
+        once for all of them (one step's new tokens of every sequence): the same slots, links
+        and stamps as the appends one by one, which it falls back to where one would evict or
+        grow."""
+        runs = [(owner, tokens) for owner, tokens in runs if len(tokens)]
+        sizes = [len(tokens) for _, tokens in runs]
+        m = sum(sizes)
+        owners = [owner for owner, _ in runs]
+        if len(runs) < 2 or m > self._num_free or len(set(owners)) < len(owners):
+            for owner, tokens in runs:
+                self.append(owner, tokens)
+            return
+        slots = self._free[self._num_free - m : self._num_free][::-1].copy()
+        self._num_free -= m
+        self._high = max(self._high, int(slots.max()) + 1)
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        chains = [self._chains.setdefault(o, _Chain(last=self.nil)) for o in owners]
+        lasts = np.array([c.last for c in chains], dtype=np.int64)
+        self.tok[slots] = np.concatenate([np.asarray(t, dtype=np.int32) for _, t in runs])
+        self.owner[slots] = np.repeat(owners, sizes)
+        self.stamp[slots] = self._clock + np.arange(m)
+        self._clock += m
+        prev = np.empty(m, dtype=np.int64)
+        prev[1:] = slots[:-1]
+        prev[starts] = lasts
+        nxt = np.empty(m, dtype=np.int64)
+        nxt[:-1] = slots[1:]
+        nxt[ends - 1] = self.nil
+        self.prev[slots], self.next[slots] = prev, nxt
+        linked = lasts != self.nil
+        self.next[lasts[linked]] = slots[starts[linked]]
+        for chain, a, b in zip(chains, starts.tolist(), ends.tolist(), strict=True):
+            chain.last = int(slots[b - 1])
+            chain.slots.append(slots[a:b])
+            chain.size += b - a
+
     def evict(self, owner: int) -> None:
         """Drop `owner`'s chain and free its slots."""
         chain = self._chains.pop(owner, None)

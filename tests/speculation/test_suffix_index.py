@@ -154,3 +154,25 @@ def test_appending_token_by_token_or_at_once_builds_the_same_arena() -> None:
         assert np.array_equal(getattr(one, name), getattr(many, name)), name
     query = np.asarray([5, 9], dtype=np.int32)
     assert one.match(query)[0] == many.match(query)[0] == 2
+
+
+def test_append_many_builds_the_arena_the_appends_one_by_one_build() -> None:
+    """The suffix proposer shares a step's outputs of every sequence in one `append_many`: the
+    arrays, chains and later evictions must be those of appending each owner in turn."""
+    rng = random.Random(3)
+    one, batched = TokenArena(64), TokenArena(64)
+    for step in range(40):  # owners come and go; the arena fills and evicts
+        owners = rng.sample(range(8), rng.randint(1, 5))
+        runs = [(o, [rng.randrange(6) for _ in range(rng.randint(0, 3))]) for o in owners]
+        if step % 7 == 6:
+            runs.append((owners[0], [1]))  # a repeated owner: one by one
+        for owner, tokens in runs:
+            one.append(owner, tokens)
+        batched.append_many(runs)
+        for name in ("tok", "prev", "next", "owner", "stamp", "_free"):
+            assert np.array_equal(getattr(one, name), getattr(batched, name)), (step, name)
+        assert one.owners() == batched.owners() and one.num_tokens == batched.num_tokens
+        assert all(one.chain_size(o) == batched.chain_size(o) for o in range(8))
+        query = np.asarray([rng.randrange(6) for _ in range(3)], dtype=np.int32)
+        got, want = batched.match(query), one.match(query)
+        assert got[0] == want[0] and np.array_equal(got[1], want[1])
