@@ -4,6 +4,7 @@ ratios the targets name, and each proposer's calibration (predicted vs observed 
 from __future__ import annotations
 
 import argparse
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,9 @@ def summarise(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         workload, conc, proposer, policy, n = cell["key"]
         ref = base.get((workload, conc))
         row = _row(cell, ref)
+        rates = cell.get("repeat_tok_s", [row["tok_s"]])
+        ref_rates = ref.get("repeat_tok_s", [cell_tok_s(ref)]) if ref else rates
+        paired = [a / b for a, b in zip(rates, ref_rates, strict=True)]
         rows.append(
             {
                 "workload": workload,
@@ -56,7 +60,8 @@ def summarise(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "policy": policy,
                 "n": n,
                 **row,
-                "repeat_tok_s": cell.get("repeat_tok_s", [row["tok_s"]]),
+                "repeat_tok_s": rates,
+                "paired_speedups": paired,
             }
         )
     return rows
@@ -105,6 +110,15 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (  # (header, row key, format)
 )
 
 
+def paired(row: dict[str, Any]) -> str:
+    """The median of the repeats' ratios to N = 0, each against the N = 0 cell of the same
+    repeat (run next to it, so the machine's drift between repeats cancels), and their range."""
+    ratios = row["paired_speedups"]
+    if len(ratios) == 1:
+        return f"{ratios[0]:.2f}"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
 def label(row: dict[str, Any]) -> str:
     if row["n"] == 0:
         return "N=0"
@@ -116,7 +130,8 @@ def _cells(row: dict[str, Any]) -> list[str]:
     cells = [label(row)] + [format(row[key], fmt) for _, key, fmt in _COLUMNS]
     rates = row["repeat_tok_s"]
     spread = f"{min(rates):.1f}-{max(rates):.1f}"
-    return [*cells, spread, f"{row['identical']}/{row['requests']}", str(row["errors"])]
+    identical = f"{row['identical']}/{row['requests']}"
+    return [*cells, spread, paired(row), identical, str(row["errors"])]
 
 
 def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
@@ -137,6 +152,7 @@ def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
                 str(r["concurrency"]),
                 r["proposer"],
                 f"{r['speedup']:.2f}x",
+                paired(r),
                 f"N={best['n']}: {best['speedup']:.2f}x" if best else "-",
                 f"{r['tok_s'] / best['tok_s']:.2f}x" if best else "-",
             ]
@@ -167,7 +183,7 @@ def render(
     calibrations: dict[str, list[dict[str, Any]]],
 ) -> str:
     header = ["config"] + [h for h, _, _ in _COLUMNS] + ["tok/s of the repeats"]
-    header += ["identical", "errors"]
+    header += ["vs N=0 per repeat: median (range)", "identical", "errors"]
     parts = [
         f"## spec_bench: proposers {', '.join(args.proposers)}, policies {args.policy}, "
         f"concurrency {args.concurrency}, {args.new_tokens} new tokens, "
@@ -183,7 +199,8 @@ def render(
         )
     pairs = side_by_side(rows)
     if pairs:
-        head = ["workload", "c", "proposer", "adaptive vs N=0", "best static", "adaptive / best"]
+        head = ["workload", "c", "proposer", "adaptive vs N=0", "per repeat: median (range)"]
+        head += ["best static", "adaptive / best"]
         parts.append(f"### adaptive side by side\n\n{markdown_table(head, pairs)}")
     parts += [calibration_table(name, table) for name, table in calibrations.items()]
     return "\n\n".join(parts)

@@ -89,25 +89,6 @@ def test_spec_bench_compares_proposers_policies_and_concurrency_in_one_run(
     assert set(report["calibration"]) == {"suffix", "medusa"}
 
 
-def test_spec_bench_reports_the_median_repeat() -> None:
-    from types import SimpleNamespace
-
-    def cell(key: str, tokens: int, wall: float) -> dict[str, object]:
-        runs = [SimpleNamespace(tokens=[0] * tokens)]
-        return {"key": (key,), "runs": runs, "wall_s": wall, "counters": {}}
-
-    cells = [cell("a", 10, 1.0), cell("b", 5, 1.0), cell("a", 30, 1.0), cell("a", 20, 1.0)]
-    kept = spec_bench.median_cells(cells)
-    assert [(c["key"], c["repeat_tok_s"]) for c in kept] == [
-        (("a",), [10.0, 30.0, 20.0]),
-        (("b",), [5.0]),
-    ]
-    assert kept[0]["runs"] is cells[3]["runs"]  # the 20 tok/s repeat: the middle one
-    two = spec_bench.median_cells([cell("a", 30, 1.0), cell("a", 10, 1.0)])
-    assert two[0]["runs"] is not None and two[0]["repeat_tok_s"] == [30.0, 10.0]
-    assert sum(len(r.tokens) for r in two[0]["runs"]) == 10  # the lower of the middle two
-
-
 def test_kv_pressure_bench_runs_both_cases(tmp_path: Path) -> None:
     from scripts import bench_kv_pressure
 

@@ -1,0 +1,49 @@
+"""spec_bench's repeats: the median cell kept, each repeat's ratio paired with the N = 0 cell
+of the same repeat. Pure functions over made-up cells: no model."""
+
+from __future__ import annotations
+
+from benchmarks import spec_bench
+
+
+def test_spec_bench_reports_the_median_repeat() -> None:
+    from types import SimpleNamespace
+
+    def cell(key: str, tokens: int, wall: float) -> dict[str, object]:
+        runs = [SimpleNamespace(tokens=[0] * tokens)]
+        return {"key": (key,), "runs": runs, "wall_s": wall, "counters": {}}
+
+    cells = [cell("a", 10, 1.0), cell("b", 5, 1.0), cell("a", 30, 1.0), cell("a", 20, 1.0)]
+    kept = spec_bench.median_cells(cells)
+    assert [(c["key"], c["repeat_tok_s"]) for c in kept] == [
+        (("a",), [10.0, 30.0, 20.0]),
+        (("b",), [5.0]),
+    ]
+    assert kept[0]["runs"] is cells[3]["runs"]  # the 20 tok/s repeat: the middle one
+    two = spec_bench.median_cells([cell("a", 30, 1.0), cell("a", 10, 1.0)])
+    assert two[0]["runs"] is not None and two[0]["repeat_tok_s"] == [30.0, 10.0]
+    assert sum(len(r.tokens) for r in two[0]["runs"]) == 10  # the lower of the middle two
+
+
+def test_spec_bench_pairs_each_repeat_with_the_n0_cell_of_the_same_repeat() -> None:
+    """The machine drifts between repeats: the per-repeat ratio divides by the N = 0 cell run
+    beside it, not by the median N = 0 cell."""
+    from types import SimpleNamespace
+
+    from benchmarks.spec_report import paired, summarise
+
+    def cell(n: int, tokens: int, wall: float) -> dict[str, object]:
+        runs = [SimpleNamespace(item_id="x", tokens=[0] * tokens, decode_s=1.0, prompt_tokens=1)]
+        runs[0].draft_steps, runs[0].finish_reason = 0, "length"
+        counters = dict.fromkeys(("drafted", "accepted", "steps", "spec_steps", "proposed"), 0)
+        key = ("w", 16, "p", "adaptive", n)
+        return {"key": key, "runs": runs, "wall_s": wall, "counters": {**counters, "trimmed": 0}}
+
+    # repeats in run order: N = 0 at 100, 50, 80 tok/s; the proposer at 95, 52, 76
+    rates = [(0, 100), (4, 95), (0, 50), (4, 52), (0, 80), (4, 76)]
+    cells = spec_bench.median_cells([cell(n, tokens, 1.0) for n, tokens in rates])
+    rows = summarise(cells)
+    mine = next(r for r in rows if r["n"] == 4)
+    assert mine["paired_speedups"] == [0.95, 52 / 50, 0.95]
+    assert paired(mine) == "0.95 (0.95-1.04)"
+    assert mine["speedup"] == 76 / 80  # the median cells' ratio, as before
