@@ -111,9 +111,12 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (  # (header, row key, format)
 
 
 def paired(row: dict[str, Any]) -> str:
-    """The median of the repeats' ratios to N = 0, each against the N = 0 cell of the same
-    repeat (run next to it, so the machine's drift between repeats cancels), and their range."""
-    ratios = row["paired_speedups"]
+    """The repeats' ratios to N = 0, each against the N = 0 cell of the same repeat (run next to
+    it, so the machine's drift between repeats cancels)."""
+    return median_range(row["paired_speedups"])
+
+
+def median_range(ratios: list[float]) -> str:
     if len(ratios) == 1:
         return f"{ratios[0]:.2f}"
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
@@ -135,8 +138,9 @@ def _cells(row: dict[str, Any]) -> list[str]:
 
 
 def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """Per (workload, concurrency, proposer with an adaptive row): adaptive against the best
-    static N of the same proposer and against N = 0, all from the same run."""
+    """Per (workload, concurrency, proposer with an adaptive row): adaptive against N = 0, against
+    the best static N of the same proposer, and, where several proposers ran, against the best
+    other adaptive proposer of each repeat, all from the same run."""
     out = []
     for r in rows:
         if r["policy"] != "adaptive" or not r["n"]:
@@ -146,6 +150,8 @@ def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
         static = [s for s in same if s["proposer"] == r["proposer"] and s["policy"] == "static"]
         static = [s for s in static if s["n"]]
         best = max(static, key=lambda s: s["tok_s"], default=None)
+        others = [s for s in same if s["policy"] == "adaptive" and s["n"]]
+        others = [s for s in others if s["proposer"] != r["proposer"]]
         out.append(
             [
                 r["workload"],
@@ -155,9 +161,16 @@ def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
                 paired(r),
                 f"N={best['n']}: {best['speedup']:.2f}x" if best else "-",
                 f"{r['tok_s'] / best['tok_s']:.2f}x" if best else "-",
+                against_best(r, others) if others else "-",
             ]
         )
     return out
+
+
+def against_best(row: dict[str, Any], others: list[dict[str, Any]]) -> str:
+    """Per repeat, `row`'s tok/s over the fastest of `others` in that repeat: median (range)."""
+    rates = zip(row["repeat_tok_s"], *(o["repeat_tok_s"] for o in others), strict=True)
+    return median_range([mine / max(theirs) for mine, *theirs in rates])
 
 
 def calibration_table(name: str, table: list[dict[str, Any]]) -> str:
@@ -200,7 +213,7 @@ def render(
     pairs = side_by_side(rows)
     if pairs:
         head = ["workload", "c", "proposer", "adaptive vs N=0", "per repeat: median (range)"]
-        head += ["best static", "adaptive / best"]
+        head += ["best static", "adaptive / best", "vs the best other adaptive, per repeat"]
         parts.append(f"### adaptive side by side\n\n{markdown_table(head, pairs)}")
     parts += [calibration_table(name, table) for name, table in calibrations.items()]
     return "\n\n".join(parts)

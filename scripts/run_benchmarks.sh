@@ -190,17 +190,25 @@ if [[ $what == eagle || $what == all ]]; then
     --workloads chat-creative,workloads/third-party-free.jsonl --prompts-per-workload 8 \
     --new-tokens 128 --json "$out/eagle-free.json" | tee "$out/eagle-free.md"
   # The hybrid against each single proposer on the built-in workloads at batch 1, each cell
-  # twice (about 12 min), then the hybrid alone against N = 0 at 16 at once (16 requests a
-  # workload: one full batch), each cell three times (about 10 min); the median repeat counts.
+  # three times (about 18 min), then the hybrid alone against N = 0 at 16 at once (16 requests a
+  # workload: one full batch), each cell three times (about 10 min); the median repeat counts,
+  # and each repeat against the N = 0 (or other proposer) cell run beside it.
   builtin="code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa"
   python -m benchmarks.spec_bench --threads "$threads" --proposer ngram,suffix,eagle,hybrid \
     --policy adaptive --speculate 0,4 --concurrency 1 --workloads "$builtin" \
-    --prompts-per-workload "${EAGLE_PROMPTS:-6}" --new-tokens 128 --repeats 2 \
+    --prompts-per-workload "${EAGLE_PROMPTS:-6}" --new-tokens 128 --repeats 3 \
     --json "$out/hybrid-c1.json" | tee "$out/hybrid-c1.md"
   python -m benchmarks.spec_bench --threads "$threads" --proposer hybrid \
     --policy adaptive --speculate 0,4 --concurrency 16 --workloads "$builtin" \
     --prompts-per-workload "${EAGLE_PROMPTS_C16:-16}" --new-tokens 128 --repeats 3 \
     --json "$out/hybrid-c16.json" | tee "$out/hybrid-c16.md"
+  # The same with 48 requests a workload through the 16 slots (a finished request's slot takes
+  # the next), as a server at 16 concurrent clients sees it (about 30 min): in one full batch
+  # the cell lasts as many steps as its slowest request, whatever the others accepted.
+  python -m benchmarks.spec_bench --threads "$threads" --proposer hybrid \
+    --policy adaptive --speculate 0,4 --concurrency 16 --workloads "$builtin" \
+    --prompts-per-workload 48 --new-tokens 128 --repeats 3 \
+    --json "$out/hybrid-c16x48.json" | tee "$out/hybrid-c16x48.md"
 fi
 
 if [[ $what == cache || $what == all ]]; then

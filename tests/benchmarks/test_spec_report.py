@@ -47,3 +47,13 @@ def test_spec_bench_pairs_each_repeat_with_the_n0_cell_of_the_same_repeat() -> N
     assert mine["paired_speedups"] == [0.95, 52 / 50, 0.95]
     assert paired(mine) == "0.95 (0.95-1.04)"
     assert mine["speedup"] == 76 / 80  # the median cells' ratio, as before
+
+
+def test_the_best_other_proposer_is_taken_per_repeat() -> None:
+    from benchmarks.spec_report import against_best
+
+    hybrid = {"repeat_tok_s": [100.0, 90.0, 120.0]}
+    suffix = {"repeat_tok_s": [110.0, 60.0, 100.0]}
+    eagle = {"repeat_tok_s": [80.0, 100.0, 100.0]}
+    # repeat by repeat: 100/110, 90/100, 120/100
+    assert against_best(hybrid, [suffix, eagle]) == "0.91 (0.90-1.20)"
