@@ -79,6 +79,7 @@ def _row(cell: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
     ref_tok_s = cell_tok_s(ref) if ref else tok_s
     return {
         "requests": len(runs),
+        "steps": counters["steps"],
         "prompt_tokens_mean": sum(r.prompt_tokens for r in runs) / max(len(runs), 1),
         "generated": generated,
         "wall_s": cell["wall_s"],
@@ -101,6 +102,7 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (  # (header, row key, format)
     ("c", "concurrency", "d"),
     ("tok/s", "tok_s", ".1f"),
     ("vs N=0", "speedup", ".2f"),
+    ("engine steps", "steps", "d"),
     ("decode tok/s/req", "decode_tok_s", ".1f"),
     ("acc/verified draft", "acceptance_rate", ".2f"),
     ("acc/draft step", "accepted_per_draft_step", ".2f"),
