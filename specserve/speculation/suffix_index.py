@@ -22,13 +22,14 @@ Memory is bounded by `capacity` slots; when full, whole owners are evicted oldes
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 MAX_OCCURRENCES = 256  # continuation counts use at most this many (the most recent) occurrences
 FEW = 4  # from this many surviving occurrences down, walk each one's links in Python scalars
+FEW_CONTINUING = 16  # a continuation from this many occurrences down counts in Python too
 _NONE = -2  # the nil slot's token: never a real token id (free slots hold -1)
 
 
@@ -245,6 +246,8 @@ class TokenArena:
             ends = ends[np.argpartition(self.stamp[ends], -MAX_OCCURRENCES)[-MAX_OCCURRENCES:]]
         if ends.size == 1:
             return self._follow(int(ends[0]), k)
+        if ends.size <= FEW_CONTINUING:
+            return self._continue_few(ends.tolist(), k, min_share)
         tokens, support, agree = [], [], []
         cur = ends
         for _ in range(k):
@@ -261,6 +264,36 @@ class TokenArena:
             support.append(nxt.size)
             agree.append(int(hit.sum()))
             cur = nxt[hit]
+        return Continuation(
+            np.asarray(tokens, dtype=np.int64),
+            np.asarray(support, dtype=np.int64),
+            np.asarray(agree, dtype=np.int64),
+        )
+
+    def _continue_few(self, ends: list[int], k: int, min_share: float) -> Continuation:
+        """`continuation` over a few occurrences, in Python scalars (numpy's per-call cost is
+        most of the time at this size): the same tokens, support and agreement."""
+        nxt_of, tok, stamp, nil = self.next, self.tok, self.stamp, self.nil
+        tokens, support, agree = [], [], []
+        cur = ends
+        for _ in range(k):
+            nxt = [s for s in (int(nxt_of[c]) for c in cur) if s != nil]
+            if not nxt:
+                break
+            t = [int(tok[s]) for s in nxt]
+            counts = Counter(t)
+            top = max(counts.values())
+            # ties: the token of the newest slot among the most frequent
+            newest = max(
+                (int(stamp[s]), v) for s, v in zip(nxt, t, strict=True) if counts[v] == top
+            )
+            best = newest[1]
+            if counts[best] < min_share * len(nxt):
+                break
+            tokens.append(best)
+            support.append(len(nxt))
+            agree.append(counts[best])
+            cur = [s for s, v in zip(nxt, t, strict=True) if v == best]
         return Continuation(
             np.asarray(tokens, dtype=np.int64),
             np.asarray(support, dtype=np.int64),

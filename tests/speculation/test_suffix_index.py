@@ -176,3 +176,30 @@ def test_append_many_builds_the_arena_the_appends_one_by_one_build() -> None:
         query = np.asarray([rng.randrange(6) for _ in range(3)], dtype=np.int32)
         got, want = batched.match(query), one.match(query)
         assert got[0] == want[0] and np.array_equal(got[1], want[1])
+
+
+def test_a_continuation_from_few_occurrences_counts_as_the_vectorised_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Up to FEW_CONTINUING occurrences the counting runs in Python scalars: the same tokens,
+    support and agreement (ties to the newest slot, the min_share stop) as the numpy path."""
+    import specserve.speculation.suffix_index as module
+
+    rng = random.Random(5)
+    compared = 0
+    for _ in range(300):
+        arena = TokenArena(256)
+        for _ in range(rng.randint(2, 10)):
+            arena.append(rng.randrange(5), [rng.randrange(3) for _ in range(rng.randint(1, 9))])
+        _, ends = arena.match(np.asarray([rng.randrange(3)], dtype=np.int32))
+        if not 1 < ends.size <= module.FEW_CONTINUING:
+            continue
+        k, share = rng.randint(1, 5), rng.choice([0.0, 0.4, 0.6])
+        few = arena.continuation(ends, k, share)
+        monkeypatch.setattr(module, "FEW_CONTINUING", 0)
+        vectorised = arena.continuation(ends, k, share)
+        monkeypatch.undo()
+        for name in ("tokens", "support", "agree"):
+            assert np.array_equal(getattr(few, name), getattr(vectorised, name)), name
+        compared += 1
+    assert compared > 100
