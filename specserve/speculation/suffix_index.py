@@ -30,6 +30,7 @@ import numpy as np
 MAX_OCCURRENCES = 256  # continuation counts use at most this many (the most recent) occurrences
 FEW = 4  # from this many surviving occurrences down, walk each one's links in Python scalars
 FEW_CONTINUING = 16  # a continuation from this many occurrences down counts in Python too
+FEW_TOKENS = 4  # an append of this many tokens or fewer writes them as scalars
 _NONE = -2  # the nil slot's token: never a real token id (free slots hold -1)
 
 
@@ -111,6 +112,9 @@ class TokenArena:
         chain = self._chains.get(owner)
         if chain is None:
             chain = self._chains[owner] = _Chain(last=self.nil)
+        if m <= FEW_TOKENS:  # a step's token or few: scalar writes (numpy's calls cost more)
+            self._link_few(chain, owner, t.tolist(), slots)
+            return
         self.tok[slots] = t
         self.owner[slots] = owner
         self.stamp[slots] = self._clock + np.arange(m)
@@ -124,6 +128,21 @@ class TokenArena:
         chain.last = int(slots[-1])
         chain.slots.append(slots)
         chain.size += m
+
+    def _link_few(self, chain: _Chain, owner: int, tokens: list[int], slots: np.ndarray) -> None:
+        """`append`'s writes for a few tokens into `slots`, one scalar at a time."""
+        last, nil = chain.last, self.nil
+        for token, slot in zip(tokens, slots.tolist(), strict=True):
+            self.tok[slot], self.owner[slot] = token, owner
+            self.stamp[slot] = self._clock
+            self._clock += 1
+            self.prev[slot], self.next[slot] = last, nil
+            if last != nil:
+                self.next[last] = slot
+            last = slot
+        chain.last = last
+        chain.slots.append(slots)
+        chain.size += len(tokens)
 
     def append_many(self, runs: list[tuple[int, list[int]]]) -> None:
         """`append` of each (owner, tokens) in turn, distinct owners, with each array written
