@@ -62,6 +62,9 @@ class SuffixProposer(Proposer):
         self.drafts_from = {"own": 0, "shared": 0}  # proposed drafts by the arena they came from
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        for seq, k in zip(seqs, ks, strict=True):
+            if k:  # a proposer swapped in mid-request has seen none of its syncs
+                self._mark(seq)
         self._flush()
         return [self._draft(seq, k) if k else Draft([]) for seq, k in zip(seqs, ks, strict=True)]
 
@@ -70,16 +73,16 @@ class SuffixProposer(Proposer):
         catches up when it next drafts (`_own_index`), holding the same chain as if appended
         here step by step."""
         del hidden
-        if seq.params.cache_salt is None:  # isolated: its output stays its own
-            self._unshared[seq.seq_id] = seq
+        self._mark(seq)
 
     def release(self, seq: Sequence) -> None:
         """Finished: its output stays in the global arena. Preempted: its own arena is rebuilt
         when it next drafts; what it shared stays."""
         self._own.pop(seq.seq_id, None)
+        if seq.is_finished:  # its last tokens came with no sync
+            self._mark(seq)
         self._flush()
         if seq.is_finished:
-            self._share(seq)
             self._shared.pop(seq.seq_id, None)
 
     def reset(self) -> bool:
@@ -101,8 +104,13 @@ class SuffixProposer(Proposer):
         )
 
     # ---------------------------------------------------------------- internals
+    def _mark(self, seq: Sequence) -> None:
+        """`seq`'s output not yet in the global arena goes there at the next `_flush`."""
+        if seq.params.cache_salt is None:  # isolated: its output stays its own
+            self._unshared[seq.seq_id] = seq
+
     def _flush(self) -> None:
-        """Every synced sequence's unshared output into the global arena, in sync order."""
+        """Every marked sequence's unshared output into the global arena, in marking order."""
         if not self._unshared:
             return
         runs = []
@@ -113,14 +121,6 @@ class SuffixProposer(Proposer):
         self._unshared.clear()
         self.global_index.append_many(runs)
 
-    def _share(self, seq: Sequence) -> None:
-        if seq.params.cache_salt is not None:  # isolated: its output stays its own
-            return
-        done = self._shared.get(seq.seq_id, 0)
-        if len(seq.output_ids) > done:
-            self.global_index.append(seq.seq_id, seq.output_ids[done:])
-            self._shared[seq.seq_id] = len(seq.output_ids)
-
     def _own_index(self, seq: Sequence) -> TokenArena:
         own = self._own.get(seq.seq_id)
         if own is None:
@@ -129,7 +129,6 @@ class SuffixProposer(Proposer):
         return own
 
     def _draft(self, seq: Sequence, k: int) -> Draft:
-        self._share(seq)
         n = seq.num_tokens
         query = np.asarray(seq.token_slice(max(0, n - self.max_depth), n), dtype=np.int32)
         own = self._candidate(self._own_index(seq), query, k, -1)

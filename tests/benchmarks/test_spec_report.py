@@ -3,12 +3,13 @@ of the same repeat. Pure functions over made-up cells: no model."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from benchmarks import spec_bench
+from benchmarks.spec_report import against_best, paired, summarise
 
 
 def test_spec_bench_reports_the_median_repeat() -> None:
-    from types import SimpleNamespace
-
     def cell(key: str, tokens: int, wall: float) -> dict[str, object]:
         runs = [SimpleNamespace(tokens=[0] * tokens)]
         return {"key": (key,), "runs": runs, "wall_s": wall, "counters": {}}
@@ -28,9 +29,6 @@ def test_spec_bench_reports_the_median_repeat() -> None:
 def test_spec_bench_pairs_each_repeat_with_the_n0_cell_of_the_same_repeat() -> None:
     """The machine drifts between repeats: the per-repeat ratio divides by the N = 0 cell run
     beside it, not by the median N = 0 cell."""
-    from types import SimpleNamespace
-
-    from benchmarks.spec_report import paired, summarise
 
     def cell(n: int, tokens: int, wall: float) -> dict[str, object]:
         runs = [SimpleNamespace(item_id="x", tokens=[0] * tokens, decode_s=1.0, prompt_tokens=1)]
@@ -50,8 +48,6 @@ def test_spec_bench_pairs_each_repeat_with_the_n0_cell_of_the_same_repeat() -> N
 
 
 def test_the_best_other_proposer_is_taken_per_repeat() -> None:
-    from benchmarks.spec_report import against_best
-
     hybrid = {"repeat_tok_s": [100.0, 90.0, 120.0]}
     suffix = {"repeat_tok_s": [110.0, 60.0, 100.0]}
     eagle = {"repeat_tok_s": [80.0, 100.0, 100.0]}

@@ -59,6 +59,16 @@ def test_outputs_of_requests_in_flight_are_shared() -> None:
     assert d.tokens == [32, 33]
 
 
+def test_a_drafting_request_never_synced_is_shared_when_it_proposes() -> None:
+    """A proposer swapped in mid-request (a live speculation change) saw none of its syncs:
+    what a request has output so far reaches the shared arena when it drafts."""
+    p = SuffixProposer()
+    a = seq(1, [1], output=[30, 31, 32, 33])
+    p.propose([a], [2])  # drafts, never synced
+    [d] = p.propose([seq(2, [9, 30, 31])], [2])
+    assert d.tokens == [32, 33]
+
+
 def test_more_frequent_continuation_wins_and_scores_higher() -> None:
     p = SuffixProposer()
     for i, tail in enumerate([[7, 8], [7, 8], [7, 9]]):
