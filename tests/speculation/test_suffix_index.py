@@ -183,7 +183,7 @@ def test_a_continuation_from_few_occurrences_counts_as_the_vectorised_one(
 ) -> None:
     """Up to FEW_CONTINUING occurrences the counting runs in Python scalars: the same tokens,
     support and agreement (ties to the newest slot, the min_share stop) as the numpy path."""
-    import specserve.speculation.suffix_index as module
+    import specserve.speculation.suffix_lookup as module
 
     rng = random.Random(5)
     compared = 0
