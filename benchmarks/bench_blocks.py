@@ -4,7 +4,9 @@ For each M, one pass over the 211 projection matrices of SmolLM2-135M (every lay
 o, gate/up, down, and the tied lm_head) five ways, side by side:
 - q8: the block kernel in the q8 numerics (`--numerics q8`, the default; every M): each
   activation row quantised to int8 per 32 values, integer dot products, on the weights as
-  `BlockLinear` holds them (rows interleaved eight at a time, `kernels/x8.h`);
+  `BlockLinear` holds them (rows interleaved eight at a time, `kernels/x8.h`), on the widest
+  path the CPU has; where that is AVX512-VNNI, also "q8 AVX2": the same with AVX2 forced
+  (bit-identical results, more instructions per row);
 - q8 plain: the same numerics on the GGUF rows as stored (the kernel before interleaving);
 - blocks: the block kernel in float32 (`--numerics exact` up to DIRECT_MAX_ROWS);
 - decode + mm: decode each matrix to float32, then MKL (`BlockLinear`'s path above it);
@@ -21,7 +23,7 @@ framework overhead the native stack removes (outputs are bit-identical either wa
 Usage (repo root, after the default model has been loaded once so its cache exists):
     python -m benchmarks.bench_blocks [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
         [--scalar] [--cpu-clock] [--decode 128]
---scalar: the q8 column on the scalar reference instead of AVX2. --cpu-clock: time by the
+--scalar: the q8 column on the scalar reference instead of the vector path. --cpu-clock: time by the
 process's CPU time instead of the wall clock (on a shared machine, with --threads 1, it leaves
 out the time other processes held the core).
 """
@@ -70,6 +72,11 @@ def on_blocks(items: Items, xs: dict[int, torch.Tensor]) -> None:
 def on_q8(items: Items, xs: dict[int, torch.Tensor]) -> None:
     for _, _, w, served in items:
         ggml.matmul(xs[w.shape[1]], served.blocks, served.kind, q8=True)
+
+
+def on_q8_avx2(items: Items, xs: dict[int, torch.Tensor]) -> None:
+    with ggml.forced_q8("avx2"):
+        on_q8(items, xs)
 
 
 def on_q8_plain(items: Items, xs: dict[int, torch.Tensor]) -> None:
@@ -152,25 +159,29 @@ def main() -> None:
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
           f"{args.threads} threads; best of {args.repeats} (ms per pass, "
           f"{'CPU time' if args.cpu_clock else 'wall clock'})\n")  # fmt: skip
+    vnni = ggml.q8_path() == "vnni" and not args.scalar
     print("| M | q8 | q8 plain | blocks | decode + mm | dense | q8 / M=1 | q8 plain / M=1 | "
-          "blocks / M=1 | q8 plain / q8 | blocks / q8 |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    first: tuple[float, float, float] | None = None
+          "blocks / M=1 | q8 plain / q8 | blocks / q8 |"
+          + (" q8 AVX2 | q8 AVX2 / M=1 | q8 AVX2 / q8 |" if vnni else ""))  # fmt: skip
+    print("|---" * (14 if vnni else 11) + "|")
+    first: tuple[float, ...] | None = None
     items = [
         (kind, rows, dense[name], BlockLinear(rows, kind, dense[name].shape[1], None, "q8"))
         for name, (kind, rows) in blocks.items()
     ]
-    fns = (on_q8, on_q8_plain, on_blocks, decoded, on_dense)
+    fns = (on_q8, on_q8_plain, on_blocks, decoded, on_dense) + ((on_q8_avx2,) if vnni else ())
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in dense.values()}}
         passes = [partial(fn, items, xs) for fn in fns]
         with ggml.scalar_q8() if args.scalar else nullcontext():
             clock = time.process_time if args.cpu_clock else time.perf_counter
-            t_q, t_p, t_b, t_d, t_f = (1e3 * best_of(fn, args.repeats, clock) for fn in passes)
-        first = first or (t_q, t_p, t_b)
+            t = [1e3 * best_of(fn, args.repeats, clock) for fn in passes]
+        t_q, t_p, t_b, t_d, t_f = t[:5]
+        first = first or (t_q, t_p, t_b, *t[5:])
+        avx2 = f" {t[5]:.1f} | {t[5] / first[3]:.2f} | {t[5] / t_q:.2f} |" if vnni else ""
         print(f"| {m} | {t_q:.1f} | {t_p:.1f} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | "
               f"{t_q / first[0]:.2f} | {t_p / first[1]:.2f} | {t_b / first[2]:.2f} | "
-              f"{t_p / t_q:.2f} | {t_b / t_q:.2f} |")  # fmt: skip
+              f"{t_p / t_q:.2f} | {t_b / t_q:.2f} |{avx2}")  # fmt: skip
 
 
 if __name__ == "__main__":

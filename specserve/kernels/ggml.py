@@ -12,10 +12,11 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -260,18 +261,33 @@ def quantize_q8(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def q8_path() -> str:
-    """Which q8 kernels run: "avx2" (picked from CPUID at load) or "scalar" (the reference)."""
-    return "avx2" if _require().ggml_q8_path(-1) else "scalar"
+# The q8 kernels' paths (q8_dot.h), by the number the library uses, and how to force each.
+Q8Path = Literal["scalar", "avx2", "vnni"]
+Q8_PATHS: tuple[Q8Path, ...] = ("scalar", "avx2", "vnni")
+_FORCE = {"scalar": 1, "avx2": 2}
+
+
+def q8_path() -> Q8Path:
+    """Which q8 kernels run: "vnni" (AVX512-VNNI for interleaved rows, AVX2 for the rest) or
+    "avx2", whichever is the widest the CPU has (picked at load), or "scalar" (the reference)."""
+    return Q8_PATHS[_require().ggml_q8_path(-1)]
 
 
 @contextmanager
-def scalar_q8() -> Iterator[None]:
-    """Run the q8 kernels on their scalar reference inside the block (tests, benchmarks; not
-    thread-safe: the choice is process-wide)."""
+def forced_q8(path: Q8Path) -> Iterator[None]:
+    """Run the q8 kernels on `path` ("scalar", or "avx2": the narrower path of a VNNI machine)
+    inside the block, then on the widest again (tests, benchmarks; not thread-safe: the choice
+    is process-wide)."""
     lib = _require()
-    lib.ggml_q8_path(1)
+    if path not in _FORCE:
+        raise ValueError(f"the q8 path to force must be one of {tuple(_FORCE)}, got {path!r}")
+    lib.ggml_q8_path(_FORCE[path])
     try:
         yield
     finally:
         lib.ggml_q8_path(0)
+
+
+def scalar_q8() -> AbstractContextManager[None]:
+    """The q8 kernels on their scalar reference inside the block (see `forced_q8`)."""
+    return forced_q8("scalar")

@@ -31,6 +31,10 @@
 
 #include "simd.h"
 
+// The q8 kernels' paths: the scalar reference, AVX2, and AVX512-VNNI for interleaved rows
+// (x8.h; plain rows and quantising take AVX2's there). q8_matmul.h picks one at load.
+enum { Q8_SCALAR = 0, Q8_AVX2 = 1, Q8_VNNI = 2 };
+
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;  // 20 bytes
 typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;         // 34 bytes
 typedef struct { float d, s; int8_t qs[QK]; } block_q8a;          // 40 bytes

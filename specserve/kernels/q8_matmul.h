@@ -5,25 +5,31 @@
 
 #pragma once
 
-// 1: the AVX2 kernels (chosen at load when the CPU has AVX2 + FMA); 0: the scalar reference.
-static int q8_avx2 = 0;
+// The path in use (q8_dot.h): the widest the CPU has, chosen at load.
+static int q8_path = Q8_SCALAR;
 
-__attribute__((constructor)) static void pick_q8_path(void) {
-    q8_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+static int q8_best_path(void) {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return Q8_SCALAR;
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? Q8_VNNI
+                                                                                     : Q8_AVX2;
 }
 
-// The q8 path in use (1 AVX2, 0 scalar) after applying `force`: 1 forces the scalar reference,
-// 0 picks by CPUID again, -1 changes nothing. Not thread-safe: for tests and benchmarks.
+__attribute__((constructor)) static void pick_q8_path(void) { q8_path = q8_best_path(); }
+
+// The q8 path in use after applying `force`: -1 changes nothing, 0 picks the widest again,
+// 1 forces the scalar reference, 2 AVX2 (where the CPU has it: the narrower path of a VNNI
+// machine). Returns Q8_SCALAR, Q8_AVX2 or Q8_VNNI. Not thread-safe: for tests and benchmarks.
 int ggml_q8_path(int force) {
-    if (force == 1) q8_avx2 = 0;
-    else if (force == 0) pick_q8_path();
-    return q8_avx2;
+    if (force == 0) pick_q8_path();
+    else if (force == 1) q8_path = Q8_SCALAR;
+    else if (force == 2 && q8_best_path() != Q8_SCALAR) q8_path = Q8_AVX2;
+    return q8_path;
 }
 
 // a [M, K/32] = the Q8A blocks of x [M, K]; every block on its own, so rows never interact.
 void ggml_quantize_q8(const float* x, block_q8a* a, int64_t M, int64_t K, int threads) {
     const int64_t blocks = M * (K / QK);
-    const int avx2 = q8_avx2;
+    const int avx2 = q8_path != Q8_SCALAR;
 #pragma omp parallel for schedule(static) num_threads(threads) if (blocks >= 1024)
     for (int64_t i = 0; i < blocks; i++) {
         if (avx2) quantize_block_avx2(x + i * QK, a + i);
@@ -34,7 +40,7 @@ void ggml_quantize_q8(const float* x, block_q8a* a, int64_t M, int64_t K, int th
 // Up to Q8_MAX_TILE_ROWS outputs of one weight row, for activation rows a[0 .. left); how many.
 static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* a, int64_t nb,
                    float* out) {
-    if (!q8_avx2) {
+    if (q8_path == Q8_SCALAR) {
         out[0] = dot_q8_scalar(kind, row, a, nb);
         return 1;
     }
@@ -63,7 +69,7 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
 static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* bias, const float* res) {
     const int64_t nb = K / QK, gb = nb * x8_block_bytes(kind);
-    const int avx2 = q8_avx2;
+    const int path = q8_path;
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {
         const int64_t m1 = M - m0 < Q8_CHUNK_ROWS ? M : m0 + Q8_CHUNK_ROWS;
@@ -71,7 +77,7 @@ static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, 
         for (int64_t g = 0; g < N / X8_ROWS; g++) {
             for (int64_t m = m0; m < m1;) {
                 float dots[X8_MAX_TILE * X8_ROWS];
-                const int rows = x8_tile(kind, m1 - m, w + g * gb, a + m * nb, nb, avx2, dots);
+                const int rows = x8_tile(kind, m1 - m, w + g * gb, a + m * nb, nb, path, dots);
                 for (int r = 0; r < rows; r++)
                     for (int i = 0; i < X8_ROWS; i++)
                         store(y, bias, res, (m + r) * N + g * X8_ROWS + i, g * X8_ROWS + i,

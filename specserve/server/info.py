@@ -10,6 +10,7 @@ import torch
 
 from specserve import __version__
 from specserve.engine.engine import Engine
+from specserve.kernels import ggml
 from specserve.models.block_linear import block_kinds, block_numerics
 from specserve.runner.cost import LiveCost
 from specserve.server.context import Ctx
@@ -66,12 +67,13 @@ def engine_info(
 ) -> Info:
     """Call under the engine lock. A fleet pool's replica answers with the same record."""
     res, cfg = engine.res, engine.config
-    alloc = res.allocator
+    alloc, numerics = res.allocator, block_numerics(res.model)
     return Info(
         model_id=s.model_id,
         model_dtype=cfg.dtype,
         model_weight_blocks=block_kinds(res.model),
-        model_numerics=block_numerics(res.model),
+        model_numerics=numerics,
+        model_q8_kernels=ggml.q8_path() if numerics == "q8" else None,
         model_block_kernel_fallback=res.model.block_kernel_fallback,
         attention="ragged" if res.runner.ragged else "reference",
         model_device_type=res.device.type,

@@ -157,6 +157,13 @@ class Info(BaseModel):
         "to int8 per 32 values and integer dot products (llama.cpp's numerics); exact, float32 "
         "products (HF transformers' numbers up to summation order); null: no block weights",
     )
+    model_q8_kernels: Literal["vnni", "avx2", "scalar"] | None = Field(
+        default=None,
+        description="the q8 numerics' kernels on this CPU, picked at start-up: vnni "
+        "(AVX512-VNNI integer dot products on the interleaved weight rows, AVX2 for the rest), "
+        "avx2, or scalar (the reference); each gives the same numbers, bit for bit. null "
+        "unless model_numerics is q8",
+    )
     model_block_kernel_fallback: str | None = Field(
         default=None,
         description="why the model's GGUF blocks are not used (the block kernels failed their "

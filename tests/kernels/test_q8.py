@@ -1,7 +1,11 @@
-"""The q8 block kernels: activation quantisation, the AVX2 path against the scalar reference bit
-for bit, rows independent of M, and the product close to float32's."""
+"""The q8 block kernels: activation quantisation, each vector path (AVX2, and AVX512-VNNI where
+the CPU has it) against the scalar reference bit for bit, rows independent of M, and the
+product close to float32's."""
 
 from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,12 +79,33 @@ def test_quantize_is_llama_cpps_q8_with_float_scales() -> None:
         assert torch.equal(ggml.quantize_q8(x), torch.from_numpy(got.reshape(5, -1)))
 
 
+def widest_q8_path() -> str:
+    """The path q8_matmul.h should pick on this CPU, from its flags as Linux lists them."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return "vnni" if {"avx512_vnni", "avx512vl"} <= flags else "avx2"
+    return "avx2"  # every machine that builds the kernels has AVX2
+
+
+def on_path(path: str):
+    """The q8 kernels on `path` inside the block: "widest" (what runs by default) or "avx2"
+    (forced: on a VNNI machine the narrower path)."""
+    return nullcontext() if path == "widest" else ggml.forced_q8(path)
+
+
+@pytest.mark.parametrize("path", ["widest", "avx2"])
 @pytest.mark.parametrize("kind", list(BlockKind))
-@pytest.mark.parametrize(("rows", "out", "width"), [(1, 1, 32), (3, 37, 96), (9, 70, 608)])
-def test_avx2_is_bit_identical_to_the_scalar_reference(
-    kind: BlockKind, rows: int, out: int, width: int
+@pytest.mark.parametrize(
+    ("rows", "out", "width"), [(1, 1, 32), (3, 37, 96), (9, 70, 608), (18, 16, 64)]
+)
+def test_each_path_is_bit_identical_to_the_scalar_reference(
+    path: str, kind: BlockKind, rows: int, out: int, width: int
 ) -> None:
-    assert ggml.q8_path() == "avx2"  # every machine that builds the kernels has AVX2
+    """Tiles of every size each path has (AVX2: 16 Q4_1 rows, 4 Q8_0; VNNI: 16 and 8) and
+    their remainders; fused norm, bias, residual and SwiGLU around them."""
+    widest = widest_q8_path()
+    assert ggml.q8_path() == widest
     out = outputs(kind, out)
     blocks, x = random_blocks(kind, out, width, seed=rows), activations(rows, width, seed=out)
     bias, residual = torch.randn(out), torch.randn(rows, out)
@@ -95,28 +120,51 @@ def test_avx2_is_bit_identical_to_the_scalar_reference(
             ggml.matmul_fused(gated, blocks, kind, width, swiglu=True, q8=True),
         ]  # fmt: skip
 
-    fast = products()
+    with on_path(path):
+        assert ggml.q8_path() == (widest if path == "widest" else path)
+        fast = products()
     with ggml.scalar_q8():
         assert ggml.q8_path() == "scalar"
         reference = products()
-    assert ggml.q8_path() == "avx2"
+    assert ggml.q8_path() == widest
     for got, want in zip(fast, reference, strict=True):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("path", ["widest", "avx2"])
+@pytest.mark.parametrize("kind", [BlockKind.Q4_1_X8, BlockKind.Q8_0_X8])
+def test_every_tile_size_is_the_scalar_reference(path: str, kind: BlockKind) -> None:
+    """M from 1 to 17 covers each tile an interleaved path compiles (one per row count) and a
+    tile plus a remainder."""
+    blocks, x = random_blocks(kind, 16, 64, seed=2), activations(17, 64, seed=3)
+    for m in range(1, 18):
+        with on_path(path):
+            got = ggml.matmul(x[:m], blocks, kind, q8=True)
+        with ggml.scalar_q8():
+            assert torch.equal(got, ggml.matmul(x[:m], blocks, kind, q8=True)), m
+
+
+def test_forcing_a_path_takes_only_the_narrower_ones() -> None:
+    with pytest.raises(ValueError, match="must be one of"), ggml.forced_q8("vnni"):
+        pass
+    assert ggml.q8_path() == widest_q8_path()
+
+
+@pytest.mark.parametrize("path", ["widest", "avx2"])
 @pytest.mark.parametrize("kind", list(BlockKind))
-def test_a_rows_q8_product_does_not_depend_on_m_or_its_position(kind: BlockKind) -> None:
+def test_a_rows_q8_product_does_not_depend_on_m_or_its_position(path: str, kind: BlockKind) -> None:
     """Bit for bit, whatever the tile, chunk, thread count or neighbours: batch invariance."""
     blocks, _ = quantised_as(kind, outputs(kind, 37), 96)
     x = torch.randn(512, 96, generator=torch.Generator().manual_seed(7))
-    alone = torch.cat([ggml.matmul(x[i : i + 1], blocks, kind, q8=True) for i in range(512)])
     perm = torch.randperm(512, generator=torch.Generator().manual_seed(8))
-    for m in (1, 2, 5, 24, 25, 100, 512):
-        for order in (torch.arange(512), perm, perm.flip(0)):
-            rows = order[:m]
-            for threads in (1, 2):
-                got = ggml.matmul(x[rows], blocks, kind, threads=threads, q8=True)
-                assert torch.equal(got, alone[rows]), (m, threads)
+    with on_path(path):
+        alone = torch.cat([ggml.matmul(x[i : i + 1], blocks, kind, q8=True) for i in range(512)])
+        for m in (1, 2, 5, 24, 25, 100, 512):
+            for order in (torch.arange(512), perm, perm.flip(0)):
+                rows = order[:m]
+                for threads in (1, 2):
+                    got = ggml.matmul(x[rows], blocks, kind, threads=threads, q8=True)
+                    assert torch.equal(got, alone[rows]), (m, threads)
 
 
 @pytest.mark.parametrize("kind", list(BlockKind))

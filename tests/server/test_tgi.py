@@ -146,5 +146,6 @@ def test_info_and_health(tiny_server: Server) -> None:
     assert info["model_dtype"] == "float32" and info["model_device_type"] == "cpu"
     assert info["model_weight_blocks"] == []  # a safetensors model: plain float32 weights
     assert info["model_numerics"] is None  # no block weights, so no block numerics
+    assert info["model_q8_kernels"] is None
     assert info["attention"] == "ragged"  # CPU float32: decode rows read the paged cache in place
     assert info["model_block_kernel_fallback"] is None
