@@ -2,20 +2,33 @@
 
 One sequence with ~256 tokens of context scores k + 1 rows in one step (`verify_cost`'s
 measurement: `ModelRunner.run`, fp16 KV cache, the native layer stack), on each side: a
-numerics (q8, exact) or PLAIN_ROWS (q8 on the GGUF row layout, before rows were interleaved
-eight at a time). Used by `bench_llamacpp`'s verify part.
+numerics (q8, exact), PLAIN_ROWS (q8 on the GGUF row layout, before rows were interleaved
+eight at a time) or Q8_AVX2 (q8 with the AVX2 kernels forced: on a CPU with AVX512-VNNI, the
+path it would take without it; the same numbers bit for bit). Used by `bench_llamacpp`'s
+verify part, and on its own:
+
+    python -m benchmarks.engine_verify [--threads 2] [--sides "q8,q8 AVX2,exact"]
+        [--ks 0,1,2,3,4,5,6,7,8] [--context 256] [--rounds 3] [--json FILE]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
+from benchmarks.llamacpp_report import verify_table
+from benchmarks.machine import machine_info, machine_lines
 from benchmarks.verify_cost import Point, measure_verify_cost
 from specserve.config import Numerics
+from specserve.kernels import ggml
 from specserve.models.block_linear import plain_rows
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model
@@ -23,6 +36,11 @@ from specserve.runner.model_runner import ModelRunner
 from specserve.scheduler.kv_blocks import BlockAllocator
 
 PLAIN_ROWS = "q8, plain rows"  # a side of engine_verify_costs: the kernel before interleaving
+Q8_AVX2 = "q8 AVX2"  # a side: q8 with the AVX2 kernels forced (the narrower path where VNNI runs)
+
+
+def _kernels(side: str) -> AbstractContextManager[None]:
+    return ggml.forced_q8("avx2") if side == Q8_AVX2 else nullcontext()
 
 
 def engine_verify_costs(
@@ -35,7 +53,7 @@ def engine_verify_costs(
     blocks = (context + max(ks) + 1) // 16 + 2
     runners = {}
     for side in sides:
-        numerics: Numerics = "q8" if side == PLAIN_ROWS else side  # type: ignore[assignment]
+        numerics: Numerics = "q8" if side in (PLAIN_ROWS, Q8_AVX2) else side  # type: ignore[assignment]
         with plain_rows() if side == PLAIN_ROWS else nullcontext():
             model = build_model(resolve_model_dir(None), torch.device("cpu"), numerics=numerics)
         runners[side] = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
@@ -43,9 +61,10 @@ def engine_verify_costs(
     for _ in range(rounds):
         for side, runner in runners.items():
             allocator = BlockAllocator(blocks, 16)
-            passes[side].append(
-                measure_verify_cost(runner, allocator, [1], ks, context, repeats=15)
-            )
+            with _kernels(side):
+                passes[side].append(
+                    measure_verify_cost(runner, allocator, [1], ks, context, repeats=15)
+                )
     out = {}
     for side, runs in passes.items():
         ms = [statistics.median(run[i].ms_step for run in runs) for i in range(len(ks))]
@@ -56,3 +75,31 @@ def engine_verify_costs(
             for i, (k, m) in enumerate(zip(ks, ms, strict=True))
         ]  # fmt: skip
     return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sides", default=f"q8,{Q8_AVX2},exact", help="comma-separated sides")
+    p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
+    p.add_argument("--context", type=int, default=256, help="tokens already in the cache")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    known = ("q8", "exact", PLAIN_ROWS, Q8_AVX2)
+    if unknown := [side for side in sides if side not in known]:
+        raise SystemExit(f"unknown sides {unknown}; known: {known}")
+    info = machine_info("benchmarks.engine_verify", sys.argv[1:])
+    print(machine_lines(info) + "\n")
+    verify = engine_verify_costs(sides, [int(k) for k in args.ks.split(",")], args.context,
+                                 args.rounds)  # fmt: skip
+    print(verify_table(verify, args.context))
+    if args.json:
+        points = {side: [asdict(p) for p in pts] for side, pts in verify.items()}
+        Path(args.json).write_text(json.dumps({"machine": info, "verify": points}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

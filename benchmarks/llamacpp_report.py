@@ -75,11 +75,11 @@ def load_table(load: list[LoadResult], concurrency: int) -> str:
     return title + "\n\n" + markdown_table(header, rows)
 
 
-def verify_table(verify: dict[str, list[Point]]) -> str:
+def verify_table(verify: dict[str, list[Point]], context: int = 256) -> str:
     ks = [p.k for p in next(iter(verify.values()))]
     rows = [
         [numerics] + [f"{p.ms_step:.2f} ({p.ratio_k0 or 1:.2f})" for p in pts]
         for numerics, pts in verify.items()
     ]
-    title = "Verify cost in process, batch 1, ~256 tokens of context: ms per step (/ k = 0):"
+    title = f"Verify cost in process, batch 1, ~{context} tokens of context: ms per step (/ k = 0):"
     return title + "\n\n" + markdown_table(["numerics"] + [f"k={k}" for k in ks], rows)

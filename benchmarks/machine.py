@@ -13,8 +13,11 @@ import torch
 
 
 def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
-    """Date, CPU, library versions, load and the exact command (`python -m module argv`)."""
+    """Date, CPU (and the q8 kernels it runs), library versions, load and the exact command
+    (`python -m module argv`)."""
     import transformers
+
+    from specserve.kernels import ggml
 
     cpu = "unknown"
     with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -23,6 +26,7 @@ def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
+        "q8_kernels": ggml.q8_path() if ggml.library() is not None else None,
         "loadavg_1m": os.getloadavg()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -33,8 +37,8 @@ def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
 
 def machine_lines(info: dict[str, Any]) -> str:
     return (
-        f"- date: {info['date']}\n- CPU: {info['cpu']} ({info['cpu_count']} logical cores), "
-        f"1-min load at start {info['loadavg_1m']:.2f}\n"
+        f"- date: {info['date']}\n- CPU: {info['cpu']} ({info['cpu_count']} logical cores, "
+        f"q8 kernels {info.get('q8_kernels')}), 1-min load at start {info['loadavg_1m']:.2f}\n"
         f"- torch {info['torch']}, transformers {info['transformers']}, "
         f"Python {info['python']}\n- command: `{info['command']}`"
     )
