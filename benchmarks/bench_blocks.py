@@ -31,6 +31,7 @@ out the time other processes held the core).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from benchmarks.machine import machine_info, machine_lines
 from specserve.config import EngineConfig, Numerics
 from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear
@@ -155,6 +157,7 @@ def main() -> None:
         raise SystemExit("no GGUF blocks or no block kernels on this machine")
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
         dense = {name: f.get_tensor(name) for name in blocks}
+    print(machine_lines(machine_info("benchmarks.bench_blocks", sys.argv[1:])) + "\n")
     print(f"{len(blocks)} matrices, {sum(b.numel() for _, b in blocks.values()) / 2**20:.0f} MiB "
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
           f"{args.threads} threads; best of {args.repeats} (ms per pass, "

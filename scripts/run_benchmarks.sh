@@ -4,8 +4,8 @@
 # Needs a quiet machine: every part compares configurations side by side in one run.
 # Every benchmark is a module of benchmarks/, run from the repo root: python -m benchmarks.NAME.
 # Usage: bash scripts/run_benchmarks.sh
-#        [engine|baseline|serving|llamacpp|spec|copy|goodput|policy|structured|attention|suffix|
-#         eagle|cache|kv|soak|fleet|all]
+#        [engine|baseline|serving|llamacpp|spec|copy|kernels|goodput|policy|structured|attention|
+#         suffix|eagle|cache|kv|soak|fleet|all]
 #        [OUT=docs/bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +93,16 @@ if [[ $what == copy || $what == all ]]; then
     --workload code-edit --workload workloads/third-party.jsonl --num-requests 8 \
     --max-new-tokens 256 --out "$out/copy-b1"
   stop_bg 8317
+fi
+
+if [[ $what == kernels || $what == all ]]; then
+  # The q8 kernels (issue 22): every projection at M rows (beside the widest path, the AVX2 one
+  # forced where the CPU has AVX512-VNNI), then a verify step's cost against k as the engine
+  # runs it, the sides taking turns.
+  python -m benchmarks.bench_blocks --threads "$threads" --rows 1,2,3,5,9,16,32,64 --repeats 5 \
+    | tee "$out/blocks.md"
+  python -m benchmarks.engine_verify --threads "$threads" --sides "q8,q8 AVX2,exact" \
+    --rounds 5 --json "$out/verify.json" | tee "$out/verify.md"
 fi
 
 if [[ $what == goodput || $what == all ]]; then
