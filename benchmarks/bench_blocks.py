@@ -49,16 +49,20 @@ from specserve.models.gguf_blocks import load_blocks
 from specserve.models.loader import resolve_model_dir
 
 
-def best_of(
-    fn: Callable[[], None], repeats: int, clock: Callable[[], float] = time.perf_counter
-) -> float:
-    fn()  # warm-up
-    times = []
+def best_of_turns(
+    fns: list[Callable[[], None]], repeats: int, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Each fn's best time over `repeats` rounds in which every fn runs once in turn, so that
+    a slow spell on a shared machine lands on all of them alike."""
+    for fn in fns:
+        fn()  # warm-up
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        started = clock()
-        fn()
-        times.append(clock() - started)
-    return min(times)
+        for i, fn in enumerate(fns):
+            started = clock()
+            fn()
+            best[i] = min(best[i], clock() - started)
+    return best
 
 
 # kind, blocks, float32 weight, and the blocks as the q8 numerics holds them (BlockLinear)
@@ -160,8 +164,8 @@ def main() -> None:
     print(machine_lines(machine_info("benchmarks.bench_blocks", sys.argv[1:])) + "\n")
     print(f"{len(blocks)} matrices, {sum(b.numel() for _, b in blocks.values()) / 2**20:.0f} MiB "
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
-          f"{args.threads} threads; best of {args.repeats} (ms per pass, "
-          f"{'CPU time' if args.cpu_clock else 'wall clock'})\n")  # fmt: skip
+          f"{args.threads} threads; best of {args.repeats} rounds, the columns in turn "
+          f"(ms per pass, {'CPU time' if args.cpu_clock else 'wall clock'})\n")  # fmt: skip
     vnni = ggml.q8_path() == "vnni" and not args.scalar
     print("| M | q8 | q8 plain | blocks | decode + mm | dense | q8 / M=1 | q8 plain / M=1 | "
           "blocks / M=1 | q8 plain / q8 | blocks / q8 |"
@@ -178,7 +182,7 @@ def main() -> None:
         passes = [partial(fn, items, xs) for fn in fns]
         with ggml.scalar_q8() if args.scalar else nullcontext():
             clock = time.process_time if args.cpu_clock else time.perf_counter
-            t = [1e3 * best_of(fn, args.repeats, clock) for fn in passes]
+            t = [1e3 * seconds for seconds in best_of_turns(passes, args.repeats, clock)]
         t_q, t_p, t_b, t_d, t_f = t[:5]
         first = first or (t_q, t_p, t_b, *t[5:])
         avx2 = f" {t[5]:.1f} | {t[5] / first[3]:.2f} | {t[5] / t_q:.2f} |" if vnni else ""

@@ -26,13 +26,13 @@ import torch
 
 from benchmarks.llamacpp_report import verify_table
 from benchmarks.machine import machine_info, machine_lines
-from benchmarks.verify_cost import Point, measure_verify_cost
+from benchmarks.verify_cost import Point, time_steps
 from specserve.config import Numerics
 from specserve.kernels import ggml
 from specserve.models.block_linear import plain_rows
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model
-from specserve.runner.model_runner import ModelRunner
+from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator
 
 PLAIN_ROWS = "q8, plain rows"  # a side of engine_verify_costs: the kernel before interleaving
@@ -47,32 +47,40 @@ def engine_verify_costs(
     sides: Sequence[str], ks: list[int], context: int = 256, rounds: int = 3
 ) -> dict[str, list[Point]]:
     """In process, batch 1: ms of a step scoring k + 1 rows, as the engine runs it, for each
-    side (a numerics, or PLAIN_ROWS: q8 on the GGUF row layout). Every side's model is loaded
-    first, then `rounds` passes over the sides in turn; each cell is the median of its rounds'
-    medians, so a slow spell on the machine does not land on one side only."""
+    side (a numerics, PLAIN_ROWS or Q8_AVX2). Every side's model is loaded and its context
+    prefilled first; then, `rounds` times, each k is timed on every side in turn (two warm-up
+    steps, then five), so that a slow spell on the machine lands on all sides alike. A cell is
+    the median of its 5 * rounds steps."""
     blocks = (context + max(ks) + 1) // 16 + 2
-    runners = {}
+    gen = torch.Generator().manual_seed(0)
+    setups: dict[str, tuple[ModelRunner, list[int]]] = {}
     for side in sides:
         numerics: Numerics = "q8" if side in (PLAIN_ROWS, Q8_AVX2) else side  # type: ignore[assignment]
         with plain_rows() if side == PLAIN_ROWS else nullcontext():
             model = build_model(resolve_model_dir(None), torch.device("cpu"), numerics=numerics)
-        runners[side] = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
-    passes: dict[str, list[list[Point]]] = {side: [] for side in sides}
+        runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
+        table: list[int] = []
+        BlockAllocator(blocks, 16).grow(table, context + max(ks) + 1)
+        prompt = torch.randint(0, model.arch.vocab_size, (context,), generator=gen).tolist()
+        with _kernels(side):
+            runner.run([RunItem(prompt, 0, table, 0)])
+        setups[side] = (runner, table)
+    seconds: dict[tuple[str, int], list[float]] = {(side, k): [] for side in sides for k in ks}
     for _ in range(rounds):
-        for side, runner in runners.items():
-            allocator = BlockAllocator(blocks, 16)
-            with _kernels(side):
-                passes[side].append(
-                    measure_verify_cost(runner, allocator, [1], ks, context, repeats=15)
-                )
+        for k in ks:
+            drafts = torch.randint(0, 1000, (k + 1,), generator=gen).tolist()
+            for side, (runner, table) in setups.items():
+                with _kernels(side):
+                    item = RunItem(drafts, context, table, k + 1)
+                    seconds[side, k] += time_steps(runner, [item], warmup=2, repeats=5)
     out = {}
-    for side, runs in passes.items():
-        ms = [statistics.median(run[i].ms_step for run in runs) for i in range(len(ks))]
+    for side in sides:
+        ms = [1e3 * statistics.median(seconds[side, k]) for k in ks]
         base = ms[ks.index(0)] if 0 in ks else None
         out[side] = [
-            Point(1, k, k + 1, m, min(run[i].ms_min for run in runs),
-                  max(run[i].ms_max for run in runs), m, m / base if base else None)
-            for i, (k, m) in enumerate(zip(ks, ms, strict=True))
+            Point(1, k, k + 1, m, 1e3 * min(seconds[side, k]), 1e3 * max(seconds[side, k]), m,
+                  m / base if base else None)
+            for k, m in zip(ks, ms, strict=True)
         ]  # fmt: skip
     return out
 
@@ -83,7 +91,7 @@ def main() -> None:
     p.add_argument("--sides", default=f"q8,{Q8_AVX2},exact", help="comma-separated sides")
     p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
     p.add_argument("--context", type=int, default=256, help="tokens already in the cache")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=6, help="passes over every (k, side)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
