@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from functools import partial
 
@@ -50,7 +50,7 @@ from specserve.models.loader import resolve_model_dir
 
 
 def best_of_turns(
-    fns: list[Callable[[], None]], repeats: int, clock: Callable[[], float] = time.perf_counter
+    fns: Sequence[Callable[[], None]], repeats: int, clock: Callable[[], float] = time.perf_counter
 ) -> list[float]:
     """Each fn's best time over `repeats` rounds in which every fn runs once in turn, so that
     a slow spell on a shared machine lands on all of them alike."""

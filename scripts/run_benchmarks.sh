@@ -99,10 +99,10 @@ if [[ $what == kernels || $what == all ]]; then
   # The q8 kernels (issue 22): every projection at M rows (beside the widest path, the AVX2 one
   # forced where the CPU has AVX512-VNNI), then a verify step's cost against k as the engine
   # runs it, the sides taking turns.
-  python -m benchmarks.bench_blocks --threads "$threads" --rows 1,2,3,5,9,16,32,64 --repeats 5 \
+  python -m benchmarks.bench_blocks --threads "$threads" --rows 1,2,3,5,9,16,32,64 --repeats 7 \
     | tee "$out/blocks.md"
   python -m benchmarks.engine_verify --threads "$threads" --sides "q8,q8 AVX2,exact" \
-    --rounds 5 --json "$out/verify.json" | tee "$out/verify.md"
+    --rounds 6 --json "$out/verify.json" | tee "$out/verify.md"
 fi
 
 if [[ $what == goodput || $what == all ]]; then
