@@ -48,9 +48,9 @@ def engine_verify_costs(
 ) -> dict[str, list[Point]]:
     """In process, batch 1: ms of a step scoring k + 1 rows, as the engine runs it, for each
     side (a numerics, PLAIN_ROWS or Q8_AVX2). Every side's model is loaded and its context
-    prefilled first; then, `rounds` times, each k is timed on every side in turn (two warm-up
-    steps, then five), so that a slow spell on the machine lands on all sides alike. A cell is
-    the median of its 5 * rounds steps."""
+    prefilled first; then, `rounds` times, each k is timed on every side, the sides taking turns
+    step by step (two warm-up steps each, then five), so that a slow spell on the machine lands
+    on all sides alike. A cell is the median of its 5 * rounds steps."""
     blocks = (context + max(ks) + 1) // 16 + 2
     gen = torch.Generator().manual_seed(0)
     setups: dict[str, tuple[ModelRunner, list[int]]] = {}
@@ -69,10 +69,13 @@ def engine_verify_costs(
     for _ in range(rounds):
         for k in ks:
             drafts = torch.randint(0, 1000, (k + 1,), generator=gen).tolist()
-            for side, (runner, table) in setups.items():
-                with _kernels(side):
-                    item = RunItem(drafts, context, table, k + 1)
-                    seconds[side, k] += time_steps(runner, [item], warmup=2, repeats=5)
+            for step in range(7):  # two warm-up steps, then five timed, the sides alternating
+                for side, (runner, table) in setups.items():
+                    with _kernels(side):
+                        item = RunItem(drafts, context, table, k + 1)
+                        timed = time_steps(runner, [item], warmup=0, repeats=1)
+                    if step >= 2:
+                        seconds[side, k] += timed
     out = {}
     for side in sides:
         ms = [1e3 * statistics.median(seconds[side, k]) for k in ks]
