@@ -112,6 +112,27 @@ static inline __m256i x8_broadcast4(const int8_t* q) {
     return _mm256_set1_epi32(v);
 }
 
+// A Q4_1_X8 block's eight vectors: w[t] = q[4t .. 4t+3] of each row (low nibbles t < 4, high
+// after).
+static inline __attribute__((always_inline)) void x8_unpack_q4_1(const uint8_t* o, __m256i* w) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 32 + 32 * t));
+        w[t] = _mm256_and_si256(v, nibble);
+        w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    }
+}
+
+// One activation row's float work on a block, given its eight exact integer sums s:
+// acc = fma(d_w * d_a, s, acc), then for Q4_1 (mw not NULL) fma(m_w, s_a, acc).
+static inline __attribute__((always_inline)) __m256 x8_scale(__m256 acc, __m256 dw,
+                                                             const __m256* mw,
+                                                             const block_q8a* ab, __m256i s) {
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), _mm256_cvtepi32_ps(s), acc);
+    return mw ? _mm256_fmadd_ps(*mw, _mm256_broadcast_ss(&ab->s), acc) : acc;
+}
+
 // AVX2: the eight rows of the group at g . ROWS activation rows (a[r * nb + blk]);
 // out[8 r + i] as dot_x8_scalar(kind, g, i, a + r * nb, nb) computes it.
 // Q4_1: a block's eight unpacked vectors stay in registers while every activation row passes
@@ -124,19 +145,14 @@ static inline __attribute__((always_inline)) void dot_x8_avx2(
     __m256 acc[X8_MAX_TILE];
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t blk = 0; blk < nb; blk++) {
         const uint8_t* o = g + blk * gb;
         for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)o));
         if (kind == KIND_Q4_1_X8) {
-            __m256i w[8];  // w[t]: q[4t .. 4t+3] of each row (low nibbles t < 4, high after)
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 32 + 32 * t));
-                w[t] = _mm256_and_si256(v, nibble);
-                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-            }
+            __m256i w[8];
+            x8_unpack_q4_1(o, w);
             const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 16)));
 #pragma GCC unroll 8
             for (int r = 0; r < rows; r++) {
@@ -145,9 +161,7 @@ static inline __attribute__((always_inline)) void dot_x8_avx2(
 #pragma GCC unroll 7
                 for (int t = 1; t < 8; t++)
                     sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[t], x8_broadcast4(ab->qs + 4 * t)));
-                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
-                acc[r] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&ab->s), acc[r]);
+                acc[r] = x8_scale(acc[r], dw, &mw, ab, _mm256_madd_epi16(sum, ones));
             }
         } else {
             __m256i sum[X8_Q8_0_TILE];
@@ -165,11 +179,7 @@ static inline __attribute__((always_inline)) void dot_x8_avx2(
                 }
             }
 #pragma GCC unroll 4
-            for (int r = 0; r < rows; r++) {
-                const block_q8a* ab = a + r * nb + blk;
-                const __m256 s = _mm256_cvtepi32_ps(sum[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
-            }
+            for (int r = 0; r < rows; r++) acc[r] = x8_scale(acc[r], dw, NULL, a + r * nb + blk, sum[r]);
         }
     }
 #pragma GCC unroll 8
@@ -192,19 +202,14 @@ static inline X8_VNNI_TARGET __attribute__((always_inline)) void dot_x8_vnni(
     __m256 acc[X8_MAX_TILE];
 #pragma GCC unroll 16
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i nibble = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+    const __m256i zero = _mm256_setzero_si256();
     for (int64_t blk = 0; blk < nb; blk++) {
         const uint8_t* o = g + blk * gb;
         for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)o));
         if (kind == KIND_Q4_1_X8) {
-            __m256i w[8];  // as dot_x8_avx2's
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 32 + 32 * t));
-                w[t] = _mm256_and_si256(v, nibble);
-                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-            }
+            __m256i w[8];
+            x8_unpack_q4_1(o, w);
             const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 16)));
 #pragma GCC unroll 16
             for (int r = 0; r < rows; r++) {
@@ -216,9 +221,7 @@ static inline X8_VNNI_TARGET __attribute__((always_inline)) void dot_x8_vnni(
                     lo = _mm256_dpbusd_epi32(lo, w[t], x8_broadcast4(ab->qs + 4 * t));
                     hi = _mm256_dpbusd_epi32(hi, w[t + 4], x8_broadcast4(ab->qs + 16 + 4 * t));
                 }
-                const __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
-                acc[r] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&ab->s), acc[r]);
+                acc[r] = x8_scale(acc[r], dw, &mw, ab, _mm256_add_epi32(lo, hi));
             }
         } else {
             __m256i sum[X8_VNNI_Q8_0_TILE];
@@ -235,11 +238,7 @@ static inline X8_VNNI_TARGET __attribute__((always_inline)) void dot_x8_vnni(
                 }
             }
 #pragma GCC unroll 8
-            for (int r = 0; r < rows; r++) {
-                const block_q8a* ab = a + r * nb + blk;
-                const __m256 s = _mm256_cvtepi32_ps(sum[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d)), s, acc[r]);
-            }
+            for (int r = 0; r < rows; r++) acc[r] = x8_scale(acc[r], dw, NULL, a + r * nb + blk, sum[r]);
         }
     }
 #pragma GCC unroll 16
