@@ -23,9 +23,9 @@ framework overhead the native stack removes (outputs are bit-identical either wa
 Usage (repo root, after the default model has been loaded once so its cache exists):
     python -m benchmarks.bench_blocks [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
         [--scalar] [--cpu-clock] [--decode 128]
---scalar: the q8 column on the scalar reference instead of the vector path. --cpu-clock: time by the
-process's CPU time instead of the wall clock (on a shared machine, with --threads 1, it leaves
-out the time other processes held the core).
+--scalar: the q8 column on the scalar reference instead of the vector path. --cpu-clock: time
+by the process's CPU time instead of the wall clock (on a shared machine, with --threads 1, it
+leaves out the time other processes held the core).
 """
 
 from __future__ import annotations

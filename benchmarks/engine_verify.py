@@ -8,7 +8,7 @@ path it would take without it; the same numbers bit for bit). Used by `bench_lla
 verify part, and on its own:
 
     python -m benchmarks.engine_verify [--threads 2] [--sides "q8,q8 AVX2,exact"]
-        [--ks 0,1,2,3,4,5,6,7,8] [--context 256] [--rounds 3] [--json FILE]
+        [--ks 0,1,2,3,4,5,6,7,8] [--context 256] [--rounds 6] [--json FILE]
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, contextmanager
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -262,8 +262,8 @@ def quantize_q8(x: torch.Tensor) -> torch.Tensor:
 
 
 # The q8 kernels' paths (q8_dot.h), by the number the library uses, and how to force each.
-Q8Path = Literal["scalar", "avx2", "vnni"]
-Q8_PATHS: tuple[Q8Path, ...] = ("scalar", "avx2", "vnni")
+Q8Path = Literal["scalar", "avx2", "vnni"]  # in the order of the library's numbers
+Q8_PATHS: tuple[Q8Path, ...] = get_args(Q8Path)
 _FORCE = {"scalar": 1, "avx2": 2}
 
 
