@@ -3,8 +3,10 @@
 One sequence with ~256 tokens of context scores k + 1 rows in one step (`verify_cost`'s
 measurement: `ModelRunner.run`, fp16 KV cache, the native layer stack), on each side: a
 numerics (q8, exact), PLAIN_ROWS (q8 on the GGUF row layout, before rows were interleaved
-eight at a time) or Q8_AVX2 (q8 with the AVX2 kernels forced: on a CPU with AVX512-VNNI, the
-path it would take without it; the same numbers bit for bit). Used by `bench_llamacpp`'s
+eight at a time), Q8_AVX2 (q8 with the AVX2 kernels forced: on a CPU with AVX512-VNNI, the
+path it would take without it; the same numbers bit for bit) or SMALL_PAGES (q8 with each
+weight tensor and the KV cache where torch allocates them, on 4 KiB pages, instead of on
+the huge pages of `models/huge_pages.py`; the same numbers bit for bit). Used by `bench_llamacpp`'s
 verify part, and on its own:
 
     python -m benchmarks.engine_verify [--threads 2] [--sides "q8,q8 AVX2,exact"]
@@ -30,6 +32,7 @@ from benchmarks.verify_cost import Point, time_steps
 from specserve.config import Numerics
 from specserve.kernels import ggml
 from specserve.models.block_linear import plain_rows
+from specserve.models.huge_pages import small_pages
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
@@ -37,6 +40,7 @@ from specserve.scheduler.kv_blocks import BlockAllocator
 
 PLAIN_ROWS = "q8, plain rows"  # a side of engine_verify_costs: the kernel before interleaving
 Q8_AVX2 = "q8 AVX2"  # a side: q8 with the AVX2 kernels forced (the narrower path where VNNI runs)
+SMALL_PAGES = "q8 4K pages"  # a side: q8 with the weights and KV cache off huge pages
 
 
 def _kernels(side: str) -> AbstractContextManager[None]:
@@ -47,18 +51,19 @@ def engine_verify_costs(
     sides: Sequence[str], ks: list[int], context: int = 256, rounds: int = 3
 ) -> dict[str, list[Point]]:
     """In process, batch 1: ms of a step scoring k + 1 rows, as the engine runs it, for each
-    side (a numerics, PLAIN_ROWS or Q8_AVX2). Every side's model is loaded and its context
-    prefilled first; then, `rounds` times, each k is timed on every side, the sides taking turns
-    step by step (two warm-up steps each, then five), so that a slow spell on the machine lands
-    on all sides alike. A cell is the median of its 5 * rounds steps."""
+    side (a numerics, PLAIN_ROWS, Q8_AVX2 or SMALL_PAGES). Every side's model is loaded and
+    its context prefilled first; then, `rounds` times, each k is timed on every side, the sides
+    taking turns step by step (two warm-up steps each, then five), so that a slow spell on the
+    machine lands on all sides alike. A cell is the median of its 5 * rounds steps."""
     blocks = (context + max(ks) + 1) // 16 + 2
     gen = torch.Generator().manual_seed(0)
     setups: dict[str, tuple[ModelRunner, list[int]]] = {}
     for side in sides:
-        numerics: Numerics = "q8" if side in (PLAIN_ROWS, Q8_AVX2) else side  # type: ignore[assignment]
-        with plain_rows() if side == PLAIN_ROWS else nullcontext():
+        numerics: Numerics = "q8" if side in (PLAIN_ROWS, Q8_AVX2, SMALL_PAGES) else side  # type: ignore[assignment]
+        layout = plain_rows() if side == PLAIN_ROWS else nullcontext()
+        with layout, small_pages() if side == SMALL_PAGES else nullcontext():
             model = build_model(resolve_model_dir(None), torch.device("cpu"), numerics=numerics)
-        runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
+            runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
         table: list[int] = []
         BlockAllocator(blocks, 16).grow(table, context + max(ks) + 1)
         prompt = torch.randint(0, model.arch.vocab_size, (context,), generator=gen).tolist()
@@ -99,7 +104,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
-    known = ("q8", "exact", PLAIN_ROWS, Q8_AVX2)
+    known = ("q8", "exact", PLAIN_ROWS, Q8_AVX2, SMALL_PAGES)
     if unknown := [side for side in sides if side not in known]:
         raise SystemExit(f"unknown sides {unknown}; known: {known}")
     info = machine_info("benchmarks.engine_verify", sys.argv[1:])

@@ -12,6 +12,7 @@ from torch import nn
 from specserve.config import Numerics
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
+from specserve.models.huge_pages import pack_blocks
 from specserve.models.llama import LlamaForCausalLM, RMSNorm
 
 # Exact numerics only: above this many rows (a prefill chunk, a large batch) decoding the weights
@@ -187,8 +188,8 @@ def attach_blocks(
     numerics: Numerics = "q8",
 ) -> set[str]:
     """Swap in block layers (multiplying in `numerics`) wherever all of a layer's weights have
-    blocks of one kind. Called before the float32 weights load; returns the checkpoint names
-    covered, which the loader then skips."""
+    blocks of one kind, all of them then in one allocation (`huge_pages`). Called before the
+    float32 weights load; returns the checkpoint names covered, which the loader then skips."""
     covered: set[str] = set()
 
     def swap(owner: nn.Module, attr: str, names: list[str]) -> None:
@@ -219,4 +220,5 @@ def attach_blocks(
             kind, rows = model.lm_head.kind, model.lm_head.blocks
         model.embed_tokens = BlockEmbedding(rows, kind, model.arch.hidden_size)
         covered.add("model.embed_tokens.weight")
+    pack_blocks(model.modules())  # one mapping on huge pages (models/huge_pages.py)
     return covered

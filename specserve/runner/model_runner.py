@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.config import AttentionImpl, KvDtype
+from specserve.models import huge_pages
 from specserve.models.attention import build_ragged_metadata, kernel_usable
 from specserve.models.attention_reference import build_metadata
 from specserve.models.llama import LlamaForCausalLM
@@ -75,8 +76,12 @@ class ModelRunner:
         # block_size * head_dim elements in a row), which is how attention streams them.
         shape = (arch.num_layers, 2, arch.num_kv_heads, num_blocks * block_size, arch.head_dim)
         dtype = kv_cache_dtype(model, device, attention, kv_dtype)
-        # Zeroed so that masked (never written) slots hold finite values: 0 * garbage = NaN.
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        # Zeroed so that masked (never written) slots hold finite values: 0 * garbage = NaN. On
+        # the CPU in a mapping of its own on huge pages (models/huge_pages.py).
+        if device.type == "cpu":
+            self.kv = huge_pages.zeros(shape, dtype)
+        else:
+            self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(arch.num_layers)]
 
     @property
