@@ -13,11 +13,12 @@ import torch
 
 
 def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
-    """Date, CPU (and the q8 kernels it runs), library versions, load and the exact command
-    (`python -m module argv`)."""
+    """Date, CPU (the q8 kernels it runs, the kernel's THP mode), library versions, load and
+    the exact command (`python -m module argv`)."""
     import transformers
 
     from specserve.kernels import ggml
+    from specserve.models.huge_pages import thp_mode
 
     cpu = "unknown"
     with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -27,6 +28,7 @@ def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "q8_kernels": ggml.q8_path() if ggml.library() is not None else None,
+        "transparent_huge_pages": thp_mode(),
         "loadavg_1m": os.getloadavg()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -38,7 +40,8 @@ def machine_info(module: str, argv: Sequence[str]) -> dict[str, Any]:
 def machine_lines(info: dict[str, Any]) -> str:
     return (
         f"- date: {info['date']}\n- CPU: {info['cpu']} ({info['cpu_count']} logical cores, "
-        f"q8 kernels {info.get('q8_kernels')}), 1-min load at start {info['loadavg_1m']:.2f}\n"
+        f"q8 kernels {info.get('q8_kernels')}, transparent huge pages "
+        f"{info.get('transparent_huge_pages')}), 1-min load at start {info['loadavg_1m']:.2f}\n"
         f"- torch {info['torch']}, transformers {info['transformers']}, "
         f"Python {info['python']}\n- command: `{info['command']}`"
     )

@@ -103,6 +103,12 @@ if [[ $what == kernels || $what == all ]]; then
     | tee "$out/blocks.md"
   python -m benchmarks.engine_verify --threads "$threads" --sides "q8,q8 AVX2,exact" \
     --rounds 6 --json "$out/verify.json" | tee "$out/verify.md"
+  # Weights and KV cache on huge pages against 4 KiB pages, at two context lengths.
+  for context in 256 1024; do
+    python -m benchmarks.engine_verify --threads "$threads" --sides "q8,q8 4K pages" \
+      --ks 0,1,2,4,8 --context "$context" --rounds 30 --json "$out/pages-$context.json" \
+      | tee "$out/pages-$context.md"
+  done
 fi
 
 if [[ $what == goodput || $what == all ]]; then

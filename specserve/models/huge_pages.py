@@ -15,15 +15,27 @@ from __future__ import annotations
 
 import math
 import mmap
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from torch import nn
 
 HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages): a PMD-sized page
 ALIGN = 64  # each tensor starts on a cache line, as torch's allocator places them
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _on = True
+
+
+def thp_mode() -> str | None:
+    """Linux's transparent huge page mode (`always`, `madvise` or `never`); None elsewhere."""
+    try:
+        found = re.search(r"\[(\w+)\]", THP_SETTING.read_text())
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.models.huge_pages import ALIGN, HUGE_PAGE, arena, small_pages, zeros
+from specserve.models.huge_pages import ALIGN, HUGE_PAGE, arena, small_pages, thp_mode, zeros
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
@@ -18,7 +18,6 @@ from tests.tiny import make_model_dir
 
 pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
 CPU = torch.device("cpu")
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def block_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
@@ -76,7 +75,7 @@ def vm_flags(address: int) -> list[str]:
 
 
 @pytest.mark.skipif(
-    not THP.exists() or "[never]" in THP.read_text(),
+    thp_mode() in (None, "never"),
     reason="the kernel has no transparent huge pages, or they are off",
 )
 def test_the_arena_is_advised_to_take_huge_pages() -> None:
