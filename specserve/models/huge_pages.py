@@ -77,18 +77,17 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     step pays for faulting one in."""
     if not _on:
         return torch.zeros(shape, dtype=dtype)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     memory, _ = arena(nbytes)
     memory.zero_()
     return memory.view(dtype).view(shape)
 
 
-def pack_blocks(modules: Iterable[nn.Module]) -> int:
+def pack_blocks(modules: Iterable[nn.Module]) -> None:
     """Move the `blocks` buffer of each module that has one into a single arena (a buffer two
-    modules share stays shared). Returns the bytes moved; the old tensors are freed once
-    nothing else holds them."""
+    modules share stays shared); the old tensors are freed once nothing else holds them."""
     if not _on:
-        return 0
+        return
     owners: dict[int, list[nn.Module]] = {}
     tensors: dict[int, torch.Tensor] = {}
     for module in modules:
@@ -101,7 +100,7 @@ def pack_blocks(modules: Iterable[nn.Module]) -> int:
         offsets[key] = total
         total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
     if not total:
-        return 0
+        return
     memory, _ = arena(total)
     for key, t in tensors.items():
         nbytes = t.numel() * t.element_size()
@@ -109,4 +108,3 @@ def pack_blocks(modules: Iterable[nn.Module]) -> int:
         dst.copy_(t)
         for module in owners[key]:
             module._buffers["blocks"] = dst
-    return sum(t.numel() * t.element_size() for t in tensors.values())
