@@ -1,10 +1,11 @@
 """The serving path against the engine in process: the same requests, the same engine settings.
 
-For each compute-thread count and concurrency, three sides run one after the other (never two
+For each compute-thread count and concurrency, four sides run one after the other (never two
 at once): the engine stepped in this process (as `LLM.generate` does), `specserve serve` over
-HTTP streaming (`/generate_stream`), and the same server non-streaming (`/generate`). The sides
-take turns wave by wave, in a rotated order, so that drift in the machine's speed during the run
-moves all three alike. Every
+HTTP streaming (`/generate_stream`, the engine's thread writing the events: server/direct.py),
+a second server started with `--stream-from-loop` (its event loop writing them), and the first
+server non-streaming (`/generate`). The sides take turns wave by wave, in a rotated order, so
+that drift in the machine's speed during the run moves all of them alike. Every
 request is a hand-written chat prompt (text no built-in workload uses) rendered by the model's
 template, greedy, EOS ignored, 128 new tokens, speculation off, no prefix cache (each prompt is
 sent more than once). A concurrency-c cell sends c requests at once, `--waves` times, and at
@@ -17,8 +18,8 @@ next on the same side (ad hoc), and three waves a side moved the ratio by as muc
 Per side: aggregate tok/s (tokens / wall time of the waves), end-to-end tok/s per request
 (tokens / (finish - send)), and where token times are seen (in process, streaming), decode
 tok/s after the first token and the inter-token gaps' p50/p99. HTTP / in process is the ratio of
-the end-to-end rate at concurrency 1 and of the aggregate at higher concurrency. Outputs of the
-three sides are compared token for token.
+the end-to-end rate at concurrency 1 and of the aggregate at higher concurrency. Outputs of all
+sides are compared token for token.
 
 The load generator shares the machine with the server and uses no torch: streamed requests are
 read on blocking sockets, one thread each, non-streaming ones through httpx
@@ -27,6 +28,8 @@ the server's event-loop thread (the serving work the in-process side does not do
 `/proc/PID/task/PID/schedstat`, so Linux only): both come out of the cores the engine computes
 on. They move with the machine's speed as everything does, but say directly how much serving
 work a token costs, where a ratio folds it into a gap of a few percent among the run's noise.
+On the first server's streaming side most of that work runs on the engine's thread instead
+(formatting and writing each event between two steps): it shows in the ratio, not there.
 
 Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
     [--concurrency 1,16] [--waves 6] [--min-requests 16] [--json FILE]
@@ -73,7 +76,7 @@ PROMPTS = [
 
 @dataclass(frozen=True)
 class Cell:
-    side: str  # "in process", "HTTP streaming", "HTTP non-streaming"
+    side: str  # one of SIDES
     threads: int
     concurrency: int
     requests: int
@@ -140,14 +143,17 @@ def in_process(engine: Any, batch: list[str]) -> Run:
     return time.perf_counter() - sent, None, runs, {ids[rid]: tokens[rid] for rid in ids}
 
 
-def start_server(threads: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(
+    threads: int, log: Path, port: int, flags: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     from benchmarks.bench_llamacpp import serve
 
     cmd = [
-        sys.executable, "-m", "specserve.cli", "serve", "--port", str(PORT), "--num-threads",
+        sys.executable, "-m", "specserve.cli", "serve", "--port", str(port), "--num-threads",
         str(threads), "--speculate", "0", "--no-prefix-caching", "--max-concurrent-requests", "64",
+        *flags,
     ]  # fmt: skip
-    return serve(cmd, f"http://127.0.0.1:{PORT}", log)
+    return serve(cmd, f"http://127.0.0.1:{port}", log)
 
 
 def render(texts: list[str]) -> list[str]:
@@ -159,15 +165,18 @@ def render(texts: list[str]) -> list[str]:
     return [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
 
 
-SIDES = ("in process", "HTTP streaming", "HTTP non-streaming")
+LOOP_WRITES = "HTTP streaming, loop writes"
+SIDES = ("in process", "HTTP streaming", LOOP_WRITES, "HTTP non-streaming")
 
 
 def run_threads(
     threads: int, concs: list[int], waves: int, min_requests: int, log: Path
 ) -> list[Cell]:
-    """Waves interleaved: each wave runs on the three sides back to back, the side order rotated
-    from wave to wave, so that a machine getting slower or faster during the run moves all three
-    alike. The server idles while the engine in this process runs, and the other way round."""
+    """Waves interleaved: each wave runs on every side back to back, the side order rotated
+    from wave to wave, so that a machine getting slower or faster during the run moves all sides
+    alike. The servers idle while the engine in this process runs, and the other way round.
+    LOOP_WRITES is a second server, started with --stream-from-loop: its event loop writes
+    every streamed event, where the first server's engine thread writes them."""
     import torch
 
     from specserve.config import CacheConfig, EngineConfig, SpecConfig
@@ -176,8 +185,10 @@ def run_threads(
     texts = render(PROMPTS)
     cells: list[Cell] = []
     outputs: dict[str, list[int]] = {}
-    proc = start_server(threads, log)
-    url = f"http://127.0.0.1:{PORT}"
+    proc = start_server(threads, log, PORT)
+    procs = {LOOP_WRITES: start_server(threads, log.with_suffix(".loop.log"), PORT + 1,
+                                       ("--stream-from-loop",))}  # fmt: skip
+    url, loop_url = f"http://127.0.0.1:{PORT}", f"http://127.0.0.1:{PORT + 1}"
     try:
         torch.set_num_threads(threads)
         config = EngineConfig(
@@ -189,6 +200,7 @@ def run_threads(
         sides = {
             "in process": lambda batch: in_process(engine, batch),
             "HTTP streaming": lambda batch: over_http(url, batch, True),
+            LOOP_WRITES: lambda batch: over_http(loop_url, batch, True),
             "HTTP non-streaming": lambda batch: over_http(url, batch, False),
         }
         for side in SIDES:
@@ -200,13 +212,14 @@ def run_threads(
             runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in SIDES}
             for w in range(max(waves, -(-min_requests // conc))):
                 batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
-                for side in SIDES[w % 3 :] + SIDES[: w % 3]:
-                    loop_before = loop_cpu_s(proc.pid)
+                for side in SIDES[w % len(SIDES) :] + SIDES[: w % len(SIDES)]:
+                    pid = procs.get(side, proc).pid
+                    loop_before = loop_cpu_s(pid)
                     wall, cpu, wave_runs, wave_outputs = sides[side](batch)
                     walls[side] += wall
                     if cpu is not None:
                         cpus[side] = (cpus[side] or 0.0) + cpu
-                        loop = loop_cpu_s(proc.pid) - loop_before
+                        loop = loop_cpu_s(pid) - loop_before
                         loops[side] = (loops[side] or 0.0) + loop
                     runs[side] += wave_runs
                     for text, ids in wave_outputs.items():
@@ -217,8 +230,9 @@ def run_threads(
                 for side in SIDES
             ]
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        for server in (proc, *procs.values()):
+            server.terminate()
+            server.wait(timeout=60)
     return cells
 
 

@@ -35,6 +35,12 @@ that: measured ad hoc on 2 cores, batch-1 streaming, the step thread waited 0.03
 the loop thread spent ~0.65-0.8 ms of CPU per token (holding the GIL, so the step thread
 stalled on it rather than on the wait).
 
+A streaming request may bring a sink (`Sink`): in `serve`, a writer of its response's events
+straight to its socket (`server/direct.py`). The step thread offers the sink each output but
+the last, and only while the loop has nothing of that request's left to do (it has consumed
+every output handed over so far), so the two never write out of order; what the sink takes
+wakes no event loop, and the step thread does not wait for one.
+
 `Engine.step` fails the requests a fault concerns and never raises for them. If the thread dies
 anyway (a bug in this loop), every open request gets a final error output, `alive` turns False
 and `generate()` refuses new requests at once instead of queueing them for nobody.
@@ -87,15 +93,26 @@ _Item = _Add | _Abort | _AbortAll
 MIN_HAND_OVER_WAIT_S = 0.002
 
 
+# A streaming request's consumer on the step thread (see the module docstring): called with
+# each output that is not the last, while the event loop has nothing of that request's left to
+# do; True if it took the output (the loop never sees it), False to have it handed over. An
+# exception means its consumer is gone or broken: the output is dropped and the request aborted.
+Sink = Callable[[RequestOutput], bool]
+
+
 @dataclass
 class _Listener:
-    """Where one request's outputs go. `held` and `first_sent` belong to the step thread."""
+    """Where one request's outputs go. `held`, `first_sent` and `handed` belong to the step
+    thread, `taken` to the loop: the loop is idle for this request while they are equal."""
 
     loop: asyncio.AbstractEventLoop
     queue: _Outputs
     stream: bool
+    sink: Sink | None = None
     held: RequestOutput | None = None
     first_sent: bool = False
+    handed: int = 0  # outputs handed over to the loop
+    taken: int = 0  # of those, how many the consumer has done with
 
     def take(self, out: RequestOutput) -> RequestOutput | None:
         """What to hand over now: every output when streaming; else the first one with tokens
@@ -195,10 +212,12 @@ class AsyncEngine:
         request_id: str | None = None,
         after: str | None = None,
         stream: bool = True,
+        sink: Sink | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's outputs. Raises ValueError (before any output) on bad input.
         `after`: see `Engine.add_prepared`. `stream=False`: the first output with tokens, then
-        one output at the finish carrying everything after it."""
+        one output at the finish carrying everything after it. `sink`: takes outputs on the
+        step thread where it can (see `Sink`); this yields the rest, the last always."""
         if params.grammar is None:
             ids, params = self.engine.prepare(prompt, params)
         else:  # compiling a grammar (the first one builds llguidance's tokenizer, ~1 s)
@@ -207,7 +226,8 @@ class AsyncEngine:
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in use")
         queue: _Outputs = asyncio.Queue()
-        self._queues[rid] = _Listener(asyncio.get_running_loop(), queue, stream)
+        listener = _Listener(asyncio.get_running_loop(), queue, stream, sink)
+        self._queues[rid] = listener
         if not self._post(_Add(rid, ids, params, after)):
             self._queues.pop(rid, None)
             why = f"the engine stopped: {self.died}" if self.died else "engine is shutting down"
@@ -219,6 +239,7 @@ class AsyncEngine:
                 out, ticket = await queue.get()
                 finished = out.finished
                 yield out
+                listener.taken += 1
                 ticket.release()  # the caller is back: it has done what this output asked
                 ticket = None
         finally:
@@ -315,7 +336,10 @@ class AsyncEngine:
         batches: dict[asyncio.AbstractEventLoop, list[tuple[_Outputs, RequestOutput]]] = {}
         for out in outputs:
             listener = self._queues.get(out.request_id)
-            if listener is not None and (ready := listener.take(out)) is not None:
+            if listener is None or self._sunk(listener, out):
+                continue
+            if (ready := listener.take(out)) is not None:
+                listener.handed += 1
                 batches.setdefault(listener.loop, []).append((listener.queue, ready))
         handed = []
         for loop, items in batches.items():
@@ -325,6 +349,19 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(_hand_over, items, done)
                 handed.append(done)
         return handed
+
+    def _sunk(self, listener: _Listener, out: RequestOutput) -> bool:
+        """Whether the listener's sink took the output (only while the loop is idle for it)."""
+        if listener.sink is None or out.finished or listener.handed != listener.taken:
+            return False
+        try:
+            return listener.sink(out)
+        except Exception as exc:  # its consumer is gone (a closed socket) or broken
+            if not isinstance(exc, OSError):
+                logger.exception("the sink of request %s failed", out.request_id)
+            listener.sink = None
+            self._post(_Abort(out.request_id), even_when_stopping=True)
+            return True
 
     async def shutdown(self, timeout: float = 30.0, grace: float = 5.0) -> bool:
         """Stop accepting requests and let those in flight finish for up to `timeout` seconds;

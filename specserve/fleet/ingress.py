@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from specserve.engine.async_engine import Sink
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.fleet.config import FleetConfig, live_settings, restart_key
 from specserve.fleet.observe import FleetInfo, PoolInfo, ReplicaInfo, render_pools
@@ -76,10 +77,12 @@ class PoolClient:
         request_id: str,
         after: str | None = None,
         stream: bool = True,
+        sink: Sink | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """ValueError: the engine refused the request. RuntimeError: the replica failed (died,
         unreachable) - before the first output the request was not served (503), after it the
-        stream ends with an error event."""
+        stream ends with an error event. `sink` is ignored: the engine runs elsewhere."""
+        del sink
         # `after` travels along; on another replica than its sibling's it is simply unknown.
         call = self.handle.options(stream=True).generate
         outputs = call.remote(prompt_ids, params, request_id, after, stream)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.async_engine import AsyncEngine, Sink
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.request import RequestOutput, SamplingParams
 
@@ -39,11 +39,13 @@ class Backend(Protocol):
         request_id: str,
         after: str | None = None,
         stream: bool = True,
+        sink: Sink | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """`after`: an earlier choice of the same request (same prompt), whose cached prompt
         this one may wait for and reuse; a backend may ignore it. `stream=False`: the caller
         needs only the first output with tokens and the last (which then carries every token
-        after the first output); a backend may still send every output."""
+        after the first output); a backend may still send every output. `sink`: may take
+        outputs where the engine runs (see `AsyncEngine.generate`); a backend may ignore it."""
         ...
 
     @property
@@ -87,8 +89,9 @@ class LocalBackend:
         request_id: str,
         after: str | None = None,
         stream: bool = True,
+        sink: Sink | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        return self.async_engine.generate(prompt_ids, params, request_id, after, stream)
+        return self.async_engine.generate(prompt_ids, params, request_id, after, stream, sink)
 
     @property
     def alive(self) -> bool:

@@ -58,6 +58,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specserve.server.app import create_app
+    from specserve.server.direct import capture
 
     # Only the step thread runs multi-threaded regions, and it builds the engine itself (see
     # engine/async_engine.py): this thread serves HTTP and keeps torch at one thread.
@@ -75,7 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     freeze_startup_heap()
     server = DrainingServer(
         uvicorn.Config(
-            app,
+            app if args.stream_from_loop else capture(app),
             host=args.host,
             port=args.port,
             log_level="info",

@@ -71,6 +71,12 @@ class ServerMetrics:
         self.output_tokens = _hist(
             r, "specserve_request_output_tokens", "Generated length of completed requests", tok
         )
+        self.direct_writes = Counter(
+            "specserve_stream_direct_writes",
+            "Streamed outputs written to their socket by the engine's thread "
+            "(specserve/server/direct.py)",
+            registry=r,
+        )
         r.register(EngineCollector(read_engine))
 
     def show_profile(self, stale: bool) -> None:

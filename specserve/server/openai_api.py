@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
+from specserve.server.direct import DirectWriter, writer
 from specserve.server.errors import ApiError, ErrorKind, error_body
 from specserve.server.openai_logprobs import chat_logprobs, completion_logprobs
 from specserve.server.openai_schemas import (
@@ -142,7 +143,7 @@ async def completions(
                 id=rid, created=created, model=model, choices=[], usage=usage(finals)
             )
 
-        return _stream(ctx, body, prep, tracked, rid, chunks, last)
+        return _stream(ctx, request, body, prep, tracked, rid, chunks, last)
     results = await ctx.service.collect_choices(request, tracked, prep, rid, body.n)
     choices = [
         CompletionChoice(
@@ -179,7 +180,7 @@ async def chat_completions(
     if body.stream:
         chunks = _ChatChunks(rid, created, model, body.n, prep.tools, wants_logprobs, logprobs)
         first = [chunks.chunk(i, Delta(role="assistant", content="")) for i in range(body.n)]
-        return _stream(ctx, body, prep, tracked, rid, chunks, chunks.last, first)
+        return _stream(ctx, request, body, prep, tracked, rid, chunks, chunks.last, first)
     results = await ctx.service.collect_choices(request, tracked, prep, rid, body.n)
     choices = []
     for i, r in enumerate(results):
@@ -300,6 +301,7 @@ def chat_encoder(ctx: ServerContext) -> Callable[[list[dict[str, str]]], list[in
 
 def _stream(
     ctx: ServerContext,
+    request: Request,
     body: CompletionRequest | ChatCompletionRequest,
     prep: Prepared,
     tracked: Tracked,
@@ -309,10 +311,26 @@ def _stream(
     first: list[Any] | None = None,
 ) -> EventStream:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    direct = None
+    if body.n == 1:  # the engine's thread writes one choice's events (server/direct.py)
+
+        def text(out: RequestOutput) -> str:
+            return "".join(sse(c) for c in chunks(0, out))
+
+        observe = partial(ctx.service.observe, tracked, 0)
+        direct = writer(request, text, observe, ctx.metrics.direct_writes.inc)
     events = _events(
-        ctx, prep, tracked, rid, body.n, chunks, last if include_usage else None, first or []
+        ctx,
+        prep,
+        tracked,
+        rid,
+        body.n,
+        chunks,
+        last if include_usage else None,
+        first or [],
+        direct,
     )
-    return EventStream(events, lambda: ctx.service.close(tracked))
+    return EventStream(events, lambda: ctx.service.close(tracked), direct)
 
 
 async def _events(
@@ -324,12 +342,14 @@ async def _events(
     chunks: ChunkFn,
     last: Callable[[list[RequestOutput]], Any] | None,
     first: list[Any],
+    direct: DirectWriter | None,
 ) -> AsyncIterator[str]:
     finals: dict[int, RequestOutput] = {}
     try:
         for c in first:
             yield sse(c)
-        async with contextlib.aclosing(ctx.service.run_choices(tracked, prep, rid, n)) as outs:
+        run = ctx.service.run_choices(tracked, prep, rid, n, sink=direct)
+        async with contextlib.aclosing(run) as outs:
             async for i, out in outs:
                 if out.finished and out.finish_reason in ("error", "abort"):
                     failed = ApiError(

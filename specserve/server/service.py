@@ -22,6 +22,7 @@ from typing import cast
 
 from starlette.requests import Request
 
+from specserve.engine.async_engine import Sink
 from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid
@@ -133,24 +134,35 @@ class GenerationService:
             m.output_tokens.observe(t.final.num_output_tokens)
 
     async def run(
-        self, t: Tracked, prep: Prepared, request_id: str
+        self, t: Tracked, prep: Prepared, request_id: str, sink: Sink | None = None
     ) -> AsyncGenerator[RequestOutput, None]:
-        """The request's outputs. ApiError (422/503) if the engine refuses it at the start."""
-        async with contextlib.aclosing(self.run_choices(t, prep, request_id, 1)) as outs:
+        """The request's outputs. ApiError (422/503) if the engine refuses it at the start.
+        `sink`: see `run_choices`."""
+        outputs = self.run_choices(t, prep, request_id, 1, sink=sink)
+        async with contextlib.aclosing(outputs) as outs:
             async for _, out in outs:
                 yield out
 
     async def run_choices(
-        self, t: Tracked, prep: Prepared, request_id: str, n: int, stream: bool = True
+        self,
+        t: Tracked,
+        prep: Prepared,
+        request_id: str,
+        n: int,
+        stream: bool = True,
+        sink: Sink | None = None,
     ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """(choice, output) pairs of the request's n choices, as they come (`stream=False`:
-        each choice's first output with tokens and its last, see `Backend.generate`)."""
+        each choice's first output with tokens and its last, see `Backend.generate`).
+        `sink` (one choice only): takes outputs on the engine's side where it can, none of
+        which come out here; it must `observe` each one it takes."""
         t.choices = [Choice() for _ in range(n)]
-        streams = [self._choice_stream(prep, request_id, i, n, stream) for i in range(n)]
+        sink = sink if n == 1 else None
+        streams = [self._choice_stream(prep, request_id, i, n, stream, sink) for i in range(n)]
         try:
             async with contextlib.aclosing(merged(streams)) as outs:
                 async for i, out in outs:
-                    self._observe(t, i, out)
+                    self.observe(t, i, out)
                     yield i, out
         except ValueError as exc:  # the engine refused the request before starting it
             t.outcome = "invalid"
@@ -170,15 +182,16 @@ class GenerationService:
             self.close(t)
 
     def _choice_stream(
-        self, prep: Prepared, request_id: str, i: int, n: int, stream: bool
+        self, prep: Prepared, request_id: str, i: int, n: int, stream: bool, sink: Sink | None
     ) -> AsyncGenerator[RequestOutput, None]:
         rid = request_id if n == 1 else f"{request_id}-{i}"
         after = f"{request_id}-0" if i else None
         params = prep.params.for_choice(i)
-        outputs = self.engine.generate(prep.prompt_ids, params, rid, after, stream)
+        outputs = self.engine.generate(prep.prompt_ids, params, rid, after, stream, sink)
         return cast(AsyncGenerator[RequestOutput, None], outputs)
 
-    def _observe(self, t: Tracked, i: int, out: RequestOutput) -> None:
+    def observe(self, t: Tracked, i: int, out: RequestOutput) -> None:
+        """Record one output of choice i: its timings, its tokens and text, the outcome."""
         now = time.monotonic()
         c = t.choices[i]
         n = len(out.new_token_ids)

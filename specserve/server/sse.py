@@ -11,6 +11,8 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from specserve.server.direct import DirectWriter
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -53,20 +55,40 @@ class TextEvents:
 class EventStream(StreamingResponse):
     """An SSE response whose generator is closed and whose `on_close` runs however the response
     ends: normally, on a client disconnect (Starlette cancels the sender), or on an error.
-    Closing the generator aborts the engine request, which frees its KV blocks."""
+    Closing the generator aborts the engine request, which frees its KV blocks. `direct`: the
+    stream's writer on the engine's thread (`server/direct.py`), armed once the first event is
+    out and closed with the response."""
 
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        self._events = events
+    def __init__(
+        self,
+        events: AsyncIterator[str],
+        on_close: Callable[[], None],
+        direct: DirectWriter | None = None,
+    ) -> None:
+        body = events if direct is None else _arming(events, direct)
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._iterators = [body, events] if direct is not None else [events]
         self._on_close = on_close
+        self._direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if self._direct is not None:
+                self._direct.close()  # no write from the engine's thread after this
             try:
-                aclose = getattr(self._events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                for iterator in self._iterators:
+                    aclose = getattr(iterator, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
             finally:
                 self._on_close()
+
+
+async def _arming(events: AsyncIterator[str], direct: DirectWriter) -> AsyncIterator[str]:
+    """`events`, arming `direct` each time the response asks for the next (the previous one
+    has been sent by then); arming twice does nothing."""
+    async for event in events:
+        yield event
+        direct.arm()

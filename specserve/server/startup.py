@@ -109,6 +109,15 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         switch=True,
     ),
     Option(
+        "--stream-from-loop",
+        "STREAM_FROM_LOOP",
+        "write streamed events from the event loop, as every other response, instead of from "
+        "the engine's thread between two steps (the default, on plain HTTP; see "
+        "specserve/server/direct.py)",
+        False,
+        switch=True,
+    ),
+    Option(
         "--strict-profile",
         "STRICT_PROFILE",
         "refuse to start (exit 2) when the speculation profile was measured on other artifacts",

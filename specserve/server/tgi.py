@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse
 from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
+from specserve.server.direct import DirectWriter, writer
 from specserve.server.errors import ApiError, error_body
 from specserve.server.params import Prepared, for_tenant, prepare_tgi, tenant_of
 from specserve.server.schemas import (
@@ -155,17 +157,56 @@ async def _stream(
         tracked,
         lambda: for_tenant(prepare_tgi(body, ctx.encode, ctx.limits, stream=True), tenant),
     )
-    return EventStream(_events(ctx, body, prep, tracked), lambda: ctx.service.close(tracked))
+    events = _Events(ctx, body, prep)
+    observe = partial(ctx.service.observe, tracked, 0)
+    direct = writer(request, events, observe, ctx.metrics.direct_writes.inc)
+    return EventStream(
+        _events(ctx, events, prep, tracked, direct), lambda: ctx.service.close(tracked), direct
+    )
+
+
+class _Events:
+    """A stream's token events per output (their SSE text), and what they carry over."""
+
+    def __init__(self, ctx: ServerContext, body: GenerateRequest, prep: Prepared) -> None:
+        self.ctx, self.prep, self.p = ctx, prep, body.parameters
+        self.text = body.inputs if self.p.return_full_text else ""
+        self.index = 0
+
+    def __call__(self, out: RequestOutput) -> str:
+        ctx, p = self.ctx, self.p
+        self.text += out.new_text
+        tokens = _tokens(ctx, out)
+        events = []
+        for i, token in enumerate(tokens):
+            self.index += 1
+            last = out.finished and i == len(tokens) - 1
+            top = None
+            if p.top_n_tokens and out.logprobs is not None:
+                top = _top_tokens(ctx, out.logprobs[i])
+            if top is None and not last:  # most events: the token alone, no model
+                events.append(sse(token_event(self.index, token)))
+                continue
+            event = StreamResponse(
+                index=self.index,
+                token=Token(**token),
+                top_tokens=top,
+                generated_text=self.text if last else None,
+                details=_stream_details(out, self.prep) if last and p.details else None,
+            )
+            events.append(sse(event))
+        return "".join(events)
 
 
 async def _events(
-    ctx: ServerContext, body: GenerateRequest, prep: Prepared, tracked: Tracked
+    ctx: ServerContext,
+    events: _Events,
+    prep: Prepared,
+    tracked: Tracked,
+    direct: DirectWriter | None,
 ) -> AsyncIterator[str]:
-    p = body.parameters
-    text = body.inputs if p.return_full_text else ""
-    index = 0
     try:
-        run = ctx.service.run(tracked, prep, new_id("gen"))
+        run = ctx.service.run(tracked, prep, new_id("gen"), direct)
         async with contextlib.aclosing(run) as outs:
             async for out in outs:
                 if out.finished and out.finish_reason in ("error", "abort"):
@@ -173,26 +214,8 @@ async def _events(
                     yield sse({"error": msg, "error_type": "generation"})
                     return
                 await asyncio.sleep(0)  # let the loop notice a disconnect between outputs
-                text += out.new_text
-                tokens = _tokens(ctx, out)
-                for i, token in enumerate(tokens):
-                    index += 1
-                    last = out.finished and i == len(tokens) - 1
-                    top = None
-                    if p.top_n_tokens and out.logprobs is not None:
-                        top = _top_tokens(ctx, out.logprobs[i])
-                    if top is None and not last:  # most events: the token alone, no model
-                        yield sse(token_event(index, token))
-                        continue
-                    yield sse(
-                        StreamResponse(
-                            index=index,
-                            token=Token(**token),
-                            top_tokens=top,
-                            generated_text=text if last else None,
-                            details=_stream_details(out, prep) if last and p.details else None,
-                        )
-                    )
+                if text := events(out):
+                    yield text
     except ApiError as err:
         yield sse(error_body("/generate_stream", err))
     except Exception as exc:  # headers are sent: the error must travel as an event

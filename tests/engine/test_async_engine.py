@@ -339,3 +339,69 @@ def test_the_step_thread_builds_the_engine_and_its_errors_reach_the_caller(
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_the_step_thread_can_share_the_main_malloc_arena() -> None:
     assert one_malloc_arena()  # mallopt(M_ARENA_MAX, 1) accepted
+
+
+def test_a_sink_takes_outputs_only_while_the_loop_is_idle_and_never_the_last(
+    tiny_llama: Path,
+) -> None:
+    """Every output reaches the sink or the caller exactly once and in order, the last always
+    the caller; none reaches the sink while one handed to the caller is still being handled
+    (the caller dawdles over each, so the steps' outputs pile up behind it)."""
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    want = run_all(make_engine(tiny_llama), [[5, 6, 7]], params)[0]
+    front = AsyncEngine(make_engine(tiny_llama, speculate=3))
+    busy = False  # the caller is handling an output
+    tokens: list[int] = []  # in the order the sink and the caller got them
+    offered = taken = 0
+
+    def sink(out: RequestOutput) -> bool:
+        nonlocal offered, taken
+        assert not busy and not out.finished
+        offered += 1
+        if offered % 3 == 0:  # decline some: those go to the caller
+            return False
+        taken += 1
+        tokens.extend(out.new_token_ids)
+        return True
+
+    async def main() -> list[RequestOutput]:
+        nonlocal busy
+        outs = []
+        async for out in front.generate([5, 6, 7], params, sink=sink):
+            busy = True
+            await asyncio.sleep(0.02)
+            tokens.extend(out.new_token_ids)
+            outs.append(out)
+            busy = False
+        await front.shutdown()
+        return outs
+
+    outs = asyncio.run(main())
+    assert tokens == want
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert taken >= 2 and offered > taken and len(outs) >= 2
+
+
+def test_a_failing_sink_aborts_its_request_and_frees_its_blocks(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama, num_blocks=256)
+    front = AsyncEngine(engine)
+    offered = 0
+
+    def sink(out: RequestOutput) -> bool:
+        nonlocal offered
+        offered += 1
+        if offered == 3:
+            raise BrokenPipeError("the client went away")
+        return True
+
+    async def main() -> list[RequestOutput]:
+        params = SamplingParams(max_new_tokens=400, ignore_eos=True)
+        async with asyncio.timeout(30):
+            outs = [o async for o in front.generate([5, 6, 7], params, sink=sink)]
+        await front.shutdown()
+        return outs
+
+    outs = asyncio.run(main())
+    assert outs[-1].finished and outs[-1].finish_reason == "abort"
+    assert offered == 3 and sum(len(o.new_token_ids) for o in outs) < 400
+    assert engine.res.allocator.num_free == engine.res.allocator.num_blocks

@@ -53,6 +53,7 @@ _FLAG_ENV = (
     "SPECULATION_PROFILE",
     "PROFILE_WORKLOAD",
     "STRICT_PROFILE",
+    "STREAM_FROM_LOOP",
 )
 TINY_FLAGS = [
     "--speculate",
