@@ -350,6 +350,7 @@ def test_a_sink_takes_outputs_only_while_the_loop_is_idle_and_never_the_last(
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     want = run_all(make_engine(tiny_llama), [[5, 6, 7]], params)[0]
     front = AsyncEngine(make_engine(tiny_llama, speculate=3))
+    front._yield_cores = True  # as where compute takes every core: sinks are offered outputs
     busy = False  # the caller is handling an output
     tokens: list[int] = []  # in the order the sink and the caller got them
     offered = taken = 0
@@ -385,6 +386,7 @@ def test_a_sink_takes_outputs_only_while_the_loop_is_idle_and_never_the_last(
 def test_a_failing_sink_aborts_its_request_and_frees_its_blocks(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=256)
     front = AsyncEngine(engine)
+    front._yield_cores = True
     offered = 0
 
     def sink(out: RequestOutput) -> bool:
@@ -405,3 +407,22 @@ def test_a_failing_sink_aborts_its_request_and_frees_its_blocks(tiny_llama: Path
     assert outs[-1].finished and outs[-1].finish_reason == "abort"
     assert offered == 3 and sum(len(o.new_token_ids) for o in outs) < 400
     assert engine.res.allocator.num_free == engine.res.allocator.num_blocks
+
+
+def test_no_sink_is_offered_anything_while_a_core_is_spare(tiny_llama: Path) -> None:
+    """With a core to spare the loop's work runs beside the compute: outputs go to it."""
+    front = AsyncEngine(make_engine(tiny_llama))
+    front._yield_cores = False
+    offered: list[RequestOutput] = []
+
+    def sink(out: RequestOutput) -> bool:
+        offered.append(out)
+        return True
+
+    async def main() -> int:
+        params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+        n = sum([len(o.new_token_ids) async for o in front.generate([5, 6], params, sink=sink)])
+        await front.shutdown()
+        return n
+
+    assert asyncio.run(main()) == 12 and not offered

@@ -19,7 +19,15 @@ import pytest
 
 from specserve.request import RequestOutput
 from specserve.server.direct import Connection, DirectWriter
-from tests.server.conftest import TINY_FLAGS, Server, scrape, sse_events, start_server
+from tests.server.conftest import (
+    TINY_FLAGS,
+    Server,
+    floored_env,
+    idle,
+    scrape,
+    sse_events,
+    start_server,
+)
 
 
 @dataclass
@@ -192,11 +200,26 @@ def test_the_writer_owns_a_duplicate_of_the_descriptor(
         other_peer.close()
 
 
+# Outputs go to the engine thread's writer only when the compute threads take every core.
+EVERY_CORE = ["--num-threads", str(len(os.sched_getaffinity(0)))]
+
+
+@pytest.fixture(scope="module")
+def direct_server(tiny_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`tiny_server`'s flags, compute on every core, steps floored (`long_server`'s)."""
+    log = tmp_path_factory.mktemp("logs") / "direct-server.log"
+    flags = ["--model", str(tiny_model), *TINY_FLAGS, *EVERY_CORE]
+    server = start_server(flags, log, env=floored_env())
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def loop_server(tiny_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """`tiny_server` with its event loop writing every streamed event."""
+    """`direct_server` with its event loop writing every streamed event."""
     log = tmp_path_factory.mktemp("logs") / "loop-server.log"
-    server = start_server(["--model", str(tiny_model), *TINY_FLAGS, "--stream-from-loop"], log)
+    flags = ["--model", str(tiny_model), *TINY_FLAGS, *EVERY_CORE, "--stream-from-loop"]
+    server = start_server(flags, log)
     yield server
     server.stop()
 
@@ -260,18 +283,48 @@ def merged(route: str, evs: list[Any]) -> Any:
 
 
 def direct_writes(url: str) -> float:
-    return scrape(url)["specserve_stream_direct_writes_total"]
+    return direct_writes_of(scrape(url))
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_every_stream_sends_what_the_loop_would(
-    tiny_server: Server, loop_server: Server, route: str
+    direct_server: Server, loop_server: Server, route: str
 ) -> None:
-    before, loop_before = direct_writes(tiny_server.url), direct_writes(loop_server.url)
-    direct = events(tiny_server.url, route)
-    written = direct_writes(tiny_server.url) - before
+    before, loop_before = direct_writes(direct_server.url), direct_writes(loop_server.url)
+    direct = events(direct_server.url, route)
+    written = direct_writes(direct_server.url) - before
     assert merged(route, direct) == merged(route, events(loop_server.url, route))
     assert written >= 3  # most outputs went out from the engine's thread
     assert direct_writes(loop_server.url) == loop_before == 0
-    stats = scrape(tiny_server.url)
+    stats = scrape(direct_server.url)
     assert stats['specserve_spec_accepted_tokens_total{proposer="ngram"}'] > 0
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_a_client_leaving_a_stream_the_engine_writes_aborts_it(
+    direct_server: Server, route: str
+) -> None:
+    """The client closes its socket while the engine's thread is writing to it: the request
+    is aborted (counted cancelled) and every KV block freed, without waiting for its tokens."""
+    body = {**ROUTES[route]}
+    if route == "/generate_stream":
+        body["parameters"] = {**body["parameters"], "max_new_tokens": 3000}
+    else:
+        body["max_tokens"] = 3000
+    before = idle(direct_server.url)
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", direct_server.url + route, json=body) as r,
+    ):
+        stream = sse_events(r.iter_lines())
+        for _ in range(20):
+            next(stream)
+        written = direct_writes(direct_server.url) - direct_writes_of(before)
+        assert written >= 10
+    after = idle(direct_server.url)  # blocks back to 0 (3000 floored steps would take 15 s)
+    cancelled = f'specserve_requests_total{{outcome="cancelled",route="{route}"}}'
+    assert after.get(cancelled, 0) - before.get(cancelled, 0) == 1
+
+
+def direct_writes_of(samples: dict[str, float]) -> float:
+    return samples["specserve_stream_direct_writes_total"]
