@@ -18,8 +18,10 @@ next on the same side (ad hoc), and three waves a side moved the ratio by as muc
 Per side: aggregate tok/s (tokens / wall time of the waves), end-to-end tok/s per request
 (tokens / (finish - send)), and where token times are seen (in process, streaming), decode
 tok/s after the first token and the inter-token gaps' p50/p99. HTTP / in process is the ratio of
-the end-to-end rate at concurrency 1 and of the aggregate at higher concurrency. Outputs of all
-sides are compared token for token.
+the end-to-end rate at concurrency 1 and of the aggregate at higher concurrency; "paired" is the
+median over waves of a side's tokens / wall time in a wave against the in-process side's in the
+same wave (seconds apart), which a machine whose speed drifts over the run moves less. Outputs
+of all sides are compared token for token.
 
 The load generator shares the machine with the server and uses no torch: streamed requests are
 read on blocking sockets, one thread each, non-streaming ones through httpx
@@ -45,7 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,8 @@ class Cell:
     itl_p99_ms: float | None
     client_cpu_ms: float | None  # the load generator's CPU time per token (HTTP sides)
     loop_cpu_ms: float | None = None  # the server's event-loop thread's CPU time per token
+    # median over waves of (this side's tok/s / the in-process side's) in the same wave
+    paired: float | None = None
 
 
 def loop_cpu_s(pid: int) -> float:
@@ -210,6 +214,7 @@ def run_threads(
             cpus: dict[str, float | None] = dict.fromkeys(SIDES)
             loops: dict[str, float | None] = dict.fromkeys(SIDES)
             runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in SIDES}
+            rates: dict[str, list[float]] = {side: [] for side in SIDES}  # per wave
             for w in range(max(waves, -(-min_requests // conc))):
                 batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
                 for side in SIDES[w % len(SIDES) :] + SIDES[: w % len(SIDES)]:
@@ -217,6 +222,7 @@ def run_threads(
                     loop_before = loop_cpu_s(pid)
                     wall, cpu, wave_runs, wave_outputs = sides[side](batch)
                     walls[side] += wall
+                    rates[side].append(sum(len(st) for _, st in wave_runs) / wall)
                     if cpu is not None:
                         cpus[side] = (cpus[side] or 0.0) + cpu
                         loop = loop_cpu_s(pid) - loop_before
@@ -225,10 +231,12 @@ def run_threads(
                     for text, ids in wave_outputs.items():
                         if outputs.setdefault(text, ids) != ids:
                             raise SystemExit(f"{side}: output differs for {text[:40]!r}")
-            cells += [
-                summarise(side, threads, conc, walls[side], cpus[side], runs[side], loops[side])
-                for side in SIDES
-            ]
+            for side in SIDES:
+                cell = summarise(
+                    side, threads, conc, walls[side], cpus[side], runs[side], loops[side]
+                )
+                pairs = zip(rates[side], rates[SIDES[0]], strict=True)
+                cells.append(replace(cell, paired=statistics.median(a / b for a, b in pairs)))
     finally:
         for server in (proc, *procs.values()):
             server.terminate()
@@ -257,11 +265,12 @@ def report(info: dict[str, Any], cells: list[Cell]) -> str:
             "-" if c.client_cpu_ms is None else f"{c.client_cpu_ms:.2f}",
             "-" if c.loop_cpu_ms is None else f"{c.loop_cpu_ms:.3f}",
             f"{rate(c) / rate(ref):.2f}x",
+            "-" if c.paired is None else f"{c.paired:.2f}x",
         ])  # fmt: skip
     header = [
         "threads", "concurrency", "side", "aggregate tok/s", "e2e tok/s per request",
         "decode tok/s", "ITL p50 ms", "ITL p99 ms", "p99 / p50", "client CPU ms/token",
-        "server loop CPU ms/token", "/ in process",
+        "server loop CPU ms/token", "/ in process", "paired / in process",
     ]  # fmt: skip
     return machine_lines(info) + "\n\n" + markdown_table(header, rows)
 
