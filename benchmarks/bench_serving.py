@@ -34,7 +34,7 @@ On the first server's streaming side most of that work runs on the engine's thre
 (formatting and writing each event between two steps): it shows in the ratio, not there.
 
 Usage (repo root): python -m benchmarks.bench_serving [--threads 1,2]
-    [--concurrency 1,16] [--waves 6] [--min-requests 16] [--json FILE]
+    [--concurrency 1,16] [--waves 6] [--min-requests 16] [--no-loop-writes] [--json FILE]
 """
 
 from __future__ import annotations
@@ -174,13 +174,19 @@ SIDES = ("in process", "HTTP streaming", LOOP_WRITES, "HTTP non-streaming")
 
 
 def run_threads(
-    threads: int, concs: list[int], waves: int, min_requests: int, log: Path
+    threads: int,
+    concs: list[int],
+    waves: int,
+    min_requests: int,
+    log: Path,
+    sides: tuple[str, ...] = SIDES,
 ) -> list[Cell]:
     """Waves interleaved: each wave runs on every side back to back, the side order rotated
     from wave to wave, so that a machine getting slower or faster during the run moves all sides
     alike. The servers idle while the engine in this process runs, and the other way round.
     LOOP_WRITES is a second server, started with --stream-from-loop: its event loop writes
-    every streamed event, where the first server's engine thread writes them."""
+    every streamed event, where the first server's engine thread writes them (`sides` without
+    it: a tree older than that flag)."""
     import torch
 
     from specserve.config import CacheConfig, EngineConfig, SpecConfig
@@ -190,8 +196,11 @@ def run_threads(
     cells: list[Cell] = []
     outputs: dict[str, list[int]] = {}
     proc = start_server(threads, log, PORT)
-    procs = {LOOP_WRITES: start_server(threads, log.with_suffix(".loop.log"), PORT + 1,
-                                       ("--stream-from-loop",))}  # fmt: skip
+    procs = {}
+    if LOOP_WRITES in sides:
+        procs[LOOP_WRITES] = start_server(
+            threads, log.with_suffix(".loop.log"), PORT + 1, ("--stream-from-loop",)
+        )
     url, loop_url = f"http://127.0.0.1:{PORT}", f"http://127.0.0.1:{PORT + 1}"
     try:
         torch.set_num_threads(threads)
@@ -201,26 +210,26 @@ def run_threads(
             cache=CacheConfig(prefix_caching=False),
         )
         engine = Engine(config)
-        sides = {
+        send = {
             "in process": lambda batch: in_process(engine, batch),
             "HTTP streaming": lambda batch: over_http(url, batch, True),
             LOOP_WRITES: lambda batch: over_http(loop_url, batch, True),
             "HTTP non-streaming": lambda batch: over_http(url, batch, False),
         }
-        for side in SIDES:
-            sides[side](texts[:1])  # warm-up
+        for side in sides:
+            send[side](texts[:1])  # warm-up
         for conc in concs:
-            walls = dict.fromkeys(SIDES, 0.0)
-            cpus: dict[str, float | None] = dict.fromkeys(SIDES)
-            loops: dict[str, float | None] = dict.fromkeys(SIDES)
-            runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in SIDES}
-            rates: dict[str, list[float]] = {side: [] for side in SIDES}  # per wave
+            walls = dict.fromkeys(sides, 0.0)
+            cpus: dict[str, float | None] = dict.fromkeys(sides)
+            loops: dict[str, float | None] = dict.fromkeys(sides)
+            runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in sides}
+            rates: dict[str, list[float]] = {side: [] for side in sides}  # per wave
             for w in range(max(waves, -(-min_requests // conc))):
                 batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
-                for side in SIDES[w % len(SIDES) :] + SIDES[: w % len(SIDES)]:
+                for side in sides[w % len(sides) :] + sides[: w % len(sides)]:
                     pid = procs.get(side, proc).pid
                     loop_before = loop_cpu_s(pid)
-                    wall, cpu, wave_runs, wave_outputs = sides[side](batch)
+                    wall, cpu, wave_runs, wave_outputs = send[side](batch)
                     walls[side] += wall
                     rates[side].append(sum(len(st) for _, st in wave_runs) / wall)
                     if cpu is not None:
@@ -231,7 +240,7 @@ def run_threads(
                     for text, ids in wave_outputs.items():
                         if outputs.setdefault(text, ids) != ids:
                             raise SystemExit(f"{side}: output differs for {text[:40]!r}")
-            for side in SIDES:
+            for side in sides:
                 cell = summarise(
                     side, threads, conc, walls[side], cpus[side], runs[side], loops[side]
                 )
@@ -285,16 +294,27 @@ def main() -> None:
     p.add_argument(
         "--min-requests", type=int, default=16, help="at least this many requests per side and cell"
     )
+    p.add_argument(
+        "--no-loop-writes",
+        action="store_true",
+        help="leave out the --stream-from-loop server (for a tree older than that flag)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--logs", default="/tmp")
     args = p.parse_args()
+    sides = tuple(s for s in SIDES if not (args.no_loop_writes and s == LOOP_WRITES))
     info = machine_info("benchmarks.bench_serving", sys.argv[1:])
     concs = [int(c) for c in args.concurrency.split(",")]
     cells = [
         cell
         for threads in (int(t) for t in args.threads.split(","))
         for cell in run_threads(
-            threads, concs, args.waves, args.min_requests, Path(args.logs) / "bench-serving.log"
+            threads,
+            concs,
+            args.waves,
+            args.min_requests,
+            Path(args.logs) / "bench-serving.log",
+            sides,
         )
     ]
     print(report(info, cells))

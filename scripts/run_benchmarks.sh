@@ -50,7 +50,7 @@ if [[ $what == serving || $what == all ]]; then
   # This tree's benchmark against the base's specserve: run inside the base's tree, with this
   # tree's benchmarks/ copied in.
   rm -rf "$tree/benchmarks" && cp -r benchmarks "$tree/benchmarks"
-  (cd "$tree" && python -m benchmarks.bench_serving --threads 2 \
+  (cd "$tree" && python -m benchmarks.bench_serving --threads 2 --no-loop-writes \
     --concurrency 1,16 --json "$OLDPWD/$out/serving-base.json") | tee "$out/serving-base.md"
   git worktree remove --force "$tree"
 fi
