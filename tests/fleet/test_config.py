@@ -122,6 +122,7 @@ def test_pool_fields_are_serves_flags_with_serves_defaults(monkeypatch: pytest.M
         "max_body_bytes",
         "drain_timeout",
         "private_metrics",
+        "stream_from_loop",  # uvicorn's sockets: a fleet's replicas answer Ray Serve's proxy
     }
     assert engine_and_pool <= set(fields), engine_and_pool - set(fields)
     for dest in engine_and_pool:
