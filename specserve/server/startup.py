@@ -111,9 +111,9 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option(
         "--stream-from-loop",
         "STREAM_FROM_LOOP",
-        "write streamed events from the event loop, as every other response, instead of from "
-        "the engine's thread between two steps (the default, on plain HTTP; see "
-        "specserve/server/direct.py)",
+        "write streamed events from the event loop, as every other response; by default, when "
+        "the compute threads take every core, the engine's thread writes them between two "
+        "steps (plain HTTP only; see specserve/server/direct.py)",
         False,
         switch=True,
     ),
