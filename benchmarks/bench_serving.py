@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -218,38 +219,54 @@ def run_threads(
         }
         for side in sides:
             send[side](texts[:1])  # warm-up
+        pids = {side: procs.get(side, proc).pid for side in sides}
         for conc in concs:
-            walls = dict.fromkeys(sides, 0.0)
-            cpus: dict[str, float | None] = dict.fromkeys(sides)
-            loops: dict[str, float | None] = dict.fromkeys(sides)
-            runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in sides}
-            rates: dict[str, list[float]] = {side: [] for side in sides}  # per wave
-            for w in range(max(waves, -(-min_requests // conc))):
-                batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
-                for side in sides[w % len(sides) :] + sides[: w % len(sides)]:
-                    pid = procs.get(side, proc).pid
-                    loop_before = loop_cpu_s(pid)
-                    wall, cpu, wave_runs, wave_outputs = send[side](batch)
-                    walls[side] += wall
-                    rates[side].append(sum(len(st) for _, st in wave_runs) / wall)
-                    if cpu is not None:
-                        cpus[side] = (cpus[side] or 0.0) + cpu
-                        loop = loop_cpu_s(pid) - loop_before
-                        loops[side] = (loops[side] or 0.0) + loop
-                    runs[side] += wave_runs
-                    for text, ids in wave_outputs.items():
-                        if outputs.setdefault(text, ids) != ids:
-                            raise SystemExit(f"{side}: output differs for {text[:40]!r}")
-            for side in sides:
-                cell = summarise(
-                    side, threads, conc, walls[side], cpus[side], runs[side], loops[side]
-                )
-                pairs = zip(rates[side], rates[SIDES[0]], strict=True)
-                cells.append(replace(cell, paired=statistics.median(a / b for a, b in pairs)))
+            n = max(waves, -(-min_requests // conc))
+            cells += run_cell(threads, conc, n, texts, {s: send[s] for s in sides}, pids, outputs)
     finally:
         for server in (proc, *procs.values()):
             server.terminate()
             server.wait(timeout=60)
+    return cells
+
+
+def run_cell(
+    threads: int,
+    conc: int,
+    waves: int,
+    texts: list[str],
+    send: dict[str, Callable[[list[str]], Run]],
+    pids: dict[str, int],
+    outputs: dict[str, list[int]],
+) -> list[Cell]:
+    """One concurrency's waves on every side of `send` (see `run_threads`); each prompt's
+    tokens checked against `outputs`, the first seen on any side."""
+    sides = tuple(send)
+    walls = dict.fromkeys(sides, 0.0)
+    cpus: dict[str, float | None] = dict.fromkeys(sides)
+    loops: dict[str, float | None] = dict.fromkeys(sides)
+    runs: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in sides}
+    rates: dict[str, list[float]] = {side: [] for side in sides}  # per wave
+    for w in range(waves):
+        batch = texts[(w * conc) % len(texts) :][:conc] or texts[:conc]
+        for side in sides[w % len(sides) :] + sides[: w % len(sides)]:
+            pid = pids[side]
+            loop_before = loop_cpu_s(pid)
+            wall, cpu, wave_runs, wave_outputs = send[side](batch)
+            walls[side] += wall
+            rates[side].append(sum(len(st) for _, st in wave_runs) / wall)
+            if cpu is not None:
+                cpus[side] = (cpus[side] or 0.0) + cpu
+                loops[side] = (loops[side] or 0.0) + loop_cpu_s(pid) - loop_before
+            runs[side] += wave_runs
+            for text, ids in wave_outputs.items():
+                if outputs.setdefault(text, ids) != ids:
+                    raise SystemExit(f"{side}: output differs for {text[:40]!r}")
+    cells = []
+    for side in sides:
+        cell = summarise(side, threads, conc, walls[side], cpus[side], runs[side], loops[side])
+        pairs = zip(rates[side], rates[SIDES[0]], strict=True)
+        cells.append(replace(cell, paired=statistics.median(a / b for a, b in pairs)))
     return cells
 
 

@@ -67,6 +67,7 @@ from typing import TypeVar, cast
 import torch
 
 from specserve.engine.engine import Engine
+from specserve.engine.handover import Listener, Outputs, Sink, Ticket, hand_over
 from specserve.request import RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -97,66 +98,6 @@ _Item = _Add | _Abort | _AbortAll
 MIN_HAND_OVER_WAIT_S = 0.002
 
 
-# A streaming request's consumer on the step thread (see the module docstring): called with
-# each output that is not the last, while the event loop has nothing of that request's left to
-# do; True if it took the output (the loop never sees it), False to have it handed over. An
-# exception means its consumer is gone or broken: the output is dropped and the request aborted.
-Sink = Callable[[RequestOutput], bool]
-
-
-@dataclass
-class _Listener:
-    """Where one request's outputs go. `held`, `first_sent` and `handed` belong to the step
-    thread, `taken` to the loop: the loop is idle for this request while they are equal."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: _Outputs
-    stream: bool
-    sink: Sink | None = None
-    held: RequestOutput | None = None
-    first_sent: bool = False
-    handed: int = 0  # outputs handed over to the loop
-    taken: int = 0  # of those, how many the consumer has done with
-
-    def take(self, out: RequestOutput) -> RequestOutput | None:
-        """What to hand over now: every output when streaming; else the first one with tokens
-        (the caller times its first token) and then only the last, the ones between merged."""
-        if self.held is not None:
-            out, self.held = self.held.then(out), None
-        if self.stream or out.finished or (not self.first_sent and out.new_token_ids):
-            self.first_sent = self.first_sent or bool(out.new_token_ids)
-            return out
-        self.held = out
-        return None
-
-
-class _Ticket:
-    """One hand-over's outputs not yet consumed, on the loop's thread: `done` is set once every
-    consumer has come back for its next output (or left)."""
-
-    def __init__(self, count: int, done: threading.Event) -> None:
-        self.left, self.done = count, done
-
-    def release(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.done.set()
-
-
-# A request's queue: each output with the ticket of the hand-over that brought it.
-_Outputs = asyncio.Queue[tuple[RequestOutput, _Ticket]]
-
-
-def _hand_over(
-    items: list[tuple[_Outputs, RequestOutput]],
-    done: threading.Event,
-) -> None:
-    """On the consumers' loop: queue the outputs, each with the ticket that sets `done`."""
-    ticket = _Ticket(len(items), done)
-    for queue, out in items:
-        queue.put_nowait((out, ticket))
-
-
 M_ARENA_MAX = -8  # glibc's mallopt parameter: how many malloc arenas the process may make
 
 
@@ -181,7 +122,7 @@ class AsyncEngine:
         self._lock = threading.Lock()  # held by the step thread while it touches the engine
         self._inbox: list[_Item] = []
         self._wake = threading.Condition()  # guards _inbox and _stopping
-        self._queues: dict[str, _Listener] = {}
+        self._queues: dict[str, Listener] = {}
         self._ids = itertools.count()
         self._stopping = False
         self._yield_cores = False  # set by the step thread once the engine is there
@@ -229,15 +170,15 @@ class AsyncEngine:
         rid = request_id or f"async-{next(self._ids)}"
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in use")
-        queue: _Outputs = asyncio.Queue()
-        listener = _Listener(asyncio.get_running_loop(), queue, stream, sink)
+        queue: Outputs = asyncio.Queue()
+        listener = Listener(asyncio.get_running_loop(), queue, stream, sink)
         self._queues[rid] = listener
         if not self._post(_Add(rid, ids, params, after)):
             self._queues.pop(rid, None)
             why = f"the engine stopped: {self.died}" if self.died else "engine is shutting down"
             raise RuntimeError(why)
         finished = False
-        ticket: _Ticket | None = None
+        ticket: Ticket | None = None
         try:
             while not finished:
                 out, ticket = await queue.get()
@@ -337,7 +278,7 @@ class AsyncEngine:
     def _deliver(self, outputs: list[RequestOutput]) -> list[threading.Event]:
         """Hand the outputs over, one wake-up per event loop; returns an event per loop, set
         once that loop has run what the hand-over woke."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Outputs, RequestOutput]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[Outputs, RequestOutput]]] = {}
         for out in outputs:
             listener = self._queues.get(out.request_id)
             if listener is None or self._sunk(listener, out):
@@ -350,16 +291,15 @@ class AsyncEngine:
             done = threading.Event()
             # RuntimeError: that caller's event loop is closed, nobody is waiting.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_hand_over, items, done)
+                loop.call_soon_threadsafe(hand_over, items, done)
                 handed.append(done)
         return handed
 
-    def _sunk(self, listener: _Listener, out: RequestOutput) -> bool:
+    def _sunk(self, listener: Listener, out: RequestOutput) -> bool:
         """Whether the listener's sink took the output (only while the loop is idle for it, and
         only when the loop's work would wait for a core anyway: see the module docstring)."""
-        if not self._yield_cores or listener.sink is None or out.finished:
-            return False
-        if listener.handed != listener.taken:
+        idle = listener.handed == listener.taken
+        if not self._yield_cores or listener.sink is None or out.finished or not idle:
             return False
         try:
             return listener.sink(out)

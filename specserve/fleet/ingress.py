@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specserve.engine.async_engine import Sink
+from specserve.engine.handover import Sink
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.fleet.config import FleetConfig, live_settings, restart_key
 from specserve.fleet.observe import FleetInfo, PoolInfo, ReplicaInfo, render_pools

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specserve.engine.async_engine import AsyncEngine, Sink
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.handover import Sink
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.request import RequestOutput, SamplingParams
 

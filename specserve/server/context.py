@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 
 from specserve.engine.async_engine import AsyncEngine
+from specserve.request import RequestOutput
 from specserve.server.backend import Backend, LocalBackend
+from specserve.server.direct import DirectWriter, writer
 from specserve.server.metrics import ServerMetrics
 from specserve.server.provenance import Provenance
-from specserve.server.service import GenerationService
+from specserve.server.service import GenerationService, Tracked
 from specserve.server.settings import Limits, ServerSettings
 
 
@@ -55,6 +59,14 @@ class ServerContext:
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         return self.backend.encode_chat(messages)
+
+    def direct_writer(
+        self, request: Request, tracked: Tracked, events: Callable[[RequestOutput], str]
+    ) -> DirectWriter | None:
+        """A writer of the request's stream on the engine's thread (`server/direct.py`), where
+        its connection allows one: `events` formats an output, the service records it."""
+        observe = partial(self.service.observe, tracked, 0)
+        return writer(request, events, observe, self.metrics.direct_writes.inc)
 
     def token_texts(self, ids: list[int], text: str) -> list[str]:
         """Split one output delta's text over its tokens. Each token's own decoding is used when

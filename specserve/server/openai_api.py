@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
-from specserve.server.direct import DirectWriter, writer
+from specserve.server.direct import DirectWriter
 from specserve.server.errors import ApiError, ErrorKind, error_body
 from specserve.server.openai_logprobs import chat_logprobs, completion_logprobs
 from specserve.server.openai_schemas import (
@@ -317,8 +317,7 @@ def _stream(
         def text(out: RequestOutput) -> str:
             return "".join(sse(c) for c in chunks(0, out))
 
-        observe = partial(ctx.service.observe, tracked, 0)
-        direct = writer(request, text, observe, ctx.metrics.direct_writes.inc)
+        direct = ctx.direct_writer(request, tracked, text)
     events = _events(
         ctx,
         prep,

@@ -22,7 +22,7 @@ from typing import cast
 
 from starlette.requests import Request
 
-from specserve.engine.async_engine import Sink
+from specserve.engine.handover import Sink
 from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid

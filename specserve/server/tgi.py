@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -16,7 +15,7 @@ from fastapi.responses import JSONResponse
 from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
-from specserve.server.direct import DirectWriter, writer
+from specserve.server.direct import DirectWriter
 from specserve.server.errors import ApiError, error_body
 from specserve.server.params import Prepared, for_tenant, prepare_tgi, tenant_of
 from specserve.server.schemas import (
@@ -158,8 +157,7 @@ async def _stream(
         lambda: for_tenant(prepare_tgi(body, ctx.encode, ctx.limits, stream=True), tenant),
     )
     events = _Events(ctx, body, prep)
-    observe = partial(ctx.service.observe, tracked, 0)
-    direct = writer(request, events, observe, ctx.metrics.direct_writes.inc)
+    direct = ctx.direct_writer(request, tracked, events)
     return EventStream(
         _events(ctx, events, prep, tracked, direct), lambda: ctx.service.close(tracked), direct
     )

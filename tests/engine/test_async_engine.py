@@ -205,7 +205,7 @@ def test_non_streaming_gets_first_and_last_output_with_everything(tiny_llama: Pa
 
 
 def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
-    from specserve.engine.async_engine import _hand_over
+    from specserve.engine.handover import hand_over
 
     engine = make_engine(tiny_llama)
     steps = 0
@@ -228,7 +228,7 @@ def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
 
         def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal wake_ups
-            wake_ups += callback is _hand_over  # not the executor's own wake-ups
+            wake_ups += callback is hand_over  # not the executor's own wake-ups
             return call(callback, *args, **kwargs)
 
         loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
@@ -248,17 +248,17 @@ def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
 def test_hand_over_is_done_once_every_consumer_came_back() -> None:
     """The step thread's wait ends only once each consumer a hand-over woke has done its work
     (however many loop passes framing and the socket write take) and come back for more."""
-    from specserve.engine.async_engine import _hand_over, _Ticket
+    from specserve.engine.handover import Ticket, hand_over
 
     async def main() -> list[bool]:
         loop = asyncio.get_running_loop()
-        queues: list[asyncio.Queue[tuple[RequestOutput, _Ticket]]] = [
+        queues: list[asyncio.Queue[tuple[RequestOutput, Ticket]]] = [
             asyncio.Queue() for _ in range(3)
         ]
         done = threading.Event()
         seen: list[bool] = []
 
-        async def consumer(q: asyncio.Queue[tuple[RequestOutput, _Ticket]], hops: int) -> None:
+        async def consumer(q: asyncio.Queue[tuple[RequestOutput, Ticket]], hops: int) -> None:
             _, ticket = await q.get()
             for _ in range(hops):  # framing, middleware, the write: passes of the loop
                 await asyncio.sleep(0)
@@ -269,7 +269,7 @@ def test_hand_over_is_done_once_every_consumer_came_back() -> None:
         await asyncio.sleep(0)  # every consumer waits on its queue
         out = RequestOutput("r", [1], "a", False, None, 1, 1)
         items = [(q, out) for q in queues]
-        await asyncio.to_thread(loop.call_soon_threadsafe, _hand_over, items, done)
+        await asyncio.to_thread(loop.call_soon_threadsafe, hand_over, items, done)
         await asyncio.gather(*tasks)
         assert done.is_set()  # the last one back set it, on the loop
         return seen
@@ -280,12 +280,12 @@ def test_hand_over_is_done_once_every_consumer_came_back() -> None:
 def test_generate_releases_its_ticket_when_the_caller_comes_back_or_leaves(
     tiny_llama: Path,
 ) -> None:
-    from specserve.engine import async_engine
+    from specserve.engine.handover import Ticket
 
     released: list[int] = []
-    release = async_engine._Ticket.release
+    release = Ticket.release
 
-    def counted(ticket: async_engine._Ticket) -> None:
+    def counted(ticket: Ticket) -> None:
         released.append(1)
         release(ticket)
 
@@ -301,10 +301,10 @@ def test_generate_releases_its_ticket_when_the_caller_comes_back_or_leaves(
         return len(outputs)
 
     try:
-        async_engine._Ticket.release = counted  # type: ignore[method-assign]
+        Ticket.release = counted  # type: ignore[method-assign]
         finished = asyncio.run(main())
     finally:
-        async_engine._Ticket.release = release  # type: ignore[method-assign]
+        Ticket.release = release  # type: ignore[method-assign]
     assert len(released) == finished + 1  # every output's ticket, the abandoned one's too
 
 
