@@ -22,6 +22,8 @@ e.g. built from the llama-cpp-python sdist's vendored source with
     cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
           -DGGML_AVX512=<ON where the CPU has it> -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
     cmake --build build --target llama-server -j2
+(or -DGGML_NATIVE=ON in place of the instruction-set flags: llama.cpp's kernels for the CPU it
+is built on, as in the 2026-12-03 runs of docs/benchmarks.md).
 Without one, the script says so and exits 0.
 
 Usage (repo root): python -m benchmarks.bench_llamacpp [--threads 2] [--numerics q8,exact]
