@@ -199,6 +199,10 @@ if [[ $what == eagle || $what == all ]]; then
   # against N = 0 on the same engine. First what a drafted token costs against a target step.
   python -m benchmarks.bench_eagle --threads "$threads" --json "$out/eagle-cost.json" \
     | tee "$out/eagle-cost.md"
+  # Whether a draft tree would pay: the head's top 2 at depth 1 against the emitted token, with
+  # the verify cost of 1-6 rows (about 1 min).
+  python -m benchmarks.eagle_top2 --threads "$threads" --json "$out/eagle-top2.json" \
+    | tee "$out/eagle-top2.md"
   # Batch 1: Medusa, the EAGLE head and the hybrid on
   # chat-creative and the hand-written free-form file (about 1 min on 2026-12-03).
   python -m benchmarks.spec_bench --threads "$threads" --proposer medusa,eagle,hybrid \
