@@ -7,10 +7,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from specserve.engine.plan import StepPlan, is_decode
+from specserve.engine.plan import is_decode
 from specserve.grammar import GrammarProcessor
 from specserve.request import Sequence
-from specserve.runner.cost import StepShape
 from specserve.scheduler.scheduler import SeqWork
 from specserve.speculation.policy import DecodeSeq, SpeculationPolicy
 from specserve.speculation.proposer import Draft, Proposer
@@ -167,18 +166,3 @@ def keep_prefixes(
         if k and d is not None:
             kept[i] = d.prefix(k)
     return kept
-
-
-def payoff_shapes(
-    policy: SpeculationPolicy | None, plan: StepPlan, proposed: bool
-) -> tuple[StepShape, StepShape] | None:
-    """A step the payoff ledger scores (speculation/payoff.py): the adaptive policy's, the
-    proposer asked (`proposed`), no static or forced draft verified. Its shape with its draft
-    rows and without; taken before the step commits (lengths move then). None otherwise."""
-    if policy is None or not policy.adaptive or not proposed:
-        return None
-    decode = [p for p in plan.seqs if is_decode(p.work) and p.work.samples]
-    if not decode or any(p.draft is not None and is_static(policy, p.seq, p.draft) for p in decode):
-        return None
-    drafted = plan.shape()
-    return drafted, StepShape.of([(1, p.seq.num_tokens) for p in decode], drafted.prefill)

@@ -21,7 +21,6 @@ from specserve.engine.drafting import (
     is_static,
     keep_prefixes,
     paused,
-    payoff_shapes,
     propose,
     static_caps,
 )
@@ -67,7 +66,6 @@ class Engine:
         self._outbox: list[RequestOutput] = []  # outputs not yet returned by step()
         self._ids = itertools.count()
         self.last_step: StepRecord | None = None
-        self._proposing_s: float | None = None  # this step's proposing and choosing, if asked
 
     # ----------------------------------------------------------------- requests
     @property
@@ -205,15 +203,9 @@ class Engine:
             logger.exception("forward pass failed")
             self._fail([p.seq for p in plan.seqs], f"forward pass failed: {describe(exc)}")
             return
-        policy = self.res.policy
-        if policy is not None:
-            policy.observe(plan.shape(), elapsed)
-        shapes = payoff_shapes(policy, plan, self._proposing_s is not None)
-        accepted = self.stats.proposer.accepted_tokens
+        if self.res.policy is not None:
+            self.res.policy.observe(plan.shape(), elapsed)
         self._verify_and_commit(plan, run)
-        if policy is not None and shapes is not None and self._proposing_s is not None:
-            accepted = self.stats.proposer.accepted_tokens - accepted
-            policy.settle(*shapes, accepted, self._proposing_s)
         self.last_step = self.stats.count_step(plan)
 
     def _plan(self, batch: ScheduledBatch) -> StepPlan:
@@ -221,12 +213,9 @@ class Engine:
         rest (and for drafts that found nothing) back to the pool: the step's plan."""
         work = batch.work
         vocab = self.res.model.arch.vocab_size
-        started = time.perf_counter()
         proposed = propose(self.res.proposer, work, vocab, lambda s, e: self._fail([s], e))
         proposed = force_drafts(work, proposed)
         kept = keep_prefixes(self.res.policy, work, proposed)
-        asked = self.res.proposer is not None and any(w.max_drafts for w in work)
-        self._proposing_s = time.perf_counter() - started if asked else None
         lengths = {w.seq.seq_id: len(d.tokens) for w, d in zip(work, kept, strict=True) if d}
         trimmed = self.scheduler.trim_drafts(work, lengths)
         return plan_step(batch.num_running, work, trimmed, proposed, kept, self._prompt_rows)

@@ -36,7 +36,6 @@ class PolicySnapshot:
     gated: dict[str, int]  # reason -> steps whose drafts a gate switched off
     predicted_speedup: float  # adaptive: J(chosen k) / J(0) at the last decision
     skipped_steps: int  # adaptive: steps not proposed since no draft could pay
-    unpaid_steps: int  # adaptive: steps not proposed, in a pause after proposing did not pay
     paused: int  # adaptive: sequence-steps not proposed, in a pause after unverified drafts
     trimmed_tokens: int  # proposed tokens the adaptive policy did not verify
     calibration: tuple[tuple[str, int, int, float], ...]  # (bucket, tested, accepted, calibrated)
@@ -50,7 +49,6 @@ def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
         gated=dict(stats.gated),
         predicted_speedup=stats.predicted_speedup,
         skipped_steps=stats.skipped_steps,
-        unpaid_steps=stats.unpaid_steps,
         paused=stats.paused,
         trimmed_tokens=stats.trimmed_tokens,
         calibration=tuple(
@@ -305,11 +303,6 @@ def _calibration_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> No
     fam.counter(
         "specserve_spec_skipped_steps", "Steps not proposed: no draft could pay", at,
         p.skipped_steps,
-    )  # fmt: skip
-    fam.counter(
-        "specserve_spec_unpaid_steps",
-        "Steps not proposed: paused while proposing had cost more than it returned", at,
-        p.unpaid_steps,
     )  # fmt: skip
     fam.counter(
         "specserve_spec_paused_sequence_steps",

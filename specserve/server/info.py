@@ -124,7 +124,6 @@ def speculation_info(engine: Engine) -> SpeculationInfo:
         proposed_tokens=engine.stats.proposer.proposed_tokens,
         trimmed_tokens=policy.stats.trimmed_tokens if policy is not None else 0,
         skipped_steps=policy.stats.skipped_steps if policy is not None else 0,
-        unpaid_steps=policy.stats.unpaid_steps if policy is not None else 0,
         paused_sequence_steps=policy.stats.paused if policy is not None else 0,
     )
 

@@ -90,9 +90,6 @@ class SpeculationInfo(BaseModel):
     proposed_tokens: int = Field(0, description="drafted tokens, verified or not")
     trimmed_tokens: int = Field(0, description="proposed tokens the adaptive policy did not verify")
     skipped_steps: int = Field(0, description="adaptive: steps not proposed, as no draft could pay")
-    unpaid_steps: int = Field(
-        0, description="adaptive: steps not proposed, paused while proposing had not paid"
-    )
     paused_sequence_steps: int = Field(
         0,
         description="adaptive: sequence-steps not proposed, paused after drafts the policy "

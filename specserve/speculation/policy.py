@@ -4,8 +4,7 @@ Before proposing, gates (both policies) may switch drafting off: no drafts when 
 exceeds `max_batch`, or when the step with every cap would score more than `max_tokens`. The
 adaptive policy also skips proposing when even drafts as good as the best calibration bucket
 could not raise the step's rate (see `_cannot_pay`): a proposer that could only lose costs
-nothing. And it pauses proposing, engine-wide, while proposing has lately cost more than it
-returned (speculation/payoff.py: the proposing work is paid before any draft is seen).
+nothing.
 
 After proposing, the static policy verifies every draft whole (up to its cap). The adaptive
 policy keeps the prefix k_s of each draft that maximises expected emitted tokens per second,
@@ -30,7 +29,6 @@ import numpy as np
 
 from specserve.runner.cost import LiveCost, StepShape
 from specserve.speculation.calibration import Calibration
-from specserve.speculation.payoff import Payoff
 from specserve.speculation.proposer import Draft
 
 # extra rows m -> live seconds of the step with them (vectorised over m)
@@ -106,7 +104,6 @@ class PolicyStats:
     k_chosen: dict[int, int] = field(default_factory=dict)  # k -> sequence-steps verifying k
     gated: dict[str, int] = field(default_factory=dict)  # reason -> steps a gate switched off
     skipped_steps: int = 0  # adaptive: steps not proposed, since no draft could pay
-    unpaid_steps: int = 0  # adaptive: steps not proposed, in a pause after proposing did not pay
     paused: int = 0  # adaptive: sequence-steps not proposed, in a pause (engine/drafting.py)
     trimmed_tokens: int = 0  # proposed tokens the adaptive policy did not verify
     predicted_speedup: float = 1.0  # J(chosen k) / J(0) at the last decision
@@ -127,7 +124,6 @@ class SpeculationPolicy:
         self.adaptive, self.gate, self.cost = adaptive, gate, cost
         self.calibration = calibration or Calibration()
         self.stats = PolicyStats()
-        self.payoff = Payoff()
 
     def open(self, seqs: list[DecodeSeq], num_running: int, scheduled_tokens: int) -> list[int]:
         """Caps for this step's proposer: each sequence's cap unless a gate closed or, for
@@ -139,24 +135,10 @@ class SpeculationPolicy:
         if reason is not None:
             self.stats.gated[reason] = self.stats.gated.get(reason, 0) + 1
             return [0] * len(caps)
-        if self.adaptive and any(s.cap and not s.static for s in seqs) and self.payoff.paused():
-            self.stats.unpaid_steps += 1
-            return [s.cap if s.static else 0 for s in seqs]
         if self.adaptive and self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
             self.stats.skipped_steps += 1
             return [s.cap if s.static else 0 for s in seqs]
         return caps
-
-    def settle(
-        self, drafted: StepShape, plain: StepShape, accepted: int, proposing_seconds: float
-    ) -> bool | None:
-        """A step in which adaptive sequences proposed (and no static draft ran): its shape
-        with the kept draft rows and without, the drafted tokens accepted, the seconds spent
-        proposing and choosing. Scores it for `payoff`; its verdict when a window closes."""
-        if not self.adaptive or self.cost is None:
-            return None
-        with_drafts = self.cost.predict(drafted) + proposing_seconds
-        return self.payoff.record(plain.num_decode, accepted, with_drafts, self.cost.predict(plain))
 
     def choose(self, seqs: list[DecodeSeq], prefill: int) -> list[int]:
         """Drafted tokens each sequence verifies (a prefix of its draft)."""
