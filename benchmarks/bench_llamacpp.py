@@ -17,8 +17,9 @@ prompt cache, speculation off. Three parts:
   engine runs them (fp16 KV cache, the native layer stack), and q8 on the GGUF row layout
   (the kernel before rows were interleaved eight at a time), the sides taking turns.
 
-llama.cpp is not built here: point --llama-server (or $LLAMA_SERVER) at a `llama-server` binary,
-e.g. built from the llama-cpp-python sdist's vendored source with
+llama.cpp is not built here: point --llama-server (or $LLAMA_SERVER) at a `llama-server` binary:
+`LLAMA_SERVER=$(bash scripts/build_llama_server.sh)` builds one for this CPU, or by hand from the
+llama-cpp-python sdist's vendored source with
     cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
           -DGGML_AVX512=<ON where the CPU has it> -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
     cmake --build build --target llama-server -j2

@@ -57,7 +57,8 @@ fi
 
 if [[ $what == llamacpp || $what == all ]]; then
   # Against llama-server on the same GGUF (issues 21, 22): batch 1 in each numerics, 16 at once
-  # against -np 16, verify cost. Needs LLAMA_SERVER (see the script's docstring); else it says so.
+  # against -np 16, verify cost. Needs LLAMA_SERVER (LLAMA_SERVER=$(bash
+  # scripts/build_llama_server.sh) builds one, ~11 min); else it says so.
   python -m benchmarks.bench_llamacpp --threads "$threads" --json "$out/llamacpp.json" \
     | tee "$out/llamacpp.md"
 fi
