@@ -32,6 +32,7 @@ import torch
 
 from benchmarks.engine_verify import engine_verify_costs
 from benchmarks.machine import machine_info, machine_lines
+from specserve.bench.workload_items import encode_item
 from specserve.bench.workloads import build_workload, load_workload
 from specserve.config import CacheConfig, EngineConfig, SpecConfig
 from specserve.engine.engine import Engine
@@ -67,9 +68,7 @@ def run(threads: int, requests: int, new_tokens: int) -> dict[str, Any]:
     items = build_workload("chat-creative", requests, seed=0) + load_workload(str(FREE_TEXT))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     for item in items:
-        assert item.messages is not None
-        messages = [{"role": m.role, "content": m.content} for m in item.messages]
-        engine.add_request(engine.encode_chat(messages), params)
+        engine.add_request(encode_item(engine, item), params)
         while engine.has_work():
             engine.step()
     stats, prop = engine.stats, engine.stats.proposer
