@@ -1,0 +1,274 @@
+"""Where a speculating step's time goes at some concurrency, against N = 0, in process.
+
+The adaptive policy weighs each extra verified row against the forward pass it lengthens
+(`runner/cost.py`); the rest of what speculation costs a step (proposing, choosing the
+prefixes, verifying and committing more tokens) is outside that model. This runs one engine
+with the given proposer, its cells alternating between N = 0 and the adaptive policy at N
+(`spec_cells.run_cell`: the requests through `--concurrency` slots, each cell from an empty
+prefix cache and suffix index), and splits every step's wall time into
+
+    propose (`engine.drafting.propose`), decide (`keep_prefixes`), forward (`ModelRunner.run`),
+    verify (`Engine._verify_and_commit`: sampling, acceptance, commits, the proposer's sync),
+    other (scheduling and the rest of `Engine.step`),
+
+with the extra rows verified, the tokens emitted and the calibrated prediction of the drafts
+verified against what was accepted. It also counts the drain: steps run with fewer requests in
+flight than the slots, once no request is left to fill them. With every request the same length
+(`--new-tokens`, EOS ignored), N = 0 runs its requests in lockstep and never drains before the
+last wave, while any accepted draft staggers the finishes; the drain steps say how much of a
+cell's time that takes.
+
+    python -m benchmarks.spec_ledger [--threads 2] [--proposer hybrid] [--n 4]
+        [--workloads chat-creative,summarize] [--concurrency 16] [--requests 48]
+        [--new-tokens 128] [--rounds 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import specserve.engine.engine as engine_module
+from benchmarks.machine import machine_info, machine_lines
+from benchmarks.spec_bench import conversations
+from benchmarks.spec_cells import Config, run_cell
+from specserve.bench.workloads import resolve_workload
+from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
+from specserve.engine.engine import Engine
+from specserve.request import SamplingParams
+from specserve.speculation.policy import expected_emitted
+from specserve.speculation.proposer import Draft
+
+PARTS = ("propose", "decide", "forward", "verify", "other")
+
+
+@dataclass
+class Step:
+    """One engine step: wall seconds by part, and what it did."""
+
+    seconds: dict[str, float]
+    sequences: int  # sequences in the forward pass
+    rows: int  # tokens it fed (prompt chunks, last tokens, drafts)
+    in_flight: int  # requests admitted and unfinished when it started (running or waiting)
+    extra_rows: int  # drafted tokens verified
+    emitted: int  # tokens the step's outputs carried
+
+
+@dataclass
+class Ledger:
+    steps: list[Step] = field(default_factory=list)
+    # per verified draft: (tokens verified, tokens accepted, calibrated expected accepted)
+    drafts: list[tuple[int, int, float]] = field(default_factory=list)
+
+
+def _timed(ledger: dict[str, float], part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            ledger[part] = ledger.get(part, 0.0) + time.perf_counter() - started
+
+    return timed
+
+
+@contextmanager
+def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
+    """Times the parts of every `engine.step()` into `ledger` while active."""
+    parts: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    policy = engine.res.policy
+    assert policy is not None, "the ledger needs the adaptive policy's engine"
+    propose, keep = engine_module.propose, engine_module.keep_prefixes
+    run, verify, step, record = (
+        engine.res.runner.run,
+        engine._verify_and_commit,
+        engine.step,
+        policy.record,
+    )
+
+    def forward(items: Any) -> Any:
+        sizes["sequences"] = len(items)
+        sizes["rows"] = sum(len(item.token_ids) for item in items)
+        return _timed(parts, "forward", run)(items)
+
+    def recorded(draft: Draft, num_accepted: int) -> None:
+        probs = policy.calibration.probabilities(draft.scores)
+        predicted = expected_emitted(probs, len(draft.tokens)) - 1.0
+        ledger.drafts.append((len(draft.tokens), num_accepted, predicted))
+        record(draft, num_accepted)
+
+    def stepped() -> Any:
+        parts.clear()
+        sizes.clear()
+        chosen = dict(policy.stats.k_chosen)
+        in_flight = len(engine.scheduler.running) + len(engine.scheduler.waiting)
+        started = time.perf_counter()
+        outs = step()
+        total = time.perf_counter() - started
+        extra = sum(k * (n - chosen.get(k, 0)) for k, n in policy.stats.k_chosen.items())
+        seconds = {p: parts.get(p, 0.0) for p in PARTS[:-1]}
+        seconds["other"] = total - sum(seconds.values())
+        emitted = sum(len(o.new_token_ids) for o in outs)
+        fed = sizes.get("sequences", 0), sizes.get("rows", 0)
+        ledger.steps.append(Step(seconds, *fed, in_flight, extra, emitted))
+        return outs
+
+    engine_module.propose = _timed(parts, "propose", propose)
+    engine_module.keep_prefixes = _timed(parts, "decide", keep)
+    engine.res.runner.run = forward  # type: ignore[method-assign]
+    engine._verify_and_commit = _timed(parts, "verify", verify)  # type: ignore[method-assign]
+    engine.step = stepped  # type: ignore[method-assign]
+    policy.record = recorded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        engine_module.propose = propose
+        engine_module.keep_prefixes = keep
+        del engine.res.runner.run, engine._verify_and_commit, engine.step, policy.record
+
+
+def _median_ms(seconds: np.ndarray) -> float | None:
+    return 1e3 * float(np.median(seconds)) if seconds.size else None
+
+
+def summarise(ledger: Ledger, slots: int, tokens: int, wall: float) -> dict[str, Any]:
+    """A cell's ledger as per-step means (ms), rates and counts."""
+    steps = ledger.steps
+    ms = {p: 1e3 * statistics.fmean(s.seconds[p] for s in steps) for p in PARTS}
+    extra = np.array([s.extra_rows for s in steps], dtype=np.float64)
+    forward = np.array([s.seconds["forward"] for s in steps])
+    # decode-only steps of a full batch: one row a sequence and its verified drafts
+    full = np.array([s.sequences == slots and s.rows == slots + s.extra_rows for s in steps])
+    # the first step with fewer requests in flight than slots: none was left to admit
+    drain_at = next((i for i, s in enumerate(steps) if s.in_flight < slots), len(steps))
+    verified = sum(d[0] for d in ledger.drafts)
+    accepted = sum(d[1] for d in ledger.drafts)
+    plain = full & (extra == 0)
+    drafted = full & (extra > 0)
+    return {
+        "tok_s": tokens / wall,
+        "steps": len(steps),
+        "ms_per_step": ms,
+        "ms_total": sum(ms.values()),
+        "extra_rows_per_step": float(extra.mean()),
+        "tokens_per_step": tokens / len(steps),
+        "drain_steps": len(steps) - drain_at,
+        "drain_share_of_time": sum(sum(s.seconds.values()) for s in steps[drain_at:])
+        / sum(sum(s.seconds.values()) for s in steps),
+        "forward_ms_full_no_drafts": 1e3 * float(np.median(forward[plain]))
+        if plain.any()
+        else None,
+        "forward_ms_full_with_drafts": 1e3 * float(np.median(forward[drafted]))
+        if drafted.any()
+        else None,
+        "extra_rows_full_with_drafts": float(np.median(extra[drafted])) if drafted.any() else None,
+        "verified_drafts": len(ledger.drafts),
+        "verified_tokens": verified,
+        "accepted_tokens": accepted,
+        "predicted_accepted": float(sum(d[2] for d in ledger.drafts)),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    spec = SpecConfig(speculate=args.n, proposer=args.proposer, policy="adaptive")
+    config = EngineConfig(
+        num_threads=args.threads,
+        scheduler=SchedulerConfig(max_running_requests=args.concurrency),
+        spec=spec,
+    )
+    engine = Engine(config)
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    sides = (Config("none", "static", 0), Config(args.proposer, "adaptive", args.n))
+    cells: list[dict[str, Any]] = []
+    for workload in args.workloads.split(","):
+        units = conversations(resolve_workload(workload, args.requests, args.seed))
+        run_cell(engine, units[:2], sides[1], args.concurrency, params)  # warm-up
+        for r in range(args.rounds):
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                ledger = Ledger()
+                with recording(engine, ledger):
+                    runs, wall, _ = run_cell(engine, units, side, args.concurrency, params)
+                tokens = sum(len(x.tokens) for x in runs)
+                cell = summarise(ledger, args.concurrency, tokens, wall)
+                cells.append({"workload": workload, "round": r, "side": side.label, **cell})
+                print(f"{workload} round {r} {side.label}: {cell['tok_s']:.1f} tok/s", flush=True)
+    return {"cells": cells}
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def report(result: dict[str, Any]) -> str:
+    cells = result["cells"]
+    head = (
+        "| workload | round | side | tok/s | ratio | steps | drain steps (time) | ms/step: "
+        + " / ".join(PARTS)
+        + " | extra rows/step | forward ms, full batch: no drafts / drafts (extra rows) "
+        "| verified / accepted / predicted |"
+    )
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    base: dict[tuple[str, int], float] = {
+        (c["workload"], c["round"]): c["tok_s"] for c in cells if c["side"] == "N=0"
+    }
+    for c in cells:
+        ms = c["ms_per_step"]
+        ratio = c["tok_s"] / base[(c["workload"], c["round"])]
+        lines.append(
+            f"| {c['workload']} | {c['round']} | {c['side']} | {c['tok_s']:.1f} | {ratio:.3f} "
+            f"| {c['steps']} | {c['drain_steps']} ({100 * c['drain_share_of_time']:.0f}%) | "
+            + " / ".join(f"{ms[p]:.2f}" for p in PARTS)
+            + f" | {c['extra_rows_per_step']:.2f} | {_fmt(c['forward_ms_full_no_drafts'])} / "
+            f"{_fmt(c['forward_ms_full_with_drafts'])} "
+            f"({_fmt(c['extra_rows_full_with_drafts'], '.0f')}) "
+            f"| {c['verified_tokens']} / {c['accepted_tokens']} / {c['predicted_accepted']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.spec_ledger", description=__doc__)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--proposer", default="hybrid")
+    p.add_argument("--n", type=int, default=4, help="the adaptive side's cap")
+    p.add_argument("--workloads", default="chat-creative,summarize")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--requests", type=int, default=48, help="requests a workload, through the slots"
+    )
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3, help="N = 0 and adaptive cells, alternating")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.n < 1 or args.concurrency < 1 or args.requests < 1 or args.rounds < 1:
+        p.error("need --n, --concurrency, --requests and --rounds >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info("benchmarks.spec_ledger", argv)
+    result = {"machine": info, "args": vars(args) | {"json": str(args.json)}, **run(args)}
+    print(machine_lines(info) + "\n\n" + report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""spec_ledger's summary of a cell's steps: parts per step, the drain, forward passes compared."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.spec_ledger import PARTS, Ledger, Step, report, summarise
+
+
+def _step(
+    forward: float, sequences: int, extra: int = 0, prefill: int = 0, in_flight: int = 4
+) -> Step:
+    seconds = dict.fromkeys(PARTS, 0.0) | {"forward": forward, "propose": 0.001 * bool(extra)}
+    rows = sequences + extra + prefill
+    return Step(seconds, sequences, rows, in_flight, extra, sequences + extra)
+
+
+def test_drain_starts_when_fewer_requests_are_in_flight_than_slots() -> None:
+    # 4 in flight, two of them prefilling first (a step of 2), full steps (one with a prefill
+    # chunk of a request that joined), then the drain
+    steps = [_step(0.05, 2, prefill=30), _step(0.02, 4), _step(0.04, 4, prefill=60)]
+    steps += [_step(0.03, 4, extra=2), _step(0.01, 3, in_flight=3), _step(0.01, 1, in_flight=1)]
+    ledger = Ledger(steps, [(2, 1, 1.5)])
+    cell = summarise(ledger, slots=4, tokens=20, wall=0.5)
+    assert cell["steps"] == 6
+    assert cell["drain_steps"] == 2
+    assert cell["drain_share_of_time"] == pytest.approx(0.02 / 0.161)
+    # decode-only full steps: 0.02 without drafts, 0.03 with 2 extra rows (prefill steps out)
+    assert cell["forward_ms_full_no_drafts"] == pytest.approx(20.0)
+    assert cell["forward_ms_full_with_drafts"] == pytest.approx(30.0)
+    assert cell["extra_rows_full_with_drafts"] == 2
+    assert cell["ms_per_step"]["propose"] == pytest.approx(1.0 / 6)
+    assert cell["ms_total"] == pytest.approx(1e3 * 0.161 / 6)
+    assert (cell["verified_tokens"], cell["accepted_tokens"]) == (2, 1)
+    assert cell["tok_s"] == pytest.approx(40.0)
+
+
+def test_a_cell_that_never_drains_or_drafts() -> None:
+    cell = summarise(Ledger([_step(0.02, 4)] * 3), slots=4, tokens=12, wall=0.06)
+    assert cell["drain_steps"] == 0 and cell["drain_share_of_time"] == 0.0
+    assert cell["forward_ms_full_with_drafts"] is None
+    row = report({"cells": [{"workload": "w", "round": 0, "side": "N=0", **cell}]})
+    assert "| w | 0 | N=0 | 200.0 | 1.000 | 3 | 0 (0%) |" in row
+    assert row.splitlines()[1].count("---") == row.splitlines()[0].count("|") - 1
