@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,7 @@ class Outcome:
 
 def collect(
     engine: Engine,
-    prompts: list[list[int]] | list[str],
+    prompts: Sequence[list[int] | str],
     params: SamplingParams | list[SamplingParams],
 ) -> list[Outcome]:
     """Submit everything at once, step to completion; one Outcome per prompt, in order."""
