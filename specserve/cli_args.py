@@ -14,7 +14,8 @@ from types import NoneType, UnionType
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from specserve.cli_flags import Option, add_option
-from specserve.config import FIELD_DEFAULT, FLAG, EngineConfig, Flag
+from specserve.config import EngineConfig
+from specserve.config_schema import FIELD_DEFAULT, FLAG, Flag
 from specserve.speculation.medusa_resolve import default_speculate
 
 

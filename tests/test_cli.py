@@ -15,14 +15,8 @@ import pytest
 from specserve import __version__
 from specserve.cli import build_parser
 from specserve.cli_args import ENGINE_OPTIONS, engine_config
-from specserve.config import (
-    FLAG,
-    CacheConfig,
-    EngineConfig,
-    Flag,
-    SchedulerConfig,
-    SpecConfig,
-)
+from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.config_schema import FLAG, Flag
 from specserve.server.startup import SERVE_OPTIONS
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from specserve.config import BYTE_UNITS, parse_bytes
+from specserve.config_schema import BYTE_UNITS, parse_bytes
 from specserve.models.native_stack import python_layers
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from specserve.cli_args import engine_config
-from specserve.config import FLAG, CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.config_schema import FLAG
 from specserve.fleet.config import (
     live_settings,
     parse_fleet,
