@@ -230,9 +230,11 @@ if [[ $what == eagle || $what == all ]]; then
     --policy adaptive --speculate 0,4 --concurrency 16 --workloads "$builtin" \
     --prompts-per-workload 48 --new-tokens 128 --repeats 3 \
     --json "$out/hybrid-c16x48.json" | tee "$out/hybrid-c16x48.md"
-  # Where the hybrid's steps spend their time at 16 at once against N = 0 (about 6 min).
-  python -m benchmarks.spec_ledger --threads "$threads" --workloads chat-creative,summarize \
-    --requests 48 --rounds 3 --json "$out/ledger-c16.json" | tee "$out/ledger-c16.md"
+  # Where the hybrid's steps spend their time at 16 at once against N = 0, 48 requests through
+  # the 16 slots, five rounds (about 35 min).
+  python -m benchmarks.spec_ledger --threads "$threads" \
+    --workloads code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa \
+    --requests 48 --rounds 5 --json "$out/ledger-c16-all.json" | tee "$out/ledger-c16-all.md"
 fi
 
 if [[ $what == cache || $what == all ]]; then
