@@ -63,8 +63,10 @@ def run_cell(
     config: Config,
     concurrency: int,
     params: SamplingParams,
+    new_tokens: dict[str, int] | None = None,
 ) -> tuple[list[Run], float, dict[str, int]]:
-    """(runs in finish order, wall seconds, engine counter deltas) of one cell."""
+    """(runs in finish order, wall seconds, engine counter deltas) of one cell. `new_tokens`:
+    per item id, its own max_new_tokens (the same on every side of a comparison)."""
     if engine.res.proposer is not None:
         engine.res.proposer.reset()
     engine.res.allocator.reset_cache()  # nor reuses another cell's prompts from the prefix cache
@@ -76,7 +78,7 @@ def run_cell(
     pending, live, runs = deque(units), {}, []  # type: ignore[var-annotated]
     while pending or live:
         while pending and len(live) < concurrency:
-            _submit(engine, live, pending.popleft(), 0, (), params)
+            _submit(engine, live, pending.popleft(), 0, (), params, new_tokens)
         for out in engine.step():
             state = live[out.request_id]
             _advance(state, out)
@@ -86,7 +88,7 @@ def run_cell(
             runs.append(_run(engine, state, out, config, concurrency))
             if out.finish_reason != "error" and state.turn + 1 < len(state.unit):
                 history = next_history(state.sent, state.text)
-                _submit(engine, live, state.unit, state.turn + 1, history, params)
+                _submit(engine, live, state.unit, state.turn + 1, history, params, new_tokens)
     wall = time.perf_counter() - started
     after = _counters(engine)
     return runs, wall, {k: after[k] - before[k] for k in after}
@@ -99,9 +101,12 @@ def _submit(
     turn: int,
     history: tuple[ChatMessage, ...],
     params: SamplingParams,
+    new_tokens: dict[str, int] | None = None,
 ) -> None:
     sent = with_history(unit[turn], history)
     ids = encode_item(engine, sent)
+    if new_tokens is not None and sent.id in new_tokens:
+        params = replace(params, max_new_tokens=new_tokens[sent.id])
     rid = engine.add_request(ids, params)
     live[rid] = _Live(unit, turn, sent, len(ids), time.perf_counter(), engine.stats.steps)
 

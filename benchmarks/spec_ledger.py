@@ -16,11 +16,12 @@ verified against what was accepted. It also counts the drain: steps run with few
 flight than the slots, once no request is left to fill them. With every request the same length
 (`--new-tokens`, EOS ignored), N = 0 runs its requests in lockstep and never drains before the
 last wave, while any accepted draft staggers the finishes; the drain steps say how much of a
-cell's time that takes.
+cell's time that takes; `--lengths` spreads the requests' lengths instead (the same on both
+sides), as traffic does.
 
     python -m benchmarks.spec_ledger [--threads 2] [--proposer hybrid] [--n 4]
         [--workloads chat-creative,summarize] [--concurrency 16] [--requests 48]
-        [--new-tokens 128] [--rounds 3] [--json FILE]
+        [--new-tokens 128 | --lengths 64-192] [--rounds 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -72,13 +73,15 @@ class Ledger:
     drafts: list[tuple[int, int, float]] = field(default_factory=list)
 
 
-def _timed(ledger: dict[str, float], part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _timed(parts: dict[str, float], part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, adding the seconds each call takes to parts[part]."""
+
     def timed(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            ledger[part] = ledger.get(part, 0.0) + time.perf_counter() - started
+            parts[part] = parts.get(part, 0.0) + time.perf_counter() - started
 
     return timed
 
@@ -181,6 +184,25 @@ def summarise(ledger: Ledger, slots: int, tokens: int, wall: float) -> dict[str,
     }
 
 
+def spread_lengths(ids: list[str], lo: int, hi: int, seed: int) -> dict[str, int]:
+    """Per request, max_new_tokens evenly spread over lo..hi in an order fixed by `seed`: every
+    side of a comparison gets the same lengths, and with lo < hi the requests do not finish in
+    lockstep."""
+    if lo == hi:
+        return dict.fromkeys(ids, lo)
+    order = np.random.default_rng(seed).permutation(len(ids))
+    span = np.linspace(lo, hi, num=len(ids)).round().astype(int)
+    return {ids[i]: int(span[j]) for j, i in enumerate(order)}
+
+
+def _lengths(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    out = int(lo), int(hi or lo)
+    if not 2 <= out[0] <= out[1]:
+        raise argparse.ArgumentTypeError(f"expected LO-HI with 2 <= LO <= HI, got {text!r}")
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = SpecConfig(speculate=args.n, proposer=args.proposer, policy="adaptive")
     config = EngineConfig(
@@ -190,16 +212,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     engine = Engine(config)
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    lo, hi = args.lengths or (args.new_tokens, args.new_tokens)
     sides = (Config("none", "static", 0), Config(args.proposer, "adaptive", args.n))
     cells: list[dict[str, Any]] = []
     for workload in args.workloads.split(","):
         units = conversations(resolve_workload(workload, args.requests, args.seed))
-        run_cell(engine, units[:2], sides[1], args.concurrency, params)  # warm-up
+        lengths = spread_lengths([i.id for u in units for i in u], lo, hi, args.seed)
+        run_cell(engine, units[:2], sides[1], args.concurrency, params, lengths)  # warm-up
         for r in range(args.rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:
                 ledger = Ledger()
                 with recording(engine, ledger):
-                    runs, wall, _ = run_cell(engine, units, side, args.concurrency, params)
+                    runs, wall, _ = run_cell(engine, units, side, args.concurrency, params, lengths)
                 tokens = sum(len(x.tokens) for x in runs)
                 cell = summarise(ledger, args.concurrency, tokens, wall)
                 cells.append({"workload": workload, "round": r, "side": side.label, **cell})
@@ -249,6 +273,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--requests", type=int, default=48, help="requests a workload, through the slots"
     )
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument(
+        "--lengths",
+        type=_lengths,
+        help="LO-HI: each request's max_new_tokens spread evenly over LO..HI (the same on both "
+        "sides) instead of --new-tokens for all, so that N = 0 does not run in lockstep",
+    )
     p.add_argument("--rounds", type=int, default=3, help="N = 0 and adaptive cells, alternating")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)

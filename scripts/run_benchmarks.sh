@@ -235,6 +235,11 @@ if [[ $what == eagle || $what == all ]]; then
   python -m benchmarks.spec_ledger --threads "$threads" \
     --workloads code-edit,summarize,code-complete,chat-creative,code-edit-multiturn,doc-qa \
     --requests 48 --rounds 5 --json "$out/ledger-c16-all.json" | tee "$out/ledger-c16-all.md"
+  # The same on the marginal workloads with the requests' lengths spread over 64-192 new tokens
+  # (the same on both sides), so that N = 0 does not run in lockstep (about 10 min).
+  python -m benchmarks.spec_ledger --threads "$threads" \
+    --workloads summarize,chat-creative,code-complete --requests 48 --lengths 64-192 \
+    --rounds 5 --json "$out/ledger-c16-lengths.json" | tee "$out/ledger-c16-lengths.md"
 fi
 
 if [[ $what == cache || $what == all ]]; then

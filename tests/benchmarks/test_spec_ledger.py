@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.spec_ledger import PARTS, Ledger, Step, report, summarise
+from benchmarks.spec_ledger import PARTS, Ledger, Step, report, spread_lengths, summarise
 
 
 def _step(
@@ -42,3 +42,12 @@ def test_a_cell_that_never_drains_or_drafts() -> None:
     row = report({"cells": [{"workload": "w", "round": 0, "side": "N=0", **cell}]})
     assert "| w | 0 | N=0 | 200.0 | 1.000 | 3 | 0 (0%) |" in row
     assert row.splitlines()[1].count("---") == row.splitlines()[0].count("|") - 1
+
+
+def test_lengths_spread_evenly_and_the_same_for_every_side() -> None:
+    ids = [f"r{i}" for i in range(9)]
+    lengths = spread_lengths(ids, 64, 192, seed=0)
+    assert sorted(lengths.values()) == [64, 80, 96, 112, 128, 144, 160, 176, 192]
+    assert lengths == spread_lengths(ids, 64, 192, seed=0)
+    assert [lengths[i] for i in ids] != sorted(lengths.values())  # not in request order
+    assert spread_lengths(ids, 128, 128, seed=0) == dict.fromkeys(ids, 128)
