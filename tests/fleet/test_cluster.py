@@ -128,8 +128,15 @@ def fleet(fleet_model: Path, die_file: Path) -> Iterator[Fleet]:
     assert not ray_children(), f"Ray processes left running: {ray_children()}"
 
 
-def stream(url: str, headers: dict[str, str], max_new: int, first: threading.Event) -> Any:
-    """A TGI stream; its events, read in a thread. `first` is set at the first token."""
+def stream(
+    url: str,
+    headers: dict[str, str],
+    max_new: int,
+    first: threading.Event,
+    stop: threading.Event | None = None,
+) -> Any:
+    """A TGI stream; its events, read in a thread. `first` is set at the first token; once
+    `stop` is set, the thread closes the stream at the next event."""
     events: list[dict[str, Any]] = []
     body = {"inputs": "hello", "parameters": {"max_new_tokens": max_new, "ignore_eos": True}}
 
@@ -141,6 +148,8 @@ def stream(url: str, headers: dict[str, str], max_new: int, first: threading.Eve
                 if line.startswith("data:"):
                     events.append(json.loads(line[5:]))
                     first.set()
+                if stop is not None and stop.is_set():
+                    return
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -323,8 +332,8 @@ def test_drain_refuses_new_requests_and_waits_for_those_in_flight(fleet: Fleet) 
     """Last in the module: the fleet stays draining."""
     from specserve.fleet.deploy import drain
 
-    first = threading.Event()
-    thread, events = stream(fleet.url, CODE, 3000, first)  # >= 15 s (floored steps)
+    first, stop = threading.Event(), threading.Event()
+    thread, events = stream(fleet.url, CODE, 3000, first, stop)  # >= 15 s (floored steps)
     assert first.wait(60)
     assert drain(timeout_s=1.0) == 1  # it is still running when the timeout ends
     health = http.get(fleet.url + "/health", timeout=60)
@@ -332,3 +341,6 @@ def test_drain_refuses_new_requests_and_waits_for_those_in_flight(fleet: Fleet) 
     r = http.post(fleet.url + "/generate", json={"inputs": "hi"}, headers=CHAT, timeout=60)
     assert r.status_code == 503, r.text
     assert thread.is_alive() and "error" not in events[-1]  # not cut by the drain itself
+    stop.set()  # closed here, not cut when the module's cluster goes down
+    thread.join(60)
+    assert not thread.is_alive()
