@@ -11,7 +11,7 @@ prefix cache and suffix index), and splits every step's wall time into
     verify (`Engine._verify_and_commit`: sampling, acceptance, commits, the proposer's sync),
     other (scheduling and the rest of `Engine.step`),
 
-with the extra rows verified, the tokens emitted and the calibrated prediction of the drafts
+with the extra rows verified and the calibrated prediction of the drafts
 verified against what was accepted. It also counts the drain: steps run with fewer requests in
 flight than the slots, once no request is left to fill them. With every request the same length
 (`--new-tokens`, EOS ignored), N = 0 runs its requests in lockstep and never drains before the
@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ import numpy as np
 import torch
 
 import specserve.engine.engine as engine_module
+from benchmarks.ledger_report import PARTS, Ledger, Step, report, summarise
 from benchmarks.machine import machine_info, machine_lines
 from benchmarks.spec_bench import conversations
 from benchmarks.spec_cells import Config, run_cell
@@ -50,27 +49,6 @@ from specserve.engine.engine import Engine
 from specserve.request import SamplingParams
 from specserve.speculation.policy import expected_emitted
 from specserve.speculation.proposer import Draft
-
-PARTS = ("propose", "decide", "forward", "verify", "other")
-
-
-@dataclass
-class Step:
-    """One engine step: wall seconds by part, and what it did."""
-
-    seconds: dict[str, float]
-    sequences: int  # sequences in the forward pass
-    rows: int  # tokens it fed (prompt chunks, last tokens, drafts)
-    in_flight: int  # requests admitted and unfinished when it started (running or waiting)
-    extra_rows: int  # drafted tokens verified
-    emitted: int  # tokens the step's outputs carried
-
-
-@dataclass
-class Ledger:
-    steps: list[Step] = field(default_factory=list)
-    # per verified draft: (tokens verified, tokens accepted, calibrated expected accepted)
-    drafts: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 def _timed(parts: dict[str, float], part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -123,9 +101,8 @@ def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
         extra = sum(k * (n - chosen.get(k, 0)) for k, n in policy.stats.k_chosen.items())
         seconds = {p: parts.get(p, 0.0) for p in PARTS[:-1]}
         seconds["other"] = total - sum(seconds.values())
-        emitted = sum(len(o.new_token_ids) for o in outs)
         fed = sizes.get("sequences", 0), sizes.get("rows", 0)
-        ledger.steps.append(Step(seconds, *fed, in_flight, extra, emitted))
+        ledger.steps.append(Step(seconds, *fed, in_flight, extra))
         return outs
 
     engine_module.propose = _timed(parts, "propose", propose)
@@ -140,48 +117,6 @@ def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
         engine_module.propose = propose
         engine_module.keep_prefixes = keep
         del engine.res.runner.run, engine._verify_and_commit, engine.step, policy.record
-
-
-def _median_ms(seconds: np.ndarray) -> float | None:
-    return 1e3 * float(np.median(seconds)) if seconds.size else None
-
-
-def summarise(ledger: Ledger, slots: int, tokens: int, wall: float) -> dict[str, Any]:
-    """A cell's ledger as per-step means (ms), rates and counts."""
-    steps = ledger.steps
-    ms = {p: 1e3 * statistics.fmean(s.seconds[p] for s in steps) for p in PARTS}
-    extra = np.array([s.extra_rows for s in steps], dtype=np.float64)
-    forward = np.array([s.seconds["forward"] for s in steps])
-    # decode-only steps of a full batch: one row a sequence and its verified drafts
-    full = np.array([s.sequences == slots and s.rows == slots + s.extra_rows for s in steps])
-    # the first step with fewer requests in flight than slots: none was left to admit
-    drain_at = next((i for i, s in enumerate(steps) if s.in_flight < slots), len(steps))
-    verified = sum(d[0] for d in ledger.drafts)
-    accepted = sum(d[1] for d in ledger.drafts)
-    plain = full & (extra == 0)
-    drafted = full & (extra > 0)
-    return {
-        "tok_s": tokens / wall,
-        "steps": len(steps),
-        "ms_per_step": ms,
-        "ms_total": sum(ms.values()),
-        "extra_rows_per_step": float(extra.mean()),
-        "tokens_per_step": tokens / len(steps),
-        "drain_steps": len(steps) - drain_at,
-        "drain_share_of_time": sum(sum(s.seconds.values()) for s in steps[drain_at:])
-        / sum(sum(s.seconds.values()) for s in steps),
-        "forward_ms_full_no_drafts": 1e3 * float(np.median(forward[plain]))
-        if plain.any()
-        else None,
-        "forward_ms_full_with_drafts": 1e3 * float(np.median(forward[drafted]))
-        if drafted.any()
-        else None,
-        "extra_rows_full_with_drafts": float(np.median(extra[drafted])) if drafted.any() else None,
-        "verified_drafts": len(ledger.drafts),
-        "verified_tokens": verified,
-        "accepted_tokens": accepted,
-        "predicted_accepted": float(sum(d[2] for d in ledger.drafts)),
-    }
 
 
 def spread_lengths(ids: list[str], lo: int, hi: int, seed: int) -> dict[str, int]:
@@ -229,37 +164,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cells.append({"workload": workload, "round": r, "side": side.label, **cell})
                 print(f"{workload} round {r} {side.label}: {cell['tok_s']:.1f} tok/s", flush=True)
     return {"cells": cells}
-
-
-def _fmt(x: float | None, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def report(result: dict[str, Any]) -> str:
-    cells = result["cells"]
-    head = (
-        "| workload | round | side | tok/s | ratio | steps | drain steps (time) | ms/step: "
-        + " / ".join(PARTS)
-        + " | extra rows/step | forward ms, full batch: no drafts / drafts (extra rows) "
-        "| verified / accepted / predicted |"
-    )
-    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
-    base: dict[tuple[str, int], float] = {
-        (c["workload"], c["round"]): c["tok_s"] for c in cells if c["side"] == "N=0"
-    }
-    for c in cells:
-        ms = c["ms_per_step"]
-        ratio = c["tok_s"] / base[(c["workload"], c["round"])]
-        lines.append(
-            f"| {c['workload']} | {c['round']} | {c['side']} | {c['tok_s']:.1f} | {ratio:.3f} "
-            f"| {c['steps']} | {c['drain_steps']} ({100 * c['drain_share_of_time']:.0f}%) | "
-            + " / ".join(f"{ms[p]:.2f}" for p in PARTS)
-            + f" | {c['extra_rows_per_step']:.2f} | {_fmt(c['forward_ms_full_no_drafts'])} / "
-            f"{_fmt(c['forward_ms_full_with_drafts'])} "
-            f"({_fmt(c['extra_rows_full_with_drafts'], '.0f')}) "
-            f"| {c['verified_tokens']} / {c['accepted_tokens']} / {c['predicted_accepted']:.0f} |"
-        )
-    return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

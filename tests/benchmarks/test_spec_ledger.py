@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.spec_ledger import PARTS, Ledger, Step, report, spread_lengths, summarise
+from benchmarks.ledger_report import PARTS, Ledger, Step, report, summarise
+from benchmarks.spec_ledger import spread_lengths
 
 
 def _step(
@@ -12,7 +13,7 @@ def _step(
 ) -> Step:
     seconds = dict.fromkeys(PARTS, 0.0) | {"forward": forward, "propose": 0.001 * bool(extra)}
     rows = sequences + extra + prefill
-    return Step(seconds, sequences, rows, in_flight, extra, sequences + extra)
+    return Step(seconds, sequences, rows, in_flight, extra)
 
 
 def test_drain_starts_when_fewer_requests_are_in_flight_than_slots() -> None:
