@@ -24,7 +24,7 @@ same wave (seconds apart), which a machine whose speed drifts over the run moves
 of all sides are compared token for token.
 
 The load generator shares the machine with the server and uses no torch: streamed requests are
-read on blocking sockets, one thread each, non-streaming ones through httpx
+read from one thread that selects over their sockets, non-streaming ones go through httpx
 (`benchmarks/serving_client.py`). Per HTTP side, the CPU per token of the load generator and of
 the server's event-loop thread (the serving work the in-process side does not do; from
 `/proc/PID/task/PID/schedstat`, so Linux only): both come out of the cores the engine computes
