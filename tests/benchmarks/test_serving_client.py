@@ -82,10 +82,10 @@ def serve_streams(listener: socket.socket, n: int) -> None:
         conn.close()
 
 
-def test_streams_read_at_once_each_get_their_own_tokens() -> None:
+@pytest.mark.parametrize("batch", [["hello", "streams", "ab"], ["one stream alone"]])
+def test_streams_read_at_once_each_get_their_own_tokens(batch: list[str]) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    batch = ["hello", "streams", "ab"]
     server = threading.Thread(target=serve_streams, args=(listener, len(batch)))
     server.start()
     try:
