@@ -1,8 +1,8 @@
 """Request bodies -> (prompt token ids, SamplingParams), checked against the server's limits.
 
-Every rejection is an `ApiError` whose message names the field and the limit. These checks run
-before the request reaches the engine, so a stream never starts for a request the engine would
-refuse.
+Every rejection is an `ApiError` whose message names the field and the limit (the per-field
+checks are in server/param_checks.py). These checks run before the request reaches the engine,
+so a stream never starts for a request the engine would refuse.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from starlette.requests import Request
 
 from specserve.request import GrammarSpec, SamplingParams
 from specserve.server.caps import check_prompt_chars, check_reply_work
-from specserve.server.errors import ApiError, ErrorKind, invalid
+from specserve.server.errors import invalid
 from specserve.server.grammars import response_format, tgi_grammar
 from specserve.server.openai_schemas import (
     ChatCompletionRequest,
@@ -24,8 +24,18 @@ from specserve.server.openai_schemas import (
     CompletionRequest,
     SamplingFields,
 )
+from specserve.server.param_checks import (
+    check_choices,
+    check_model,
+    check_prompt,
+    check_speculate,
+    check_stop,
+    check_top_logprobs,
+    require_default,
+    resolve_max_new,
+)
 from specserve.server.schemas import GenerateParameters, GenerateRequest
-from specserve.server.settings import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, Limits
+from specserve.server.settings import Limits
 from specserve.server.tools import NO_TOOLS, ToolPlan, calls_text, tool_plan
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
@@ -58,116 +68,6 @@ def tenant_of(request: Request) -> str | None:
     """The tenant the guard found for the request's key (None: one key or none)."""
     tenant: str | None = getattr(request.state, "tenant", None)
     return tenant
-
-
-# ------------------------------------------------------------------------------ shared checks
-def check_prompt(ids: list[int], limits: Limits, field: str) -> None:
-    if not ids:
-        raise invalid(field, "must not be empty")
-    if any(not 0 <= t < limits.vocab_size for t in ids):
-        raise invalid(field, f"token ids must be in [0, {limits.vocab_size})")
-    if len(ids) > limits.max_input_tokens:
-        raise invalid(
-            field,
-            f"has {len(ids)} tokens; the limit is {limits.max_input_tokens} "
-            f"({limits.max_input_reason})",
-        )
-
-
-def resolve_max_new(
-    requested: int | None, default: int | None, n_input: int, limits: Limits, field: str
-) -> int:
-    """The output budget: the requested one if it fits, else the default capped by what fits."""
-    room = limits.max_request_tokens - n_input
-    if requested is None:
-        if room < 1:
-            raise invalid(
-                field,
-                f"the prompt leaves no room: the KV cache holds "
-                f"{limits.kv_capacity_tokens} tokens and the prompt has {n_input}",
-            )
-        return min(default or room, room)
-    if n_input + requested > limits.max_total_tokens:
-        raise invalid(
-            field,
-            f"prompt tokens ({n_input}) + {field} ({requested}) must be <= "
-            f"{limits.max_total_tokens} (the context window, --max-total-tokens)",
-        )
-    if n_input + requested > limits.kv_capacity_tokens:
-        raise invalid(
-            field,
-            f"prompt tokens ({n_input}) + {field} ({requested}) must be <= "
-            f"{limits.kv_capacity_tokens} (the KV cache size)",
-        )
-    return requested
-
-
-def check_speculate(value: int | None, limits: Limits, field: str) -> int | None:
-    if value is not None and value > limits.speculate:
-        raise invalid(
-            field,
-            f"must be between 0 and {limits.speculate} (the server's --speculate); got {value}",
-        )
-    return value
-
-
-def check_stop(stops: list[str], limits: Limits, field: str) -> tuple[str, ...]:
-    if len(stops) > limits.max_stop_sequences:
-        raise invalid(
-            field,
-            f"at most {limits.max_stop_sequences} stop sequences are allowed; got {len(stops)}",
-        )
-    if any(not s for s in stops):
-        raise invalid(field, "stop sequences must be non-empty")
-    longest = max((len(s) for s in stops), default=0)
-    if longest > MAX_STOP_CHARS:
-        raise invalid(
-            field,
-            f"stop sequences must be at most {MAX_STOP_CHARS} characters; got one of {longest}",
-        )
-    return tuple(stops)
-
-
-# What TGI's clients put in `model` for "the model this server serves" (TGI ignores the field;
-# huggingface_hub's InferenceClient.chat_completion against a URL sends "dummy").
-TGI_PLACEHOLDERS = ("tgi", "dummy")
-
-
-def check_model(model: str | None, limits: Limits) -> None:
-    """`model` must name the served model (or be left out, or be one of TGI's placeholders):
-    404 model_not_found otherwise."""
-    names = limits.model_names
-    if (
-        model is None
-        or not names
-        or model.lower() in (*TGI_PLACEHOLDERS, *(n.lower() for n in names))
-    ):
-        return
-    raise ApiError(
-        404,
-        f"The model `{model}` does not exist: this server serves `{limits.model_names[0]}` "
-        "(see /v1/models)",
-        ErrorKind.MODEL_NOT_FOUND,
-        "model",
-    )
-
-
-def check_choices(n: int, limits: Limits) -> int:
-    if n > limits.max_choices:
-        raise invalid("n", f"must be <= {limits.max_choices} (--max-choices); got {n}")
-    return n
-
-
-def check_top_logprobs(value: int, field: str) -> int:
-    if value > MAX_TOP_LOGPROBS:
-        raise invalid(field, f"must be between 0 and {MAX_TOP_LOGPROBS}; got {value}")
-    return value
-
-
-def require_default(field: str, value: Any, allowed: tuple[Any, ...], what: str) -> None:
-    """Reject a value this server cannot honour; `what` says what is accepted."""
-    if value not in allowed:
-        raise invalid(field, f"not supported by this server ({what})")
 
 
 def fresh_seed() -> int:

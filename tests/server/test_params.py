@@ -8,12 +8,12 @@ import pytest
 
 from specserve.server.errors import ApiError, from_validation_errors
 from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest
+from specserve.server.param_checks import resolve_max_new
 from specserve.server.params import (
     TGI_DEFAULT_MAX_NEW_TOKENS,
     prepare_chat,
     prepare_completion,
     prepare_tgi,
-    resolve_max_new,
 )
 from specserve.server.schemas import GenerateRequest
 from specserve.server.settings import Limits

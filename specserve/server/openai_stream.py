@@ -1,0 +1,191 @@
+"""OpenAI streams: the chat stream's chunks (tool calls held back until they finish) and the
+event stream a route returns, `data: <chunk>` events ending with `data: [DONE]`; a failure
+after the stream has started is sent as `data: {"error": {...}}`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any
+
+from fastapi import Request
+
+from specserve.request import RequestOutput, TokenLogprob
+from specserve.server.context import ServerContext
+from specserve.server.direct import DirectWriter
+from specserve.server.errors import ApiError, ErrorKind, error_body
+from specserve.server.openai_schemas import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatLogprobs,
+    CompletionRequest,
+    Delta,
+)
+from specserve.server.openai_usage import openai_finish, usage
+from specserve.server.params import Prepared
+from specserve.server.service import Tracked
+from specserve.server.sse import EventStream, TextEvents, sse
+from specserve.server.tools import ToolPlan, as_call
+
+logger = logging.getLogger(__name__)
+# Turns one choice's engine output into zero or more stream chunks.
+ChunkFn = Callable[[int, RequestOutput], list[Any]]
+
+
+class ChatChunks:
+    """A streamed chat completion's chunks: per output of a choice, zero or more (a `ChunkFn`);
+    `last`, the usage chunk."""
+
+    def __init__(
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        n: int,
+        tools: ToolPlan,
+        wants_logprobs: bool,
+        logprobs: Callable[[list[TokenLogprob]], ChatLogprobs | None],
+    ) -> None:
+        self.rid, self.created, self.model = rid, created, model
+        self.wants_logprobs, self.logprobs = wants_logprobs, logprobs
+        self.held = HeldCalls(tools)
+        # per choice: its text deltas' JSON without a model each (most of a stream's events)
+        self.deltas = [TextEvents(partial(self._content, i)) for i in range(n)]
+
+    def chunk(self, i: int, delta: Delta, **fields: Any) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(index=i, delta=delta, **fields)
+        return ChatCompletionChunk(
+            id=self.rid, created=self.created, model=self.model, choices=[choice]
+        )
+
+    def _content(self, i: int, text: str) -> ChatCompletionChunk:
+        return self.chunk(i, Delta(content=text))
+
+    def __call__(self, i: int, out: RequestOutput) -> list[Any]:
+        out_chunks: list[Any] = []
+        text, entries, call = self.held.take(i, out)
+        if call is not None:
+            delta = Delta(tool_calls=[{"index": 0, **call}])
+            out_chunks.append(self.chunk(i, delta, logprobs=self.logprobs(entries)))
+            out_chunks.append(self.chunk(i, Delta(), finish_reason="tool_calls"))
+            return out_chunks
+        if text and not self.wants_logprobs:
+            out_chunks.append(self.deltas[i](text))
+        elif text or (self.wants_logprobs and entries):
+            delta = Delta(content=text)
+            out_chunks.append(self.chunk(i, delta, logprobs=self.logprobs(entries)))
+        if out.finished:
+            out_chunks.append(self.chunk(i, Delta(), finish_reason=openai_finish(out)))
+        return out_chunks
+
+    def last(self, finals: list[RequestOutput]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.rid, created=self.created, model=self.model, choices=[], usage=usage(finals)
+        )
+
+
+class HeldCalls:
+    """Streaming with tools: a choice whose text may be a call is held back until it finishes
+    (a call is sent whole, in one delta); one that starts otherwise streams as text."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.text: dict[int, str] = {}
+        self.entries: dict[int, list[TokenLogprob]] = {}
+        self.streaming: set[int] = set()
+
+    def take(
+        self, i: int, out: RequestOutput
+    ) -> tuple[str, list[TokenLogprob], dict[str, Any] | None]:
+        """What to send for this output now: (text, logprob entries, the call if it is one)."""
+        entries = list(out.logprobs or [])
+        if not self.plan.calls or i in self.streaming:
+            return out.new_text, entries, None
+        text = self.text.get(i, "") + out.new_text
+        entries = self.entries.get(i, []) + entries
+        if not self.plan.forced and text and not text.startswith("{"):
+            self.streaming.add(i)  # text, not a call: send what was held and stream on
+            return text, entries, None
+        if not out.finished:
+            self.text[i], self.entries[i] = text, entries
+            return "", [], None
+        return text, entries, as_call(text, self.plan)
+
+
+def stream(
+    ctx: ServerContext,
+    request: Request,
+    body: CompletionRequest | ChatCompletionRequest,
+    prep: Prepared,
+    tracked: Tracked,
+    rid: str,
+    chunks: ChunkFn,
+    last: Callable[[list[RequestOutput]], Any],
+    first: list[Any] | None = None,
+) -> EventStream:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    direct = None
+    if body.n == 1:  # the engine's thread writes one choice's events (server/direct.py)
+
+        def text(out: RequestOutput) -> str:
+            return "".join(sse(c) for c in chunks(0, out))
+
+        direct = ctx.direct_writer(request, tracked, text)
+    events = _events(
+        ctx,
+        prep,
+        tracked,
+        rid,
+        body.n,
+        chunks,
+        last if include_usage else None,
+        first or [],
+        direct,
+    )
+    return EventStream(events, lambda: ctx.service.close(tracked), direct)
+
+
+async def _events(
+    ctx: ServerContext,
+    prep: Prepared,
+    tracked: Tracked,
+    rid: str,
+    n: int,
+    chunks: ChunkFn,
+    last: Callable[[list[RequestOutput]], Any] | None,
+    first: list[Any],
+    direct: DirectWriter | None,
+) -> AsyncIterator[str]:
+    finals: dict[int, RequestOutput] = {}
+    try:
+        for c in first:
+            yield sse(c)
+        run = ctx.service.run_choices(tracked, prep, rid, n, sink=direct)
+        async with contextlib.aclosing(run) as outs:
+            async for i, out in outs:
+                if out.finished and out.finish_reason in ("error", "abort"):
+                    failed = ApiError(
+                        500,
+                        f"generation failed: {out.error or out.finish_reason}",
+                        ErrorKind.GENERATION,
+                    )
+                    yield sse(error_body("/v1/", failed))
+                    return
+                await asyncio.sleep(0)  # let the loop notice a disconnect between outputs
+                for c in chunks(i, out):
+                    yield sse(c)
+                if out.finished:
+                    finals[i] = out
+                    if len(finals) == n and last is not None:
+                        yield sse(last([finals[j] for j in range(n)]))
+        yield sse("[DONE]")
+    except ApiError as err:
+        yield sse(error_body("/v1/", err))
+    except Exception as exc:  # headers are sent: the error must travel as an event
+        logger.exception("stream failed")
+        crashed = ApiError(500, f"internal error: {exc}", ErrorKind.GENERATION)
+        yield sse(error_body("/v1/", crashed))
