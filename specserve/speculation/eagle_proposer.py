@@ -9,21 +9,13 @@ keys live only for that call. Drafted ids come from the draft vocabulary only. W
 projections are GGUF blocks, the layer runs in one native call and the keys live in lanes of a
 cache of the head's own (eagle_native.py); elsewhere as torch operations over padded tensors.
 
-Greedy requests without penalties or logits processors draft the head's argmax. Others draft
-what the engine's sampler would pick from the head's logits (-inf outside the draft
-vocabulary) after the request's processors, penalties, temperature, top-k/p: for a sampled
-request that is the Gumbel-max sample under the very noise the target's own sample will use
-(a pure function of seed and output position). The draft is accepted iff the target samples the
-same token, which is likely where the head's q is close to the target's p, and every output
-stays the one the request gets without speculation (no rejection sampler, whose accepted tokens
-are distributed right but are not the same tokens).
+The records it keeps, and how each drafted token is picked (the head's argmax, or the engine
+sampler's pick under the target's own noise), are in eagle_state.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,22 +25,13 @@ from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import LlamaForCausalLM
 from specserve.request import Sequence
-from specserve.runner.sampler import SampleRow, sample_row
 from specserve.speculation.calibration import PerSequenceMean
-from specserve.speculation.eagle import (
-    NO_POSITION,
-    EagleHead,
-    check_base,
-    load_eagle,
-)
-from specserve.speculation.eagle_native import Lane, NativeHead, Rows
+from specserve.speculation.eagle import NO_POSITION, EagleHead, check_base, load_eagle
+from specserve.speculation.eagle_native import NativeHead, Rows
+from specserve.speculation.eagle_state import Chain, HeadState, padded_cache
 from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
-# Draft another token only while the head gives the chain so far at least this probability of
-# being accepted whole: below it, the next token's expected gain (its probability times this)
-# is worth less than drafting and verifying it (bench_eagle: ~0.1-0.2 of a target step each).
-CONTINUE_ABOVE = 0.35
 # The head's cost per drafted token, in target tokens (one sequence's share of a decode step):
 # benchmarks/bench_eagle.py measured 0.10-0.11 at batch 1 and 0.07 at 16 on 2 AVX2 cores with
 # the layer in one native call (docs/bench/eagle-cost-0352.md; 0.15-0.21 as torch operations):
@@ -73,20 +56,6 @@ def head_mean() -> PerSequenceMean:
 
 
 PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
-
-
-@dataclass
-class _State:
-    num_tokens: int = 0  # seq.num_tokens when last synced
-    features: list[torch.Tensor] = field(default_factory=list)  # pending pairs' [n, H] features
-    tokens: list[int] = field(default_factory=list)  # pending pairs' tokens
-    next_pos: int = 0  # output position of the next pending pair
-    keys: torch.Tensor | None = None  # [kv_heads, L, D] of verified positions
-    values: torch.Tensor | None = None
-    positions: torch.Tensor | None = None  # [L]
-    last: torch.Tensor | None = None  # the head's output at the newest verified position
-    drafted: list[int] = field(default_factory=list)  # the last draft, until its outcome is seen
-    lane: Lane | None = None  # its slots in the native path's cache (eagle_native.py)
 
 
 class EagleProposer(Proposer):
@@ -121,7 +90,7 @@ class EagleProposer(Proposer):
                 setattr(head, name, q8_linear(getattr(head, name)))
         # the layer in one native call per drafting step where its projections allow it
         self.native = NativeHead(head) if blocks and NativeHead.supports(head) else None
-        self._states: dict[int, _State] = {}
+        self._states: dict[int, HeadState] = {}
         # per sequence and draft: tokens accepted less what drafting them cost; `gated` off
         # where a caller decides itself where to ask (the hybrid: the head is asked only where
         # its draft may serve, and the tokens verified may be the lookup's)
@@ -163,10 +132,10 @@ class EagleProposer(Proposer):
         n = len(seq.output_ids)
         if len(rows) > n:
             raise ValueError(f"{len(rows)} feature rows for {n} output tokens")
-        state = self._states.setdefault(seq.seq_id, _State(next_pos=n - len(rows)))
+        state = self._states.setdefault(seq.seq_id, HeadState(next_pos=n - len(rows)))
         if state.next_pos + len(state.tokens) != n - len(rows):  # a gap: start over from here
             lane = state.lane  # kept: its keys are not used again (see NativeHead.make_room)
-            self._states[seq.seq_id] = state = _State(next_pos=n - len(rows), lane=lane)
+            self._states[seq.seq_id] = state = HeadState(next_pos=n - len(rows), lane=lane)
         if state.drafted and self.gated:  # what the last draft gained: the rows past the
             # step's own token are its accepted tokens (none where the policy verified none)
             self.gained.record(seq.seq_id, len(rows) - 1 - HEAD_TOKEN_COST * len(state.drafted))
@@ -217,10 +186,10 @@ class EagleProposer(Proposer):
         flat = self.target.embed_tokens(tokens.reshape(-1))
         return flat.float().view(*tokens.shape, -1)
 
-    def _cache(self, states: list[_State]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _padded_cache(states, self.head.shape.num_kv_heads, self.head.shape.head_dim)
+    def _cache(self, states: list[HeadState]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return padded_cache(states, self.head.shape.num_kv_heads, self.head.shape.head_dim)
 
-    def _catch_up(self, states: list[_State]) -> None:
+    def _catch_up(self, states: list[HeadState]) -> None:
         """Run every pending pair: keys into the caches, each state's `last` output."""
         todo = [s for s in states if s.tokens]
         if not todo:
@@ -256,7 +225,7 @@ class EagleProposer(Proposer):
             s.next_pos += n
             s.features, s.tokens = [], []
 
-    def _catch_up_native(self, todo: list[_State], native: NativeHead) -> None:
+    def _catch_up_native(self, todo: list[HeadState], native: NativeHead) -> None:
         rows = Rows([], [s.next_pos for s in todo], [len(s.tokens) for s in todo])
         for s, count in zip(todo, rows.counts, strict=True):
             s.lane = s.lane or native.lane(s.next_pos)
@@ -273,14 +242,14 @@ class EagleProposer(Proposer):
             s.next_pos += count
             s.features, s.tokens = [], []
 
-    def _draft(self, seqs: list[Sequence], ks: list[int], states: list[_State]) -> list[Draft]:
+    def _draft(self, seqs: list[Sequence], ks: list[int], states: list[HeadState]) -> list[Draft]:
         if self.native is not None:
             return self._draft_native(seqs, ks, states, self.native)
         head = self.head
         g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
         past_k, past_v, past_pos = self._cache(states)
         pos = torch.tensor([s.next_pos for s in states]).unsqueeze(1)  # [B, 1]
-        picks = [_Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
+        picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
         for j in range(max(ks)):
             tokens = self._pick(g[:, 0], picks, j)  # [B]
             if all(c.done() for c in picks):
@@ -294,7 +263,7 @@ class EagleProposer(Proposer):
         return [c.draft() for c in picks]
 
     def _draft_native(
-        self, seqs: list[Sequence], ks: list[int], states: list[_State], native: NativeHead
+        self, seqs: list[Sequence], ks: list[int], states: list[HeadState], native: NativeHead
     ) -> list[Draft]:
         ks = [min(k, native.max_chain) for k in ks]
         lanes = []
@@ -303,7 +272,7 @@ class EagleProposer(Proposer):
             native.make_room(s.lane, s.next_pos, k)
             lanes.append(s.lane)
         g = torch.stack([s.last for s in states if s.last is not None])  # [B, H]
-        picks = [_Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
+        picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
         for j in range(max(ks)):
             tokens = self._pick(g, picks, j)  # [B]
             if all(c.done() for c in picks):
@@ -312,7 +281,7 @@ class EagleProposer(Proposer):
             g = native.forward(x, Rows(lanes, [s.next_pos + j for s in states], [1] * len(lanes)))
         return [c.draft() for c in picks]
 
-    def _pick(self, g: torch.Tensor, chains: list[_Chain], j: int) -> torch.Tensor:
+    def _pick(self, g: torch.Tensor, chains: list[Chain], j: int) -> torch.Tensor:
         """The j-th draft token of every chain from the head's outputs g [B, H]."""
         logits = self.vocab_logits(g)  # [B, K]
         best, top = logits.max(-1)
@@ -326,65 +295,3 @@ class EagleProposer(Proposer):
             else:
                 tokens[b] = chain.sample(logits[b], self.vocab, self.target.arch.vocab_size, j)
         return tokens
-
-
-@dataclass
-class _Chain:
-    """One sequence's drafts in a `propose` call."""
-
-    seq: Sequence
-    k: int  # the most tokens to draft
-    tokens: list[int] = field(default_factory=list)
-    confidence: list[float] = field(default_factory=list)
-    dead: bool = False  # the request's processors allowed no draft id: nothing more to add
-    reach: float = 1.0  # the head's probability of the whole chain so far
-
-    @property
-    def plain(self) -> bool:
-        """Greedy with nothing that changes the argmax: the head's own top token."""
-        p = self.seq.params
-        return p.greedy and p.repetition_penalty == 1.0 and not self.seq.logits_processors
-
-    def add(self, token: int, confidence: float) -> None:
-        self.tokens.append(token)
-        self.confidence.append(confidence)
-        self.reach *= confidence
-
-    def done(self) -> bool:
-        """Drafted k, or the chain is too unlikely to be accepted this far for another token
-        to pay for its drafting (EAGLE-2's dynamic depth, on a chain)."""
-        return self.dead or len(self.tokens) >= self.k or self.reach < CONTINUE_ABOVE
-
-    def sample(self, logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, j: int) -> int:
-        """The engine sampler's pick from the head's logits (see the module docstring)."""
-        seq = self.seq
-        full = torch.full((vocab_size,), float("-inf"))
-        full[vocab] = logits
-        row = SampleRow(
-            seq.params, seq.token_ids + self.tokens, len(seq.output_ids) + j, seq.logits_processors
-        )
-        picked = sample_row(full, row)
-        if not math.isfinite(picked.logprob):  # the request allows no draft id: the chain ends
-            self.dead = True
-            return 0
-        self.add(picked.token, math.exp(picked.logprob))
-        return picked.token
-
-    def draft(self) -> Draft:
-        return Draft(tokens=self.tokens, confidence=self.confidence)
-
-
-def _padded_cache(
-    states: list[_State], kv_heads: int, head_dim: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The states' caches right-padded to one length: keys, values [B, kv_heads, P, D] and
-    positions [B, P] (NO_POSITION where empty)."""
-    length = max((len(s.positions) for s in states if s.positions is not None), default=0)
-    keys = torch.zeros(len(states), kv_heads, length, head_dim)
-    values = torch.zeros_like(keys)
-    positions = torch.full((len(states), length), NO_POSITION, dtype=torch.long)
-    for b, s in enumerate(states):
-        if s.keys is not None and s.values is not None and s.positions is not None:
-            n = len(s.positions)
-            keys[b, :, :n], values[b, :, :n], positions[b, :n] = s.keys, s.values, s.positions
-    return keys, values, positions

@@ -20,7 +20,8 @@ from specserve.request import SamplingParams, Sequence
 from specserve.runner.model_runner import ModelRunner, RunItem, RunOutput
 from specserve.runner.sampler import SampleRow, processed_logits
 from specserve.scheduler.kv_blocks import blocks_for
-from specserve.speculation.draft import DraftModelProposer, check_compatible
+from specserve.speculation.draft import DraftModelProposer
+from specserve.speculation.draft_loading import check_compatible
 from specserve.speculation.proposer import Draft, Proposer
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 from tests.tiny import make_model_dir, noisy_copy

@@ -42,7 +42,7 @@ def _pair(window: int) -> tuple[EagleProposer, EagleProposer]:
 
 @pytest.fixture(autouse=True)
 def full_chains(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
     monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
 
 
