@@ -2,8 +2,9 @@
 
 Each request is routed (`Router.select_pool` over path, headers and the body's model name),
 then validated, admitted (429 per pool) and timed by the same code as in `serve`, against the
-pool's limits and tokenizer; `PoolClient` streams it from one of the pool's replicas over a Ray
-Serve handle. Importing this module does not import Ray: the handles come from the caller.
+pool's limits and tokenizer; `PoolClient` (pool_client.py) streams it from one of the pool's
+replicas over a Ray Serve handle. Importing this module does not import Ray: the handles come
+from the caller.
 """
 
 from __future__ import annotations
@@ -12,120 +13,27 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specserve.engine.handover import Sink
-from specserve.engine.prompt import encode_messages, encode_text
 from specserve.fleet.config import FleetConfig, live_settings, restart_key
 from specserve.fleet.observe import FleetInfo, PoolInfo, ReplicaInfo, render_pools
-from specserve.fleet.replica import PoolDescription, ReplicaState
+from specserve.fleet.pool_client import PoolClient, PoolEntry
+from specserve.fleet.replica import ReplicaState
 from specserve.fleet.routing import Router, UnknownPool
-from specserve.request import RequestOutput, SamplingParams
 from specserve.server.app import api_app
 from specserve.server.context import ServerContext, route_label
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.info_schemas import Info
-from specserve.server.metrics import ServerMetrics
-from specserve.server.service import GenerationService
 from specserve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 STATE_TIMEOUT_S = 10.0  # a replica that does not report its state by then is "unreachable"
 STATE_MAX_AGE_S = 1.0  # scrapes within this with no request finished between share a broadcast
-
-
-class PoolClient:
-    """The `Backend` of one pool: its tokenizer here, its engines behind a Ray Serve handle."""
-
-    def __init__(self, name: str, handle: Any) -> None:
-        self.name, self.handle = name, handle
-        self._tokenizer: Any = None
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return encode_text(self._tokenizer, text)
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return encode_messages(self._tokenizer, messages)
-
-    # Replicas own their engines; Ray Serve replaces a dead one, and a request whose replica
-    # died fails with RuntimeError (generate). The ingress itself has no engine to lose.
-    alive = True
-    died: str | None = None
-
-    def abort_all(self, error: str) -> None:
-        del error  # each replica drains its own engine
-
-    async def describe(self) -> PoolDescription:
-        desc: PoolDescription = await self.handle.describe.remote()
-        self._tokenizer = desc.tokenizer
-        return desc
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        request_id: str,
-        after: str | None = None,
-        stream: bool = True,
-        sink: Sink | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """ValueError: the engine refused the request. RuntimeError: the replica failed (died,
-        unreachable) - before the first output the request was not served (503), after it the
-        stream ends with an error event. `sink` is ignored: the engine runs elsewhere."""
-        del sink
-        # `after` travels along; on another replica than its sibling's it is simply unknown.
-        call = self.handle.options(stream=True).generate
-        outputs = call.remote(prompt_ids, params, request_id, after, stream)
-        finished = False
-        try:
-            async for out in outputs:
-                finished = out.finished
-                yield out
-        except ValueError:
-            raise
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise RuntimeError(
-                f"pool {self.name!r}: its replica failed ({type(exc).__name__}: {first[:200]})"
-            ) from exc
-        finally:
-            if not finished:
-                outputs.cancel()  # the replica's generator is closed, which aborts the request
-
-
-@dataclass
-class Reported:
-    """What the pool's replicas said at the last broadcast."""
-
-    states: list[ReplicaState] = field(default_factory=list)
-    unreachable: list[str] = field(default_factory=list)
-
-
-@dataclass
-class PoolEntry:
-    client: PoolClient
-    reported: Reported
-    metrics: ServerMetrics  # request series observed here, engine series from `reported`
-    service: GenerationService  # admission (429) across the pool's replicas
-    ctx: ServerContext | None = None  # None until the pool described itself (or after refresh)
-    shows_profile: bool = False
-    describing: asyncio.Future[ServerContext] | None = None  # the one describe under way
-
-    @classmethod
-    def of(cls, client: PoolClient) -> PoolEntry:
-        reported = Reported()
-        metrics = ServerMetrics(lambda: _labelled(reported.states))
-        return cls(client, reported, metrics, GenerationService(client, metrics, 128, 1))
 
 
 class FleetContexts:
@@ -303,10 +211,6 @@ class FleetContexts:
 
 def _failed(result: Any) -> bool:
     return isinstance(result, BaseException)
-
-
-def _labelled(states: list[ReplicaState]) -> list[tuple[dict[str, str], Any]]:
-    return [({"replica": s.replica}, s.snapshot) for s in states]
 
 
 async def _model_of(request: Request) -> str | None:

@@ -27,7 +27,8 @@ from specserve.speculation.eagle import (
 from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
-from specserve.training.eagle_train import Batch, unrolled
+from specserve.training.eagle_data import Batch
+from specserve.training.eagle_train import unrolled
 from specserve.training.medusa_data import IGNORE
 
 CPU = torch.device("cpu")

@@ -62,12 +62,12 @@ def test_collected_data_is_reused_only_for_the_same_options(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import specserve.training.eagle_train as eagle_train
+    import specserve.training.eagle_data as eagle_data
 
     _, report, data = tiny_head
     calls = []
-    real = eagle_train.collect
-    monkeypatch.setattr(eagle_train, "collect", lambda *a: calls.append(1) or real(*a))
+    real = eagle_data.collect
+    monkeypatch.setattr(eagle_data, "collect", lambda *a: calls.append(1) or real(*a))
     kwargs = dict(depths=3, intermediate_size=32, window=16, data=data, progress=False)
     again = train_eagle(tiny_llama, tmp_path / "again", replace(OPTIONS, epochs=1), **kwargs)
     assert calls == [] and again.heldout_positions == report.heldout_positions  # read back
