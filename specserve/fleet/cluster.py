@@ -15,12 +15,18 @@ def address_file() -> Path:
     return default_cache_dir() / "fleet-address"
 
 
+# The environment of a cluster `fleet up` starts (and a test's), read by its raylet and workers.
 # Ray Serve gives a starting HTTP proxy 5 s to report ready before it kills and restarts it; on a
-# busy machine a Ray worker takes longer than that to start, and starting Serve then fails. A
-# cluster `fleet up` starts (and a test's) passes its workers these instead.
+# busy machine a Ray worker takes longer than that to start, and starting Serve then fails.
+# Ray starts its workers at nice 15, and the replicas are workers: beside any process at the
+# default priority (a build, a load generator, another server) each then gets ~1/28 of that
+# process's CPU share. On 2 cores with two busy-looping processes beside it, the fleet tests ran
+# for over 20 minutes without finishing where they take ~2 idle; at nice 0 they share the cores
+# as the rest of the machine does.
 SERVE_ENV = {
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "55",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+    "RAY_worker_niceness": "0",
 }
 
 
