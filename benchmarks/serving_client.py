@@ -76,16 +76,18 @@ def _stream(url: str, batch: list[str]) -> list[Any]:
                 socks.append(sock)
                 sent.append(time.perf_counter())
                 sock.sendall(_request(host, text))
-                sel.register(sock, selectors.EVENT_READ, i)
+                sel.register(sock, selectors.EVENT_READ, (i, sock))
             while len(sel.get_map()) > 1:
                 for key, _ in sel.select():
-                    if data := key.fileobj.recv(1 << 16):  # type: ignore[union-attr]
-                        reads[key.data].append((time.perf_counter(), data))
+                    i, sock = key.data
+                    if data := sock.recv(1 << 16):
+                        reads[i].append((time.perf_counter(), data))
                     else:
-                        sel.unregister(key.fileobj)
+                        sel.unregister(sock)
             for key in list(sel.get_map().values()):  # the last one: no select before each read
-                while data := key.fileobj.recv(1 << 16):  # type: ignore[union-attr]
-                    reads[key.data].append((time.perf_counter(), data))
+                i, sock = key.data
+                while data := sock.recv(1 << 16):
+                    reads[i].append((time.perf_counter(), data))
         finally:
             for sock in socks:
                 sock.close()
