@@ -36,6 +36,7 @@ import psutil
 
 from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.bench import loadgen, report
+from specserve.bench.records import Cell, CellKey, cells_to_json
 from specserve.bench.workloads import resolve_workload
 from specserve.fleet.plan import WORKLOAD_HEADER
 
@@ -129,19 +130,19 @@ async def overhead(url: str, n: int) -> list[float]:
 async def mixed(url: str, classes: list[TrafficClass], args: argparse.Namespace) -> dict[str, Any]:
     """Every class at once for --duration seconds; per class: its cell."""
 
-    async def one(c: TrafficClass) -> loadgen.Cell:
+    async def one(c: TrafficClass) -> Cell:
         items = resolve_workload(c.workload, 64, args.seed)
         settings = loadgen.GenSettings(
             c.max_new_tokens, 0.0, args.seed, True, 600.0, per_request_cap=False
         )
-        key = loadgen.CellKey(c.name, 0, "closed", c.concurrency)
+        key = CellKey(c.name, 0, "closed", c.concurrency)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(
             base_url=url, timeout=600, limits=limits, headers={WORKLOAD_HEADER: c.workload}
         ) as client:
             budget = loadgen.Budget(None, args.duration)
             records, secs = await loadgen.run_cell(client, items, key, budget, settings)
-        return loadgen.Cell(key, secs, records)
+        return Cell(key, secs, records)
 
     cells = await asyncio.gather(*(one(c) for c in classes))
     return {c.name: cell for c, cell in zip(classes, cells, strict=True)}
@@ -167,7 +168,7 @@ def run_side(side: str, args: argparse.Namespace, classes: list[TrafficClass]) -
         "rss_mib": memory,
         "one_token_median_s": statistics.median(lat),
         "classes": {n: asdict(s) for n, s in stats.items()},
-        "records": loadgen.cells_to_json(list(cells.values())),
+        "records": cells_to_json(list(cells.values())),
     }
 
 

@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import shlex
-import socket
-import subprocess
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +25,16 @@ from typing import Any
 from specserve.bench import loadgen, render, report
 from specserve.bench.bench_args import add_judge_args, add_sweep_args, add_target_args
 from specserve.bench.diagnose import counter_delta, scrape_counters
-from specserve.bench.loadgen import Budget, Cell, CellKey, GenSettings
+from specserve.bench.launch import launched
+from specserve.bench.loadgen import Budget, GenSettings
+from specserve.bench.records import (
+    Cell,
+    CellKey,
+    Mode,
+    RequestRecord,
+    cells_from_json,
+    cells_to_json,
+)
 from specserve.bench.workload_items import WorkloadItem
 from specserve.bench.workloads import BUILDERS, resolve_workload
 
@@ -64,7 +69,7 @@ def add_bench_parsers(subparsers: Any) -> None:
 class Plan:
     workloads: dict[str, list[WorkloadItem]]
     speculate: list[int] | None  # None: 0 and the server's N
-    mode: loadgen.Mode
+    mode: Mode
     loads: list[float]
     budget: Budget
     settings: GenSettings
@@ -119,7 +124,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = getattr(args, "command_line", None) or "specserve " + shlex.join(sys.argv[1:])
     if args.from_results:
         saved = json.loads(args.from_results.read_text(encoding="utf-8"))
-        cells, meta = loadgen.cells_from_json(saved["cells"]), saved["meta"]
+        cells, meta = cells_from_json(saved["cells"]), saved["meta"]
     else:
         try:
             plan = plan_from_args(args)
@@ -161,7 +166,7 @@ def _write_outputs(args: argparse.Namespace, cells: list[Cell], meta: dict[str, 
     recs = report.recommend(stats, args.min_gain)
     contention = report.find_contention(stats, args.contention_tol)
     out: Path = args.out
-    results = {"meta": meta, "slo": vars(slo), "cells": loadgen.cells_to_json(cells)}
+    results = {"meta": meta, "slo": vars(slo), "cells": cells_to_json(cells)}
     write_json_atomically(out / "results.json", results)
     (out / "report.md").write_text(
         render.markdown(stats, slo, recs, contention, meta), encoding="utf-8"
@@ -227,7 +232,7 @@ async def _sweep(url: str, plan: Plan, ns: list[int] | None, bar: Any, task: Any
 async def _cell(
     client: Any, items: list[WorkloadItem], key: CellKey, plan: Plan, bar: Any, task: Any
 ) -> Cell:
-    def done(_: loadgen.RequestRecord) -> None:
+    def done(_: RequestRecord) -> None:
         if plan.budget.num_requests:
             bar.advance(task)
 
@@ -254,55 +259,3 @@ def pool_info(info: dict[str, Any], pool: str | None) -> dict[str, Any]:
     if engine is None:
         raise ValueError(f"pool {pool!r} has no replica answering /info now")
     return dict(engine)
-
-
-# ------------------------------------------------------------------------------ --launch
-def launch_argv(cmd: str, n: int, port: int) -> list[str]:
-    """The server command for N: placeholders filled, else `--port P --speculate N` appended."""
-    if "{port}" in cmd or "{speculate}" in cmd:
-        return shlex.split(cmd.format(port=port, speculate=n))
-    return [*shlex.split(cmd), "--port", str(port), "--speculate", str(n)]
-
-
-@contextlib.asynccontextmanager
-async def launched(cmd: str, n: int, timeout: float, out_dir: Path) -> AsyncIterator[str]:
-    """A fresh server with N = n on a free loopback port; its log goes to out_dir."""
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with open(out_dir / f"server-N{n}.log", "wb") as log:
-        proc = subprocess.Popen(launch_argv(cmd, n, port), stdout=log, stderr=subprocess.STDOUT)
-        try:
-            async with httpx.AsyncClient(base_url=url) as client:
-                await _wait_healthy(client, proc, timeout)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-async def _wait_healthy(client: Any, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    import httpx
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"launched server exited with code {proc.returncode}; "
-                "see its server-N*.log in --out"
-            )
-        try:
-            if (await client.get("/health", timeout=5)).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"launched server did not answer /health within {timeout:g} s")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from specserve.bench.loadgen import Cell, CellKey, Mode, RequestRecord
+from specserve.bench.records import Cell, CellKey, Mode, RequestRecord
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specserve.bench.loadgen import Budget, CellKey, GenSettings, run_cell
+from specserve.bench.loadgen import Budget, GenSettings, run_cell
+from specserve.bench.records import CellKey
 from specserve.bench.reuse_workloads import TURNS
 from specserve.bench.workload_items import (
     ChatMessage,

@@ -6,7 +6,15 @@ import pytest
 
 from specserve.bench import diagnose as dg
 from specserve.bench import loadgen
-from specserve.bench.loadgen import Budget, Cell, CellKey, RequestRecord
+from specserve.bench.loadgen import Budget
+from specserve.bench.records import (
+    Cell,
+    CellKey,
+    Mode,
+    RequestRecord,
+    cells_from_json,
+    cells_to_json,
+)
 from specserve.bench.render import markdown, plot
 from specserve.bench.report import (
     CellStats,
@@ -111,7 +119,7 @@ def stat(
     tok_s: float = 100.0,
     itl: float = 0.05,
     workload: str = "w",
-    mode: loadgen.Mode = "closed",
+    mode: Mode = "closed",
     in_flight: float = 0.0,
 ) -> CellStats:
     p = Pcts(0.1, 0.2, 0.3)
@@ -231,8 +239,8 @@ def test_budget_and_results_round_trip() -> None:
     with pytest.raises(ValueError):
         Budget()
     cells = [Cell(CellKey("w", 2, "open", 0.5), 3.0, [rec(drafted=1, accepted=1)], {"a": 1.0})]
-    raw = json.loads(json.dumps(loadgen.cells_to_json(cells)))
-    assert loadgen.cells_from_json(raw) == cells
+    raw = json.loads(json.dumps(cells_to_json(cells)))
+    assert cells_from_json(raw) == cells
 
 
 # ---------------------------------------------------------------------------------- diagnose

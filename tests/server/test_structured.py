@@ -17,7 +17,8 @@ import pytest
 from huggingface_hub import InferenceClient
 from pydantic import BaseModel, Field
 
-from specserve.bench.loadgen import GenSettings, RequestRecord, send
+from specserve.bench.loadgen import GenSettings, send
+from specserve.bench.records import RequestRecord
 from specserve.bench.structured_workloads import ARTICLE_SCHEMA
 from specserve.bench.workloads import build_workload
 from tests import http
