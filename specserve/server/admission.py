@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from specserve.server.errors import ApiError, ErrorKind
-from specserve.server.service import GenerationService, Tracked
+from specserve.server.service import GenerationService
+from specserve.server.tracked import Tracked
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -21,8 +21,9 @@ from specserve.server.backend import Backend, LocalBackend
 from specserve.server.direct import DirectWriter, writer
 from specserve.server.metrics import ServerMetrics
 from specserve.server.provenance import Provenance
-from specserve.server.service import GenerationService, Tracked
+from specserve.server.service import GenerationService
 from specserve.server.settings import Limits, ServerSettings
+from specserve.server.tracked import Tracked
 
 
 @dataclass

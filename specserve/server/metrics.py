@@ -20,7 +20,8 @@ from prometheus_client import (
 )
 
 from specserve.request import RequestOutput
-from specserve.server.engine_metrics import EngineCollector, EngineSnapshot, Labelled, snapshot
+from specserve.server.engine_metrics import EngineCollector, Labelled
+from specserve.server.engine_snapshot import EngineSnapshot, snapshot
 
 __all__ = ["EngineSnapshot", "Labelled", "ServerMetrics", "queue_seconds", "snapshot"]
 

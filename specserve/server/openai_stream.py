@@ -27,9 +27,9 @@ from specserve.server.openai_schemas import (
 )
 from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.params import Prepared
-from specserve.server.service import Tracked
 from specserve.server.sse import EventStream, TextEvents, sse
 from specserve.server.tools import ToolPlan, as_call
+from specserve.server.tracked import Tracked
 
 logger = logging.getLogger(__name__)
 # Turns one choice's engine output into zero or more stream chunks.

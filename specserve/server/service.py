@@ -17,66 +17,23 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import cast
 
 from starlette.requests import Request
 
 from specserve.engine.handover import Sink
-from specserve.request import RequestOutput, TokenLogprob
+from specserve.request import RequestOutput
 from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.metrics import ServerMetrics, queue_seconds
 from specserve.server.params import Prepared
+from specserve.server.tracked import Choice, Collected, Tracked
 
 logger = logging.getLogger(__name__)
 
 
 class ClientGone(Exception):
     """The client disconnected before its (non-streaming) response was ready."""
-
-
-@dataclass
-class Choice:
-    """What one choice has produced so far."""
-
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    last_token: float | None = None
-    final: RequestOutput | None = None
-
-
-@dataclass
-class Tracked:
-    route: str
-    arrival: float
-    outcome: str = "cancelled"  # until the engine says otherwise
-    first_token: float | None = None
-    closed: bool = False
-    slots: int = 1  # of --max-concurrent-requests: one per choice
-    choices: list[Choice] = field(default_factory=lambda: [Choice()])
-
-    @property
-    def final(self) -> RequestOutput | None:
-        """Choice 0's last output, once every choice has finished."""
-        done = all(c.final is not None for c in self.choices)
-        return self.choices[0].final if done else None
-
-
-@dataclass(frozen=True)
-class Collected:
-    token_ids: list[int]
-    text: str
-    final: RequestOutput
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-
-    @classmethod
-    def of(cls, c: Choice) -> Collected:
-        assert c.final is not None
-        return cls(c.token_ids, c.text, c.final, c.logprobs, c.prompt_logprobs)
 
 
 class GenerationService:

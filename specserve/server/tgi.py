@@ -30,8 +30,8 @@ from specserve.server.schemas import (
     StreamResponse,
     Token,
 )
-from specserve.server.service import Collected, Tracked
 from specserve.server.sse import EventStream, json_of, sse
+from specserve.server.tracked import Collected, Tracked
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["TGI"])
