@@ -141,10 +141,13 @@ def decode_views(
 
 
 def keep_prefixes(
-    policy: SpeculationPolicy | None, work: list[SeqWork], proposed: list[Draft | None]
+    policy: SpeculationPolicy | None,
+    work: list[SeqWork],
+    proposed: list[Draft | None],
+    seconds: float = 0.0,
 ) -> list[Draft | None]:
     """Per sequence of `work`: the prefix of its draft the policy verifies (static: all of it),
-    None for none."""
+    None for none. `seconds`: what proposing took this step (the policy's payoff)."""
     decode = [i for i, w in enumerate(work) if is_decode(w) and not w.seq.is_finished]
     if policy is None or not decode:
         return proposed
@@ -157,7 +160,10 @@ def keep_prefixes(
         for i in decode
     ]
     prefill = sum(w.num_tokens for w in work if not is_decode(w))
-    ks = policy.choose(views, prefill)
+    proposing = sum(
+        1 for i, v in zip(decode, views, strict=True) if work[i].max_drafts > 0 and not v.static
+    )
+    ks = policy.choose(views, prefill, proposing, seconds)
     kept: list[Draft | None] = [None] * len(work)
     for i, k, view in zip(decode, ks, views, strict=True):
         d = proposed[i]

@@ -213,9 +213,11 @@ class Engine:
         rest (and for drafts that found nothing) back to the pool: the step's plan."""
         work = batch.work
         vocab = self.res.model.arch.vocab_size
+        started = time.perf_counter()
         proposed = propose(self.res.proposer, work, vocab, lambda s, e: self._fail([s], e))
         proposed = force_drafts(work, proposed)
-        kept = keep_prefixes(self.res.policy, work, proposed)
+        seconds = time.perf_counter() - started
+        kept = keep_prefixes(self.res.policy, work, proposed, seconds)
         lengths = {w.seq.seq_id: len(d.tokens) for w, d in zip(work, kept, strict=True) if d}
         trimmed = self.scheduler.trim_drafts(work, lengths)
         return plan_step(batch.num_running, work, trimmed, proposed, kept, self._prompt_rows)

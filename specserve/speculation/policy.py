@@ -18,6 +18,10 @@ plus one token; and c the live step cost (runner/cost.py) of this step's batch, 
 chunks and the extra rows. Sequences that asked for the static policy
 verify their whole draft and count as fixed rows. Under saturation c grows as fast as the
 tokens do and k goes to 0 by itself; at low load the tokens likely to land are kept.
+
+What proposing itself costs (outside the forward pass) is weighed per batch size by
+speculation/payoff.py: where it has not paid for its own time, adaptive sequences of that size
+do not propose, but for an exploring step now and then.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 
 from specserve.runner.cost import LiveCost, StepShape
 from specserve.speculation.calibration import Calibration
+from specserve.speculation.payoff import Payoff
 from specserve.speculation.proposer import Draft
 
 # extra rows m -> live seconds of the step with them (vectorised over m)
@@ -104,6 +109,7 @@ class PolicyStats:
     k_chosen: dict[int, int] = field(default_factory=dict)  # k -> sequence-steps verifying k
     gated: dict[str, int] = field(default_factory=dict)  # reason -> steps a gate switched off
     skipped_steps: int = 0  # adaptive: steps not proposed, since no draft could pay
+    unpaid_steps: int = 0  # adaptive: steps not proposed, since proposing has not paid (payoff)
     paused: int = 0  # adaptive: sequence-steps not proposed, in a pause (engine/drafting.py)
     trimmed_tokens: int = 0  # proposed tokens the adaptive policy did not verify
     predicted_speedup: float = 1.0  # J(chosen k) / J(0) at the last decision
@@ -123,11 +129,13 @@ class SpeculationPolicy:
             raise ValueError("the adaptive policy needs a step cost model")
         self.adaptive, self.gate, self.cost = adaptive, gate, cost
         self.calibration = calibration or Calibration()
+        self.payoff = Payoff()
         self.stats = PolicyStats()
 
     def open(self, seqs: list[DecodeSeq], num_running: int, scheduled_tokens: int) -> list[int]:
         """Caps for this step's proposer: each sequence's cap unless a gate closed or, for
-        adaptive sequences, no draft could pay (`_cannot_pay`)."""
+        adaptive sequences, proposing has not paid at this batch size (`Payoff.allows`) or no
+        draft could pay (`_cannot_pay`)."""
         caps = [s.cap for s in seqs]
         if not any(caps):
             return caps
@@ -135,16 +143,28 @@ class SpeculationPolicy:
         if reason is not None:
             self.stats.gated[reason] = self.stats.gated.get(reason, 0) + 1
             return [0] * len(caps)
-        if self.adaptive and self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
+        if not self.adaptive or not any(s.cap and not s.static for s in seqs):
+            return caps
+        if not self.payoff.allows(len(seqs)):
+            self.stats.unpaid_steps += 1
+            return [s.cap if s.static else 0 for s in seqs]
+        if self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
             self.stats.skipped_steps += 1
             return [s.cap if s.static else 0 for s in seqs]
         return caps
 
-    def choose(self, seqs: list[DecodeSeq], prefill: int) -> list[int]:
-        """Drafted tokens each sequence verifies (a prefix of its draft)."""
+    def choose(
+        self, seqs: list[DecodeSeq], prefill: int, proposing: int = 0, seconds: float = 0.0
+    ) -> list[int]:
+        """Drafted tokens each sequence verifies (a prefix of its draft). `proposing`: the
+        adaptive sequences that proposed this step, in `seconds` (for the payoff)."""
         ks = [len(s.draft.tokens) if s.draft is not None else 0 for s in seqs]
         if self.adaptive and any(k and not s.static for k, s in zip(ks, seqs, strict=True)):
-            ks = self._optimise(seqs, prefill)
+            ks, speedup, cost = self._optimise(seqs, prefill)
+            self.payoff.record(len(seqs), proposing, seconds, speedup, cost)
+        elif self.adaptive and proposing:  # nothing found: proposing bought nothing
+            cost = float(self._row_cost(seqs, prefill, 0.0)(np.zeros(1))[0])
+            self.payoff.record(len(seqs), proposing, seconds, 1.0, cost)
         for k in ks:
             self.stats.k_chosen[k] = self.stats.k_chosen.get(k, 0) + 1
         return ks
@@ -159,7 +179,8 @@ class SpeculationPolicy:
             self.cost.observe(shape, seconds)
 
     # ------------------------------------------------------------------ internals
-    def _optimise(self, seqs: list[DecodeSeq], prefill: int) -> list[int]:
+    def _optimise(self, seqs: list[DecodeSeq], prefill: int) -> tuple[list[int], float, float]:
+        """The chosen k per sequence, J(k) / J(0), and the step's predicted seconds at k."""
         probs = self.calibration.probabilities
         drafts = [s.draft for s in seqs]
         free = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.static]
@@ -180,7 +201,7 @@ class SpeculationPolicy:
             ks[i] = k
             self.stats.trimmed_tokens += len(a) - k
         self.stats.predicted_speedup = speedup
-        return ks
+        return ks, speedup, float(cost(np.array([sum(chosen)]))[0])
 
     def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
         """m -> live seconds of this step with m extra rows, each reading `keys_per_row` keys."""
@@ -198,7 +219,9 @@ class SpeculationPolicy:
 
     def _cannot_pay(self, seqs: list[DecodeSeq], prefill: int) -> bool:
         """True when no number m of extra rows, each adding the best calibrated acceptance
-        seen (an upper bound on any real draft's gain), beats m = 0."""
+        seen (an upper bound on any real draft's gain), beats m = 0. (What proposing costs is
+        the payoff's to weigh: it explores, where this check, once closed by a time, would
+        never see another.)"""
         free = [s for s in seqs if not s.static and s.cap]
         if not free:
             return False

@@ -60,7 +60,7 @@ def test_an_adaptive_sequence_whose_drafts_are_never_verified_is_asked_less(
     policy = engine.res.policy
     assert policy is not None
     monkeypatch.setattr(policy, "open", lambda seqs, running, scheduled: [s.cap for s in seqs])
-    monkeypatch.setattr(policy, "choose", lambda seqs, prefill: [0] * len(seqs))  # none pays
+    monkeypatch.setattr(policy, "choose", lambda seqs, prefill, *_: [0] * len(seqs))  # none pays
     params = [
         SamplingParams(max_new_tokens=24),
         SamplingParams(max_new_tokens=24, speculation_policy="static"),

@@ -1,0 +1,86 @@
+"""Proposing closes at a batch size where it has not paid for its own time (payoff.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
+from specserve.speculation.payoff import Payoff, size_class
+from specserve.speculation.policy import DecodeSeq, Gate, SpeculationPolicy
+from specserve.speculation.proposer import Draft
+
+
+def test_size_classes_double() -> None:
+    assert [size_class(n) for n in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32)] == [
+        1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6,
+    ]  # fmt: skip
+
+
+def test_a_class_that_loses_closes_and_explores_every_explore_th_step() -> None:
+    payoff = Payoff(min_steps=4, explore=5)
+    for _ in range(3):
+        payoff.record(16, proposing=16, seconds=0.004, speedup=1.0, cost=0.020)  # paid 0.83
+    assert payoff.allows(16)  # too few records to close
+    payoff.record(16, proposing=16, seconds=0.004, speedup=1.0, cost=0.020)
+    opened = [payoff.allows(16) for _ in range(15)]
+    assert opened == [False, False, False, False, True] * 3
+    assert payoff.allows(1) and payoff.allows(8)  # other classes are their own
+    assert payoff.allows(31) is False  # 16-31 is one class
+    [(low, steps, paid)] = payoff.table()
+    assert (low, steps) == (16, 4) and paid == pytest.approx(0.020 / 0.024)
+    assert payoff.per_seq.value == pytest.approx(0.004 / 16)
+
+
+def test_drafts_that_pay_for_proposing_keep_it_open_and_reopen_a_closed_class() -> None:
+    payoff = Payoff(min_steps=4, explore=5)
+    for _ in range(8):
+        payoff.record(4, proposing=4, seconds=0.002, speedup=1.3, cost=0.025)  # paid 1.2
+    assert all(payoff.allows(4) for _ in range(20))
+    for _ in range(30):
+        payoff.record(4, proposing=4, seconds=0.002, speedup=1.0, cost=0.025)  # paid 0.93
+    assert not payoff.allows(4)
+    payoff.record(4, proposing=4, seconds=0.0, speedup=2.0, cost=0.025)  # copying text arrives
+    assert payoff.allows(4)
+
+
+def test_a_cheap_proposer_that_finds_little_stays_open() -> None:
+    payoff = Payoff(min_steps=4, explore=5)
+    for _ in range(50):  # 20 us of lookup on a 7 ms step, nothing found: 0.3 % of the rate
+        payoff.record(1, proposing=1, seconds=20e-6, speedup=1.0, cost=0.007)
+    assert payoff.table()[0][2] < 1.0
+    assert all(payoff.allows(1) for _ in range(20))  # ... but within the margin
+
+
+def flat(per_row: float, fixed: float) -> LiveCost:
+    curve = CostCurve((1, 64), (fixed + per_row, fixed + 64 * per_row))
+    return LiveCost(StepCostModel(curve, 0.0, 0.0, 0.0, context=100))
+
+
+def free(n: int, cap: int = 3) -> list[DecodeSeq]:
+    return [DecodeSeq(100, False, cap) for _ in range(n)]
+
+
+def test_the_policy_stops_proposing_where_finding_nothing_cost_its_time() -> None:
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=flat(0.001, 0.02))
+    nothing = [DecodeSeq(100, False) for _ in range(16)]
+    for _ in range(policy.payoff.min_steps):
+        assert policy.open(free(16), 16, 16) == [3] * 16
+        assert policy.choose(nothing, prefill=0, proposing=16, seconds=0.003) == [0] * 16
+    assert policy.open(free(16), 16, 16) == [0] * 16
+    assert policy.stats.unpaid_steps == 1
+    static = [*free(15), DecodeSeq(100, True, 3)]
+    assert policy.open(static, 16, 16) == [0] * 15 + [3]  # a static request still drafts
+    assert policy.open(free(1), 1, 1) == [3]  # batch 1 never proposed: open
+
+
+def test_drafts_whose_predicted_gain_covers_proposing_keep_the_policy_proposing() -> None:
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=flat(0.0001, 0.02))
+    good = Draft([1, 2, 3], confidence=[1.0, 1.0, 1.0])
+    for _ in range(40):
+        policy.record(good, 3)
+    views = [DecodeSeq(100, False, draft=good) for _ in range(16)]
+    for _ in range(3 * policy.payoff.min_steps):
+        assert policy.open(free(16), 16, 16) == [3] * 16
+        assert policy.choose(views, prefill=0, proposing=16, seconds=0.003) == [3] * 16
+    assert policy.stats.unpaid_steps == 0
+    assert policy.payoff.table()[0][2] > 1.5
