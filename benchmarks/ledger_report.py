@@ -82,7 +82,7 @@ def report(result: dict[str, Any]) -> str:
         "| workload | round | side | tok/s | ratio | steps | drain steps (time) | ms/step: "
         + " / ".join(PARTS)
         + " | extra rows/step | forward ms, full batch: no drafts / drafts (extra rows) "
-        "| verified / accepted / predicted |"
+        "| verified / accepted / predicted | not proposed: unpaid steps |"
     )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     base: dict[tuple[str, int], float] = {
@@ -98,6 +98,7 @@ def report(result: dict[str, Any]) -> str:
             + f" | {c['extra_rows_per_step']:.2f} | {_fmt(c['forward_ms_full_no_drafts'])} / "
             f"{_fmt(c['forward_ms_full_with_drafts'])} "
             f"({_fmt(c['extra_rows_full_with_drafts'], '.0f')}) "
-            f"| {c['verified_tokens']} / {c['accepted_tokens']} / {c['predicted_accepted']:.0f} |"
+            f"| {c['verified_tokens']} / {c['accepted_tokens']} / {c['predicted_accepted']:.0f} "
+            f"| {c.get('unpaid_steps', '-')} |"
         )
     return "\n".join(lines)

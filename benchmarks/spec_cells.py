@@ -150,5 +150,6 @@ def _counters(engine: Engine) -> dict[str, int]:
         "accepted": prop.accepted_tokens,
         "trimmed": policy.stats.trimmed_tokens if policy is not None else 0,
         "skipped_steps": policy.stats.skipped_steps if policy is not None else 0,
+        "unpaid_steps": policy.stats.unpaid_steps if policy is not None else 0,
     }
     return out

@@ -17,11 +17,13 @@ flight than the slots, once no request is left to fill them. With every request 
 (`--new-tokens`, EOS ignored), N = 0 runs its requests in lockstep and never drains before the
 last wave, while any accepted draft staggers the finishes; the drain steps say how much of a
 cell's time that takes; `--lengths` spreads the requests' lengths instead (the same on both
-sides), as traffic does.
+sides), as traffic does. `--compare-payoff` adds a third side: the adaptive policy with its
+payoff (speculation/payoff.py) never closing, as before it existed; every adaptive cell reports
+its steps not proposed because proposing had not paid, and the payoff's classes at its end.
 
     python -m benchmarks.spec_ledger [--threads 2] [--proposer hybrid] [--n 4]
         [--workloads chat-creative,summarize] [--concurrency 16] [--requests 48]
-        [--new-tokens 128 | --lengths 64-192] [--rounds 3] [--json FILE]
+        [--new-tokens 128 | --lengths 64-192] [--rounds 3] [--compare-payoff] [--json FILE]
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from specserve.bench.workloads import resolve_workload
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.request import SamplingParams
+from specserve.speculation.payoff import Payoff
 from specserve.speculation.policy import expected_emitted
 from specserve.speculation.proposer import Draft
 
@@ -119,6 +122,21 @@ def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
         del engine.res.runner.run, engine._verify_and_commit, engine.step, policy.record
 
 
+@contextmanager
+def payoff_off(engine: Engine, off: bool) -> Iterator[None]:
+    """With `off`, the engine's policy runs with a payoff that never closes (and its own
+    payoff back after)."""
+    policy = engine.res.policy
+    assert policy is not None
+    kept = policy.payoff
+    if off:
+        policy.payoff = Payoff(min_steps=sys.maxsize)
+    try:
+        yield
+    finally:
+        policy.payoff = kept
+
+
 def spread_lengths(ids: list[str], lo: int, hi: int, seed: int) -> dict[str, int]:
     """Per request, max_new_tokens evenly spread over lo..hi in an order fixed by `seed`: every
     side of a comparison gets the same lengths, and with lo < hi the requests do not finish in
@@ -148,21 +166,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(config)
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
     lo, hi = args.lengths or (args.new_tokens, args.new_tokens)
-    sides = (Config("none", "static", 0), Config(args.proposer, "adaptive", args.n))
+    adaptive = Config(args.proposer, "adaptive", args.n)
+    sides = [(Config("none", "static", 0), False, "N=0"), (adaptive, False, adaptive.label)]
+    if args.compare_payoff:
+        sides.append((adaptive, True, f"{adaptive.label}, payoff off"))
     cells: list[dict[str, Any]] = []
     for workload in args.workloads.split(","):
         units = conversations(resolve_workload(workload, args.requests, args.seed))
         lengths = spread_lengths([i.id for u in units for i in u], lo, hi, args.seed)
-        run_cell(engine, units[:2], sides[1], args.concurrency, params, lengths)  # warm-up
+        run_cell(engine, units[:2], adaptive, args.concurrency, params, lengths)  # warm-up
         for r in range(args.rounds):
-            for side in sides if r % 2 == 0 else sides[::-1]:
+            for side, off, label in sides if r % 2 == 0 else sides[::-1]:
                 ledger = Ledger()
-                with recording(engine, ledger):
-                    runs, wall, _ = run_cell(engine, units, side, args.concurrency, params, lengths)
+                with recording(engine, ledger), payoff_off(engine, off):
+                    runs, wall, counted = run_cell(
+                        engine, units, side, args.concurrency, params, lengths
+                    )
+                    payoff = engine.res.policy.payoff.table()  # type: ignore[union-attr]
                 tokens = sum(len(x.tokens) for x in runs)
                 cell = summarise(ledger, args.concurrency, tokens, wall)
-                cells.append({"workload": workload, "round": r, "side": side.label, **cell})
-                print(f"{workload} round {r} {side.label}: {cell['tok_s']:.1f} tok/s", flush=True)
+                cell |= {"unpaid_steps": counted["unpaid_steps"], "payoff": payoff}
+                cells.append({"workload": workload, "round": r, "side": label, **cell})
+                print(f"{workload} round {r} {label}: {cell['tok_s']:.1f} tok/s", flush=True)
     return {"cells": cells}
 
 
@@ -184,6 +209,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "sides) instead of --new-tokens for all, so that N = 0 does not run in lockstep",
     )
     p.add_argument("--rounds", type=int, default=3, help="N = 0 and adaptive cells, alternating")
+    p.add_argument(
+        "--compare-payoff",
+        action="store_true",
+        help="a third side: the adaptive policy with a payoff that never closes",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)

@@ -216,6 +216,11 @@ def _calibration_samples(fam: _Families, at: list[str], p: PolicySnapshot) -> No
         p.skipped_steps,
     )  # fmt: skip
     fam.counter(
+        "specserve_spec_unpaid_steps",
+        "Steps not proposed: proposing has not paid for its time at this batch size", at,
+        p.unpaid_steps,
+    )  # fmt: skip
+    fam.counter(
         "specserve_spec_paused_sequence_steps",
         "Sequence-steps not proposed: paused after drafts the policy verified none of", at,
         p.paused,

@@ -23,6 +23,7 @@ class PolicySnapshot:
     gated: dict[str, int]  # reason -> steps whose drafts a gate switched off
     predicted_speedup: float  # adaptive: J(chosen k) / J(0) at the last decision
     skipped_steps: int  # adaptive: steps not proposed since no draft could pay
+    unpaid_steps: int  # adaptive: steps not proposed since proposing has not paid at that size
     paused: int  # adaptive: sequence-steps not proposed, in a pause after unverified drafts
     trimmed_tokens: int  # proposed tokens the adaptive policy did not verify
     calibration: tuple[tuple[str, int, int, float], ...]  # (bucket, tested, accepted, calibrated)
@@ -36,6 +37,7 @@ def policy_snapshot(policy: SpeculationPolicy, max_k: int) -> PolicySnapshot:
         gated=dict(stats.gated),
         predicted_speedup=stats.predicted_speedup,
         skipped_steps=stats.skipped_steps,
+        unpaid_steps=stats.unpaid_steps,
         paused=stats.paused,
         trimmed_tokens=stats.trimmed_tokens,
         calibration=tuple(

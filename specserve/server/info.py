@@ -23,6 +23,7 @@ from specserve.server.info_schemas import (
     LiveCostCell,
     LiveCostInfo,
     MemoryInfo,
+    PayoffClass,
     ProfileInfo,
     SpeculationInfo,
     SuffixCacheInfo,
@@ -124,6 +125,10 @@ def speculation_info(engine: Engine) -> SpeculationInfo:
         proposed_tokens=engine.stats.proposer.proposed_tokens,
         trimmed_tokens=policy.stats.trimmed_tokens if policy is not None else 0,
         skipped_steps=policy.stats.skipped_steps if policy is not None else 0,
+        unpaid_steps=policy.stats.unpaid_steps if policy is not None else 0,
+        payoff=[PayoffClass(min_batch=b, steps=n, paid=p) for b, n, p in policy.payoff.table()]
+        if policy is not None
+        else [],
         paused_sequence_steps=policy.stats.paused if policy is not None else 0,
     )
 

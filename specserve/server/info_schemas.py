@@ -62,6 +62,16 @@ class CalibrationBucket(BaseModel):
     calibrated: float = Field(..., description="the probability the policy uses")
 
 
+class PayoffClass(BaseModel):
+    min_batch: int = Field(..., description="the class: batch sizes min_batch..2*min_batch-1")
+    steps: int = Field(..., description="steps recorded in which adaptive sequences proposed")
+    paid: float = Field(
+        ...,
+        description="running geometric mean of the predicted rate with drafts and the seconds "
+        "of proposing over the rate without either; below 1 the class stops proposing",
+    )
+
+
 class SpeculationInfo(BaseModel):
     speculate: int = Field(..., description="server-wide N: max drafted tokens per step")
     proposer: str | None = Field(..., description="active proposer; null when speculation is off")
@@ -90,6 +100,13 @@ class SpeculationInfo(BaseModel):
     proposed_tokens: int = Field(0, description="drafted tokens, verified or not")
     trimmed_tokens: int = Field(0, description="proposed tokens the adaptive policy did not verify")
     skipped_steps: int = Field(0, description="adaptive: steps not proposed, as no draft could pay")
+    unpaid_steps: int = Field(
+        0, description="adaptive: steps not proposed, as proposing has not paid at that batch size"
+    )
+    payoff: list[PayoffClass] = Field(
+        default_factory=list,
+        description="adaptive: what proposing did to the predicted rate, per batch-size class",
+    )
     paused_sequence_steps: int = Field(
         0,
         description="adaptive: sequence-steps not proposed, paused after drafts the policy "

@@ -133,6 +133,8 @@ def test_info_and_health(tiny_server: Server) -> None:
         "proposed_tokens": spec["proposed_tokens"],
         "trimmed_tokens": 0,
         "skipped_steps": 0,
+        "unpaid_steps": 0,
+        "payoff": [],
         "paused_sequence_steps": 0,
     }
     assert info["speculation_profile"] is None
