@@ -6,7 +6,7 @@ sequence that proposes, whether or not any of its draft is kept (at 16 at once, 
 20-40 ms step in benchmarks.md's ledger). After each step in which adaptive sequences
 proposed, the policy records what proposing did to the step's predicted rate,
 
-    paid = J(chosen k, the proposing seconds d added to the step) / J(no drafts, no d)
+    paid = J(chosen k, the seconds d of proposing and choosing added) / J(no drafts, no d)
          = speedup * c(k) / (c(k) + d),
 
 with speedup = J(k) / J(0) from `choose_k_rated` and c the live forward cost; a step whose

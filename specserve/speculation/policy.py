@@ -26,6 +26,7 @@ do not propose, but for an exploring step now and then.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -157,10 +158,13 @@ class SpeculationPolicy:
         self, seqs: list[DecodeSeq], prefill: int, proposing: int = 0, seconds: float = 0.0
     ) -> list[int]:
         """Drafted tokens each sequence verifies (a prefix of its draft). `proposing`: the
-        adaptive sequences that proposed this step, in `seconds` (for the payoff)."""
+        adaptive sequences that proposed this step, in `seconds`; the payoff weighs those
+        seconds and this choice's own."""
+        started = time.perf_counter()
         ks = [len(s.draft.tokens) if s.draft is not None else 0 for s in seqs]
         if self.adaptive and any(k and not s.static for k, s in zip(ks, seqs, strict=True)):
             ks, speedup, cost = self._optimise(seqs, prefill)
+            seconds += time.perf_counter() - started
             self.payoff.record(len(seqs), proposing, seconds, speedup, cost)
         elif self.adaptive and proposing:  # nothing found: proposing bought nothing
             cost = float(self._row_cost(seqs, prefill, 0.0)(np.zeros(1))[0])
