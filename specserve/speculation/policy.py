@@ -62,8 +62,9 @@ def choose_k(
 
 def choose_k_rated(
     accept: Sequence[Sequence[float]], cost: RowCost, base_emitted: float
-) -> tuple[list[int], float]:
-    """`choose_k`'s k_s, and J at them over J at no drafts (the predicted speedup).
+) -> tuple[list[int], float, float]:
+    """`choose_k`'s k_s, J at them over J at no drafts (the predicted speedup), and the cost
+    at them (seconds).
 
     Keeping draft token i of s adds gain prod_{j<=i} a_{s,j}, which never grows with i, so for
     any total m the best choice is the m largest gains (stable order keeps each sequence's
@@ -75,10 +76,11 @@ def choose_k_rated(
     flat = np.concatenate([np.empty(0), *gains])  # [M] gains, sequence by sequence
     order = np.argsort(-flat, kind="stable")
     emitted = base_emitted + np.concatenate([[0.0], np.cumsum(flat[order])])
-    rate = emitted / cost(np.arange(len(flat) + 1))
+    seconds = cost(np.arange(len(flat) + 1))
+    rate = emitted / seconds
     m = int(np.argmax(rate))
     ks = np.bincount(owner[order[:m]], minlength=len(accept))
-    return [int(k) for k in ks], float(rate[m] / rate[0])
+    return [int(k) for k in ks], float(rate[m] / rate[0]), float(seconds[m])
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ class SpeculationPolicy:
         )
         keys = sum(seqs[i].context for i in free) / len(free)
         cost = self._row_cost(seqs, prefill, keys)
-        chosen, speedup = choose_k_rated(accept, cost, base_emitted)
+        chosen, speedup, seconds = choose_k_rated(accept, cost, base_emitted)
         ks = [
             len(d.tokens) if d is not None and s.static else 0
             for s, d in zip(seqs, drafts, strict=True)
@@ -205,7 +207,7 @@ class SpeculationPolicy:
             ks[i] = k
             self.stats.trimmed_tokens += len(a) - k
         self.stats.predicted_speedup = speedup
-        return ks, speedup, float(cost(np.array([sum(chosen)]))[0])
+        return ks, speedup, seconds
 
     def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
         """m -> live seconds of this step with m extra rows, each reading `keys_per_row` keys."""
