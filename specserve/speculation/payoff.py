@@ -3,28 +3,41 @@
 The adaptive policy's J (policy.py) weighs each extra verified row against the forward pass it
 lengthens. Proposing costs time outside that pass: the proposer's lookups or head run for every
 sequence that proposes, whether or not any of its draft is kept (at 16 at once, 0.7-1.7 ms of a
-20-40 ms step in benchmarks.md's ledger). After each step in which adaptive sequences
-proposed, the policy records what proposing did to the step's predicted rate,
+20-40 ms step in benchmarks.md's ledger), and so does the policy's own choice. After each step
+in which adaptive sequences proposed, the policy records what the step predicts with its drafts
+(expected emitted tokens E(k), forward seconds c(k), plus the seconds d of proposing and
+choosing) and without them (E(0), c(0), no d); a step whose proposer found nothing records the
+same tokens and forward with d added. Per batch-size class (1, 2-3, 4-7, 8-15, ...) the payoff
+keeps running sums (exponentially weighted, `alpha`) of the four and compares the rates,
 
-    paid = J(chosen k, the seconds d of proposing and choosing added) / J(no drafts, no d)
-         = speedup * c(k) / (c(k) + d),
+    paid = (sum E(k) / sum (c(k) + d)) / (sum E(0) / sum c(0)),
 
-with speedup = J(k) / J(0) from `choose_k_rated` and c the live forward cost; a step whose
-proposer found nothing records c(0) / (c(0) + d). A running mean of log(paid) is kept per
-batch-size class (1, 2-3, 4-7, 8-15, ...). Where it is below log(1 - `margin`) after
-`min_steps` records (proposing cost more than `margin` of the step's rate), the policy does not
-propose for adaptive sequences of that class, except on every `explore`-th
-step, which proposes so that the mean follows the traffic (copying text arriving at a batch
-size where free text had closed it). Only speed changes: outputs never depend on what
-was drafted. The margin keeps a cheap lookup open on text where it finds little: closing it
-would save a fraction of a percent and miss the start of every copied span for up to
-`explore` steps.
+a ratio of sums, as throughput is: a few steps whose drafts pay much outweigh many that found
+little, as they do in tokens. Where paid is below 1 - `margin` after `min_steps` records, the
+policy does not propose for adaptive sequences of that class, except on every `explore`-th
+step, which proposes so that the sums follow the traffic (copying text arriving at a batch size
+where free text had closed it). The margin keeps a cheap lookup open on text where it finds
+little: closing it would save a fraction of a percent and miss the start of every copied span
+for up to `explore` steps. Only speed changes: outputs never depend on what was drafted.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Prediction(Protocol):
+    """What a step's choice predicts (policy.Rated)."""
+
+    @property
+    def emitted(self) -> float: ...  # expected tokens with the chosen drafts
+    @property
+    def seconds(self) -> float: ...  # forward seconds with them
+    @property
+    def base_emitted(self) -> float: ...  # expected tokens with no drafts
+    @property
+    def base_seconds(self) -> float: ...  # forward seconds with none
 
 
 def size_class(num_decode: int) -> int:
@@ -33,37 +46,44 @@ def size_class(num_decode: int) -> int:
 
 
 @dataclass
-class _Mean:
-    """Running mean, exponential (weight `alpha`) once it has 1/alpha samples."""
+class _Sums:
+    """Exponentially weighted sums (weight `alpha`, plain means until 1/alpha records)."""
 
     n: int = 0
-    value: float = 0.0
-
-    def add(self, x: float, alpha: float) -> None:
-        self.n += 1
-        self.value += max(alpha, 1.0 / self.n) * (x - self.value)
-
-
-@dataclass
-class _Class:
-    log_paid: _Mean = field(default_factory=_Mean)
+    with_tokens: float = 0.0
+    with_seconds: float = 0.0
+    base_tokens: float = 0.0
+    base_seconds: float = 0.0
     closed_steps: int = 0  # steps not proposed since the last exploring one
+
+    def add(self, p: Prediction, proposing_seconds: float, alpha: float) -> None:
+        self.n += 1
+        a = max(alpha, 1.0 / self.n)
+        self.with_tokens += a * (p.emitted - self.with_tokens)
+        self.with_seconds += a * (p.seconds + proposing_seconds - self.with_seconds)
+        self.base_tokens += a * (p.base_emitted - self.base_tokens)
+        self.base_seconds += a * (p.base_seconds - self.base_seconds)
+
+    @property
+    def paid(self) -> float:
+        with_rate = self.with_tokens / self.with_seconds
+        return with_rate / (self.base_tokens / self.base_seconds)
 
 
 @dataclass
 class Payoff:
-    alpha: float = 0.1
-    min_steps: int = 8  # records before a class may close
+    alpha: float = 0.05
+    min_steps: int = 16  # records before a class may close
     margin: float = 0.02  # a class closes when proposing costs more than this of its rate
     explore: int = 16  # a closed class proposes on every explore-th step
-    per_seq: _Mean = field(default_factory=_Mean)  # proposing seconds per proposing sequence
-    # (for /info and benchmarks; the decision uses each step's own seconds)
-    classes: dict[int, _Class] = field(default_factory=dict)
+    per_seq: float = 0.0  # running mean of proposing seconds per proposing sequence
+    recorded: int = 0  # steps recorded, every class
+    classes: dict[int, _Sums] = field(default_factory=dict)
 
     def allows(self, num_decode: int) -> bool:
         """Whether adaptive sequences propose this step (counts a closed class's steps)."""
         c = self.classes.get(size_class(num_decode))
-        if c is None or c.log_paid.n < self.min_steps or c.log_paid.value >= self._floor:
+        if c is None or c.n < self.min_steps or c.paid >= 1.0 - self.margin:
             return True
         c.closed_steps += 1
         if c.closed_steps < self.explore:
@@ -71,25 +91,17 @@ class Payoff:
         c.closed_steps = 0
         return True
 
-    @property
-    def _floor(self) -> float:
-        return math.log1p(-self.margin)
-
-    def record(
-        self, num_decode: int, proposing: int, seconds: float, speedup: float, cost: float
-    ) -> None:
-        """One step in which `proposing` adaptive sequences proposed for `seconds`; `speedup`:
-        J(chosen k) / J(0) of the forward pass alone, `cost`: its predicted seconds at k."""
-        if proposing <= 0 or cost <= 0.0 or speedup <= 0.0:
+    def record(self, num_decode: int, proposing: int, seconds: float, p: Prediction) -> None:
+        """One step in which `proposing` adaptive sequences proposed, and the policy chose, in
+        `seconds`; `p`: the choice's predictions."""
+        if proposing <= 0 or min(p.seconds, p.base_seconds, p.base_emitted) <= 0.0:
             return
-        self.per_seq.add(seconds / proposing, self.alpha)
-        paid = speedup * cost / (cost + max(seconds, 0.0))
-        c = self.classes.setdefault(size_class(num_decode), _Class())
-        c.log_paid.add(math.log(paid), self.alpha)
+        seconds = max(seconds, 0.0)
+        self.recorded += 1
+        self.per_seq += max(self.alpha, 1.0 / self.recorded) * (seconds / proposing - self.per_seq)
+        c = self.classes.setdefault(size_class(num_decode), _Sums())
+        c.add(p, seconds, self.alpha)
 
     def table(self) -> list[tuple[int, int, float]]:
-        """(smallest batch size of the class, steps recorded, mean paid ratio) per class."""
-        return [
-            (1 << (k - 1), c.log_paid.n, math.exp(c.log_paid.value))
-            for k, c in sorted(self.classes.items())
-        ]
+        """(smallest batch size of the class, steps recorded, paid) per class."""
+        return [(1 << (k - 1), c.n, c.paid) for k, c in sorted(self.classes.items())]

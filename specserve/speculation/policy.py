@@ -57,14 +57,29 @@ def choose_k(
 ) -> list[int]:
     """The k_s <= len(accept[s]) maximising (base_emitted + sum of gains kept) / cost(sum k_s);
     see `choose_k_rated`."""
-    return choose_k_rated(accept, cost, base_emitted)[0]
+    return choose_k_rated(accept, cost, base_emitted).ks
 
 
-def choose_k_rated(
-    accept: Sequence[Sequence[float]], cost: RowCost, base_emitted: float
-) -> tuple[list[int], float, float]:
-    """`choose_k`'s k_s, J at them over J at no drafts (the predicted speedup), and the cost
-    at them (seconds).
+@dataclass(frozen=True)
+class Rated:
+    """A step's choice with what it predicts: expected emitted tokens and forward seconds at
+    the chosen k and at no drafts."""
+
+    ks: list[int]
+    emitted: float
+    seconds: float
+    base_emitted: float
+    base_seconds: float
+
+    @property
+    def speedup(self) -> float:
+        """J(chosen k) / J(0)."""
+        return (self.emitted / self.seconds) / (self.base_emitted / self.base_seconds)
+
+
+def choose_k_rated(accept: Sequence[Sequence[float]], cost: RowCost, base_emitted: float) -> Rated:
+    """`choose_k`'s k_s, with the expected tokens and cost at them and at no drafts (their
+    rates' ratio is the predicted speedup).
 
     Keeping draft token i of s adds gain prod_{j<=i} a_{s,j}, which never grows with i, so for
     any total m the best choice is the m largest gains (stable order keeps each sequence's
@@ -80,7 +95,13 @@ def choose_k_rated(
     rate = emitted / seconds
     m = int(np.argmax(rate))
     ks = np.bincount(owner[order[:m]], minlength=len(accept))
-    return [int(k) for k in ks], float(rate[m] / rate[0]), float(seconds[m])
+    return Rated(
+        [int(k) for k in ks],
+        float(emitted[m]),
+        float(seconds[m]),
+        float(emitted[0]),
+        float(seconds[0]),
+    )
 
 
 @dataclass(frozen=True)
@@ -165,12 +186,13 @@ class SpeculationPolicy:
         started = time.perf_counter()
         ks = [len(s.draft.tokens) if s.draft is not None else 0 for s in seqs]
         if self.adaptive and any(k and not s.static for k, s in zip(ks, seqs, strict=True)):
-            ks, speedup, cost = self._optimise(seqs, prefill)
+            ks, rated = self._optimise(seqs, prefill)
             seconds += time.perf_counter() - started
-            self.payoff.record(len(seqs), proposing, seconds, speedup, cost)
+            self.payoff.record(len(seqs), proposing, seconds, rated)
         elif self.adaptive and proposing:  # nothing found: proposing bought nothing
             cost = float(self._row_cost(seqs, prefill, 0.0)(np.zeros(1))[0])
-            self.payoff.record(len(seqs), proposing, seconds, 1.0, cost)
+            base = float(len(seqs))  # (static drafts would count here: none found)
+            self.payoff.record(len(seqs), proposing, seconds, Rated([], base, cost, base, cost))
         for k in ks:
             self.stats.k_chosen[k] = self.stats.k_chosen.get(k, 0) + 1
         return ks
@@ -185,8 +207,8 @@ class SpeculationPolicy:
             self.cost.observe(shape, seconds)
 
     # ------------------------------------------------------------------ internals
-    def _optimise(self, seqs: list[DecodeSeq], prefill: int) -> tuple[list[int], float, float]:
-        """The chosen k per sequence, J(k) / J(0), and the step's predicted seconds at k."""
+    def _optimise(self, seqs: list[DecodeSeq], prefill: int) -> tuple[list[int], Rated]:
+        """The chosen k per sequence, and the choice of the free ones with its predictions."""
         probs = self.calibration.probabilities
         drafts = [s.draft for s in seqs]
         free = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.static]
@@ -198,16 +220,16 @@ class SpeculationPolicy:
         )
         keys = sum(seqs[i].context for i in free) / len(free)
         cost = self._row_cost(seqs, prefill, keys)
-        chosen, speedup, seconds = choose_k_rated(accept, cost, base_emitted)
+        rated = choose_k_rated(accept, cost, base_emitted)
         ks = [
             len(d.tokens) if d is not None and s.static else 0
             for s, d in zip(seqs, drafts, strict=True)
         ]
-        for i, k, a in zip(free, chosen, accept, strict=True):
+        for i, k, a in zip(free, rated.ks, accept, strict=True):
             ks[i] = k
             self.stats.trimmed_tokens += len(a) - k
-        self.stats.predicted_speedup = speedup
-        return ks, speedup, seconds
+        self.stats.predicted_speedup = rated.speedup
+        return ks, rated
 
     def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
         """m -> live seconds of this step with m extra rows, each reading `keys_per_row` keys."""

@@ -6,8 +6,13 @@ import pytest
 
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
 from specserve.speculation.payoff import Payoff, size_class
-from specserve.speculation.policy import DecodeSeq, Gate, SpeculationPolicy
+from specserve.speculation.policy import DecodeSeq, Gate, Rated, SpeculationPolicy
 from specserve.speculation.proposer import Draft
+
+
+def step(base: float, cost: float, gained: float = 0.0, extra_cost: float = 0.0) -> Rated:
+    """A choice whose drafts add `gained` expected tokens for `extra_cost` forward seconds."""
+    return Rated([], base + gained, cost + extra_cost, base, cost)
 
 
 def test_size_classes_double() -> None:
@@ -19,34 +24,45 @@ def test_size_classes_double() -> None:
 def test_a_class_that_loses_closes_and_explores_every_explore_th_step() -> None:
     payoff = Payoff(min_steps=4, explore=5)
     for _ in range(3):
-        payoff.record(16, proposing=16, seconds=0.004, speedup=1.0, cost=0.020)  # paid 0.83
+        payoff.record(16, 16, seconds=0.004, p=step(16, 0.020))  # nothing found: paid 0.83
     assert payoff.allows(16)  # too few records to close
-    payoff.record(16, proposing=16, seconds=0.004, speedup=1.0, cost=0.020)
+    payoff.record(16, 16, seconds=0.004, p=step(16, 0.020))
     opened = [payoff.allows(16) for _ in range(15)]
     assert opened == [False, False, False, False, True] * 3
     assert payoff.allows(1) and payoff.allows(8)  # other classes are their own
     assert payoff.allows(31) is False  # 16-31 is one class
     [(low, steps, paid)] = payoff.table()
     assert (low, steps) == (16, 4) and paid == pytest.approx(0.020 / 0.024)
-    assert payoff.per_seq.value == pytest.approx(0.004 / 16)
+    assert payoff.per_seq == pytest.approx(0.004 / 16)
 
 
 def test_drafts_that_pay_for_proposing_keep_it_open_and_reopen_a_closed_class() -> None:
     payoff = Payoff(min_steps=4, explore=5)
-    for _ in range(8):
-        payoff.record(4, proposing=4, seconds=0.002, speedup=1.3, cost=0.025)  # paid 1.2
+    for _ in range(8):  # 30 % more tokens for 5 % more forward time and 8 % proposing
+        payoff.record(4, 4, seconds=0.002, p=step(4, 0.025, gained=1.2, extra_cost=0.00125))
+    assert payoff.table()[0][2] == pytest.approx((5.2 / 0.02825) / (4 / 0.025))
     assert all(payoff.allows(4) for _ in range(20))
-    for _ in range(30):
-        payoff.record(4, proposing=4, seconds=0.002, speedup=1.0, cost=0.025)  # paid 0.93
+    for _ in range(60):
+        payoff.record(4, 4, seconds=0.002, p=step(4, 0.025))  # found nothing: paid 0.93
     assert not payoff.allows(4)
-    payoff.record(4, proposing=4, seconds=0.0, speedup=2.0, cost=0.025)  # copying text arrives
+    for _ in range(3):  # copying text arrives: drafts double the tokens
+        payoff.record(4, 4, seconds=0.002, p=step(4, 0.025, gained=4.0, extra_cost=0.005))
     assert payoff.allows(4)
+
+
+def test_a_few_steps_that_pay_much_outweigh_many_that_found_little() -> None:
+    payoff = Payoff(min_steps=10, explore=5)
+    for i in range(200):  # one step in ten: a token more; the rest: nothing for 0.3 ms
+        gained = 1.0 if i % 10 == 0 else 0.0
+        payoff.record(1, 1, seconds=0.0003, p=step(1, 0.004, gained, 0.0005 * (gained > 0)))
+        assert payoff.allows(1)  # (a mean of each step's log ratio dips below the margin)
+    assert 0.98 < payoff.table()[0][2] < 1.05
 
 
 def test_a_cheap_proposer_that_finds_little_stays_open() -> None:
     payoff = Payoff(min_steps=4, explore=5)
     for _ in range(50):  # 20 us of lookup on a 7 ms step, nothing found: 0.3 % of the rate
-        payoff.record(1, proposing=1, seconds=20e-6, speedup=1.0, cost=0.007)
+        payoff.record(1, 1, seconds=20e-6, p=step(1, 0.007))
     assert payoff.table()[0][2] < 1.0
     assert all(payoff.allows(1) for _ in range(20))  # ... but within the margin
 

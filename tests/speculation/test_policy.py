@@ -177,8 +177,10 @@ def test_the_predicted_speedup_is_the_chosen_objective_over_none() -> None:
         accept = [[rng.random() for _ in range(rng.randint(1, 4))] for _ in range(3)]
         per_row = rng.choice([0.0, 0.0005, 0.002])
         cost: Cost = lambda m, p=per_row: 0.01 + p * m  # noqa: E731
-        ks, speedup, seconds = choose_k_rated(accept, vectorised(cost), 3.0)
+        rated = choose_k_rated(accept, vectorised(cost), 3.0)
+        ks = rated.ks
         want = objective(accept, ks, 3.0, cost) / objective(accept, [0, 0, 0], 3.0, cost)
-        assert speedup == pytest.approx(want, rel=1e-12)
-        assert seconds == pytest.approx(cost(sum(ks)), rel=1e-12)
+        assert rated.speedup == pytest.approx(want, rel=1e-12)
+        assert rated.seconds == pytest.approx(cost(sum(ks)), rel=1e-12)
+        assert (rated.base_emitted, rated.base_seconds) == (3.0, pytest.approx(cost(0)))
         assert ks == choose_k(accept, vectorised(cost), 3.0)
