@@ -67,8 +67,9 @@ class PayoffClass(BaseModel):
     steps: int = Field(..., description="steps recorded in which adaptive sequences proposed")
     paid: float = Field(
         ...,
-        description="running geometric mean of the predicted rate with drafts and the seconds "
-        "of proposing over the rate without either; below 1 the class stops proposing",
+        description="the predicted rate with drafts and the seconds of proposing over the rate "
+        "without either, from running sums; below 0.98 the class stops proposing but for one "
+        "step in 16",
     )
 
 
