@@ -117,3 +117,15 @@ def test_policy_metrics_move_after_requests(adaptive_server: Server) -> None:
         after['specserve_spec_k_chosen_bucket{le="0"}']
         > alone['specserve_spec_k_chosen_bucket{le="0"}']
     )
+
+
+def test_info_and_metrics_show_the_payoff_of_proposing(adaptive_server: Server) -> None:
+    url = adaptive_server.url
+    body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 30, "ignore_eos": True}}
+    assert http.post(url + "/generate", json=body).status_code == 200
+    spec = http.get(url + "/info").json()["speculation"]
+    [single] = [c for c in spec["payoff"] if c["min_batch"] == 1]  # one request at a time
+    assert single["steps"] > 0 and single["paid"] > 0.0
+    assert spec["unpaid_steps"] >= 0
+    families = {f.name: f for f in text_string_to_metric_families(http.get(url + "/metrics").text)}
+    assert families["specserve_spec_unpaid_steps"].type == "counter"
