@@ -240,6 +240,15 @@ if [[ $what == eagle || $what == all ]]; then
   python -m benchmarks.spec_ledger --threads "$threads" \
     --workloads summarize,chat-creative,code-complete --requests 48 --lengths 64-192 \
     --rounds 5 --json "$out/ledger-c16-lengths.json" | tee "$out/ledger-c16-lengths.md"
+  # The payoff (proposing's own time weighed) against the same policy with a payoff that never
+  # closes, at 16 at once and at batch 1, with the hand-written free text (about 12 min).
+  python -m benchmarks.spec_ledger --threads "$threads" \
+    --workloads chat-creative,summarize,code-complete,workloads/third-party-free.jsonl \
+    --requests 48 --rounds 3 --compare-payoff --json "$out/payoff-c16.json" \
+    | tee "$out/payoff-c16.md"
+  python -m benchmarks.spec_ledger --threads "$threads" --concurrency 1 \
+    --workloads chat-creative,code-edit,workloads/third-party-free.jsonl --requests 6 \
+    --rounds 2 --compare-payoff --json "$out/payoff-c1.json" | tee "$out/payoff-c1.md"
 fi
 
 if [[ $what == cache || $what == all ]]; then
