@@ -76,8 +76,6 @@ class Payoff:
     min_steps: int = 16  # records before a class may close
     margin: float = 0.02  # a class closes when proposing costs more than this of its rate
     explore: int = 16  # a closed class proposes on every explore-th step
-    per_seq: float = 0.0  # running mean of proposing seconds per proposing sequence
-    recorded: int = 0  # steps recorded, every class
     classes: dict[int, _Sums] = field(default_factory=dict)
 
     def allows(self, num_decode: int) -> bool:
@@ -96,11 +94,8 @@ class Payoff:
         `seconds`; `p`: the choice's predictions."""
         if proposing <= 0 or min(p.seconds, p.base_seconds, p.base_emitted) <= 0.0:
             return
-        seconds = max(seconds, 0.0)
-        self.recorded += 1
-        self.per_seq += max(self.alpha, 1.0 / self.recorded) * (seconds / proposing - self.per_seq)
         c = self.classes.setdefault(size_class(num_decode), _Sums())
-        c.add(p, seconds, self.alpha)
+        c.add(p, max(seconds, 0.0), self.alpha)
 
     def table(self) -> list[tuple[int, int, float]]:
         """(smallest batch size of the class, steps recorded, paid) per class."""

@@ -49,4 +49,5 @@ def test_a_proposer_that_finds_nothing_is_asked_only_to_explore(tiny_llama: Path
     assert policy.stats.unpaid_steps == closed - closed // payoff.explore
     [(low, steps, paid)] = payoff.table()
     assert low == 1 and steps == empty.asked and paid < 1.0
-    assert payoff.recorded == empty.asked and payoff.per_seq >= 0.01  # timed by the engine
+    [sums] = payoff.classes.values()  # the engine timed each ask: at least its 10 ms
+    assert sums.with_seconds - sums.base_seconds >= 0.01

@@ -33,7 +33,8 @@ def test_a_class_that_loses_closes_and_explores_every_explore_th_step() -> None:
     assert payoff.allows(31) is False  # 16-31 is one class
     [(low, steps, paid)] = payoff.table()
     assert (low, steps) == (16, 4) and paid == pytest.approx(0.020 / 0.024)
-    assert payoff.per_seq == pytest.approx(0.004 / 16)
+    [sums] = payoff.classes.values()
+    assert sums.with_seconds - sums.base_seconds == pytest.approx(0.004)
 
 
 def test_drafts_that_pay_for_proposing_keep_it_open_and_reopen_a_closed_class() -> None:
