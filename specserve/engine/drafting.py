@@ -134,9 +134,10 @@ def record_kept(seq: Sequence, kept: int) -> None:
 def decode_views(
     policy: SpeculationPolicy, seqs: list[Sequence], caps: list[int]
 ) -> list[DecodeSeq]:
-    """What the policy sees of each decode sequence before proposing: length, cap."""
+    """What the policy sees of each decode sequence before proposing: length, cap, grammar."""
     return [
-        DecodeSeq(s.num_tokens, is_static(policy, s), c) for s, c in zip(seqs, caps, strict=True)
+        DecodeSeq(s.num_tokens, is_static(policy, s), c, grammar=grammar_of(s) is not None)
+        for s, c in zip(seqs, caps, strict=True)
     ]
 
 

@@ -126,6 +126,9 @@ class DecodeSeq:
     static: bool  # verifies its whole draft (static policy, or the request asked for it)
     cap: int = 0  # most drafts it may propose (before proposing)
     draft: Draft | None = None  # what it proposed (after proposing)
+    # under a grammar: its forced text (near-free, accepted) drafts whatever the payoff or the
+    # pre-check says of the proposer; only a gate stops it
+    grammar: bool = False
 
 
 @dataclass
@@ -171,10 +174,10 @@ class SpeculationPolicy:
             return caps
         if not self.payoff.allows(len(seqs)):
             self.stats.unpaid_steps += 1
-            return [s.cap if s.static else 0 for s in seqs]
+            return [s.cap if s.static or s.grammar else 0 for s in seqs]
         if self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
             self.stats.skipped_steps += 1
-            return [s.cap if s.static else 0 for s in seqs]
+            return [s.cap if s.static or s.grammar else 0 for s in seqs]
         return caps
 
     def choose(

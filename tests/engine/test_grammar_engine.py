@@ -144,3 +144,28 @@ def test_a_grammar_too_costly_to_follow_fails_only_its_request(
     assert len(costly.tokens) < specserve.grammar.SLOW_MASKS  # failed within its first rows
     assert neighbour.finish_reason == "length" and neighbour.tokens == alone
     assert_no_kv_held(engine)
+
+
+def test_forced_text_is_drafted_where_the_payoff_stopped_proposing(tiny_llama: Path) -> None:
+    from specserve.speculation.payoff import size_class
+    from specserve.speculation.policy import Rated
+
+    p = constrained(GREEDY, JSON)
+    static = make_engine(tiny_llama, speculate=4)
+    static.res.proposer = Silent()
+    want = collect(static, PROMPTS, p)
+    engine = make_engine(tiny_llama, speculate=4, policy="adaptive")
+    engine.res.proposer = Silent()
+    policy = engine.res.policy
+    assert policy is not None
+    nothing = Rated([], 1.0, 0.001, 1.0, 0.001)
+    for batch in (1, 2, 3):  # proposing has cost its time at every batch size this runs at
+        for _ in range(policy.payoff.min_steps):
+            policy.payoff.record(batch, 1, 0.01, nothing)
+        assert not policy.payoff.allows(batch)
+    assert {size_class(b) for b in (1, 2, 3)} == set(policy.payoff.classes)
+    outs = collect(engine, PROMPTS, p)
+    assert [o.tokens for o in outs] == [o.tokens for o in want]
+    assert policy.stats.unpaid_steps > 0
+    # every forced span drafted as with the static policy (the payoff gates proposing only)
+    assert engine.stats.forced.drafted_tokens == static.stats.forced.drafted_tokens > 0

@@ -87,6 +87,8 @@ def test_the_policy_stops_proposing_where_finding_nothing_cost_its_time() -> Non
     assert policy.stats.unpaid_steps == 1
     static = [*free(15), DecodeSeq(100, True, 3)]
     assert policy.open(static, 16, 16) == [0] * 15 + [3]  # a static request still drafts
+    grammar = [*free(15), DecodeSeq(100, False, 3, grammar=True)]
+    assert policy.open(grammar, 16, 16) == [0] * 15 + [3]  # and so does forced text
     assert policy.open(free(1), 1, 1) == [3]  # batch 1 never proposed: open
 
 

@@ -146,6 +146,8 @@ def test_precheck_skips_proposing_when_no_draft_can_pay() -> None:
     assert policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [0, 0]
     assert policy.open(seqs([4], static=True), num_running=1, scheduled_tokens=1) == [4]
     assert policy.stats.skipped_steps == 1
+    forcing = [DecodeSeq(50, False, 4, grammar=True), DecodeSeq(50, False, 4)]
+    assert policy.open(forcing, num_running=2, scheduled_tokens=2) == [4, 0]
     cheap = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.0001))
     assert cheap.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
 
