@@ -92,7 +92,7 @@ class Payoff:
     def record(self, num_decode: int, proposing: int, seconds: float, p: Prediction) -> None:
         """One step in which `proposing` adaptive sequences proposed, and the policy chose, in
         `seconds`; `p`: the choice's predictions."""
-        if proposing <= 0 or min(p.seconds, p.base_seconds, p.base_emitted) <= 0.0:
+        if proposing <= 0:
             return
         c = self.classes.setdefault(size_class(num_decode), _Sums())
         c.add(p, max(seconds, 0.0), self.alpha)

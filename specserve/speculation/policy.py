@@ -174,11 +174,11 @@ class SpeculationPolicy:
             return caps
         if not self.payoff.allows(len(seqs)):
             self.stats.unpaid_steps += 1
-            return [s.cap if s.static or s.grammar else 0 for s in seqs]
-        if self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
+        elif self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
             self.stats.skipped_steps += 1
-            return [s.cap if s.static or s.grammar else 0 for s in seqs]
-        return caps
+        else:
+            return caps
+        return [s.cap if s.static or s.grammar else 0 for s in seqs]  # no proposer drafts
 
     def choose(
         self, seqs: list[DecodeSeq], prefill: int, proposing: int = 0, seconds: float = 0.0
