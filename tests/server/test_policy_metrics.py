@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specserve.server.info import speculation_info
+from specserve.speculation.policy import Rated
 from tests import http
+from tests.engine.helpers import make_engine
 from tests.server.conftest import Server, idle, start_server, wait_for
 from tests.server.test_metrics import COPY_PROMPT
 
@@ -124,8 +127,22 @@ def test_info_and_metrics_show_the_payoff_of_proposing(adaptive_server: Server) 
     body = {"inputs": COPY_PROMPT, "parameters": {"max_new_tokens": 30, "ignore_eos": True}}
     assert http.post(url + "/generate", json=body).status_code == 200
     spec = http.get(url + "/info").json()["speculation"]
-    [single] = [c for c in spec["payoff"] if c["min_batch"] == 1]  # one request at a time
-    assert single["steps"] > 0 and single["paid"] > 0.0
-    assert spec["unpaid_steps"] >= 0
+    # whether this machine's step times let the policy propose is not this test's to decide:
+    # the classes' content is checked in process below
+    assert isinstance(spec["payoff"], list) and spec["unpaid_steps"] >= 0
     families = {f.name: f for f in text_string_to_metric_families(http.get(url + "/metrics").text)}
     assert families["specserve_spec_unpaid_steps"].type == "counter"
+
+
+def test_info_reports_each_payoff_class(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama, speculate=2, policy="adaptive")
+    policy = engine.res.policy
+    assert policy is not None
+    policy.payoff.record(1, 1, 0.001, Rated([1], 2.0, 0.004, 1.0, 0.003))
+    policy.payoff.record(5, 5, 0.002, Rated([], 5.0, 0.010, 5.0, 0.010))
+    policy.stats.unpaid_steps = 7
+    info = speculation_info(engine)
+    assert info.unpaid_steps == 7
+    assert [(c.min_batch, c.steps) for c in info.payoff] == [(1, 1), (4, 1)]
+    assert info.payoff[0].paid == pytest.approx((2.0 / 0.005) / (1.0 / 0.003))
+    assert info.payoff[1].paid == pytest.approx(0.010 / 0.012)
