@@ -26,6 +26,7 @@ observed acceptance per bucket.
 
     python -m benchmarks.spec_bench [--proposer ngram,suffix] [--policy static,adaptive]
         [--speculate 0,1,2,3,5,8] [--concurrency 1,4,16] [--workloads NAMES|FILE.jsonl] [--json P]
+        [--eagle HEAD_DIR]
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--draft-model", default=None, help="HF directory or .gguf sharing the tokenizer"
     )
     p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument(
+        "--eagle",
+        default=None,
+        help="EAGLE head directory for the eagle and hybrid proposers; default: the shipped head",
+    )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list: names, .jsonl")
     p.add_argument("--prompts-per-workload", type=int, default=3, help="requests (built-ins)")
     p.add_argument("--new-tokens", type=int, default=128)
@@ -175,6 +181,7 @@ def build_engine(args: argparse.Namespace, proposer: str) -> Engine:
             proposer=proposer,  # type: ignore[arg-type]
             draft_model=args.draft_model,
             ngram_max=args.ngram_max,
+            eagle=args.eagle,
             policy="adaptive" if "adaptive" in args.policies else "static",
         )
         scheduler = SchedulerConfig(max_running_requests=max(args.concurrency))
