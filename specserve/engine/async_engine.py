@@ -5,21 +5,8 @@ side (read-only), then hands the request to the thread through an inbox; aborts 
 So a long forward pass never blocks the event loop. Leaving the `generate()` iterator early (a
 client disconnect, a cancelled task) aborts the request, which frees its KV blocks.
 
-The engine should be built in the step thread (pass a function that builds it): OpenMP keeps
-a pool of worker threads per thread that runs parallel regions, and once the pools hold more
-threads than there are cores libgomp stops letting idle workers spin, so every parallel region
-then starts by waking a sleeping thread. Measured on 2 cores: the same engine, built in the
-main thread and stepped in another, decoded ~40 tok/s against ~85 built and stepped in one
-thread. So one thread runs every multi-threaded region, and the server's other threads keep
-torch at one thread.
-
-The step thread allocates from glibc's main malloc arena, like a single-threaded program
-(`one_malloc_arena`, set before the thread starts). Measured on 2 cores, 16 requests over HTTP
-against the same engine stepped in the benchmark's main thread, interleaved
-(benchmarks/bench_serving.py, `MALLOC_ARENA_MAX=1` against the default, two runs each):
-0.86-0.88x streaming and 0.87-0.93x non-streaming by default, 0.95x and 0.95-0.96x with one
-arena. Why is not established: an engine stepped in a thread of a plain process, no server,
-decodes as fast and takes as many page faults with one arena as without.
+The engine is built in the step thread, which allocates from glibc's main malloc arena: why,
+and what each measured, in `engine/step_thread.py`.
 
 Outputs reach the event loop once per step, all of that step's requests in one wake-up; a
 non-streaming caller (`stream=False`) is woken for its first token and then only when it
@@ -54,20 +41,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-import torch
-
 from specserve.engine.engine import Engine
 from specserve.engine.handover import Listener, Outputs, Sink, Ticket, hand_over
+from specserve.engine.step_thread import compute_takes_every_core, one_malloc_arena
 from specserve.request import RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -96,22 +80,6 @@ _Item = _Add | _Abort | _AbortAll
 
 # The shortest wait for the event loop after a hand-over (the bound is the step's duration).
 MIN_HAND_OVER_WAIT_S = 0.002
-
-
-M_ARENA_MAX = -8  # glibc's mallopt parameter: how many malloc arenas the process may make
-
-
-def one_malloc_arena() -> bool:
-    """Have threads started from now on allocate from glibc's main arena (see the module
-    docstring). False where the C library has no such setting (not glibc)."""
-    try:
-        return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1))
-    except (OSError, AttributeError):
-        return False
-
-
-def _compute_takes_every_core() -> bool:
-    return torch.get_num_threads() >= len(os.sched_getaffinity(0))
 
 
 class AsyncEngine:
@@ -218,7 +186,7 @@ class AsyncEngine:
         try:
             if build is not None:
                 self.engine = build()
-            self._yield_cores = _compute_takes_every_core()
+            self._yield_cores = compute_takes_every_core()
         except BaseException as exc:
             self._build_error = exc
             return

@@ -32,6 +32,25 @@ def static_caps(seqs: list[Sequence], speculate: int, max_model_len: int) -> lis
     return caps
 
 
+def open_caps(
+    policy: SpeculationPolicy | None,
+    seqs: list[Sequence],
+    caps: list[int],
+    num_running: int,
+    scheduled: int,
+) -> list[int]:
+    """The scheduler's draft caps after the policy: paused adaptive sequences get none, then
+    the policy opens what it expects to pay (`SpeculationPolicy.open`)."""
+    if policy is None:
+        return caps
+    held = [
+        bool(c) and not is_static(policy, s) and paused(s) for s, c in zip(seqs, caps, strict=True)
+    ]
+    policy.stats.paused += sum(held)
+    caps = [0 if h else c for h, c in zip(held, caps, strict=True)]
+    return policy.open(decode_views(policy, seqs, caps), num_running, scheduled)
+
+
 def propose(
     proposer: Proposer | None, work: list[SeqWork], vocab_size: int, fail: Fail
 ) -> list[Draft | None]:

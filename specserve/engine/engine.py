@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import time
 from dataclasses import replace
 
 import torch
 
 from specserve.config import EngineConfig, SpecConfig
+from specserve.engine.admission import prepare_request
 from specserve.engine.detokenizer import IncrementalDetokenizer
-from specserve.engine.drafting import (
-    decode_views,
-    force_drafts,
-    is_static,
-    keep_prefixes,
-    paused,
-    propose,
-    static_caps,
-)
-from specserve.engine.live import Live, take_prompt_rows
+from specserve.engine.drafting import force_drafts, keep_prefixes, open_caps, propose, static_caps
+from specserve.engine.live import Live, describe, take_prompt_rows
 from specserve.engine.logprobs import span_logprobs
 from specserve.engine.plan import SeqPlan, StepPlan, plan_step
 from specserve.engine.prompt import encode_messages, encode_text
@@ -41,7 +33,6 @@ from specserve.request import (
     SeqStatus,
     Sequence,
     TokenLogprob,
-    check_request,
 )
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
@@ -93,22 +84,8 @@ class Engine:
     def prepare(
         self, prompt: str | list[int], params: SamplingParams
     ) -> tuple[list[int], SamplingParams]:
-        """Tokenize and validate without touching engine state (safe from any thread).
-        A sampled request without a seed gets a random one here, so it can be reported."""
-        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        alloc = self.res.allocator
-        check_request(
-            ids,
-            params,
-            vocab_size=self.res.model.arch.vocab_size,
-            max_model_len=self.max_model_len,
-            kv_capacity=alloc.num_blocks * alloc.block_size,
-        )
-        if params.grammar is not None:
-            self.grammars.compile(params.grammar)  # ValueError: invalid or over the limits
-        if not params.greedy and params.seed is None:
-            params = replace(params, seed=random.getrandbits(63))
-        return ids, params
+        """Tokenize and validate without touching engine state (safe from any thread)."""
+        return prepare_request(self.res, self.grammars, prompt, params)
 
     def add_prepared(
         self,
@@ -226,17 +203,9 @@ class Engine:
         return self._live[w.seq.request_id].prompt_rows(w)
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
-        caps = static_caps(seqs, self.config.spec.speculate, self.max_model_len)
-        policy = self.res.policy
-        if policy is None:
-            return caps
-        held = [
-            bool(c) and not is_static(policy, s) and paused(s)
-            for s, c in zip(seqs, caps, strict=True)
-        ]
-        policy.stats.paused += sum(held)
-        caps = [0 if h else c for h, c in zip(held, caps, strict=True)]
-        return policy.open(decode_views(policy, seqs, caps), num_running, scheduled)
+        spec = self.config.spec
+        caps = static_caps(seqs, spec.speculate, self.max_model_len)
+        return open_caps(self.res.policy, seqs, caps, num_running, scheduled)
 
     def _verify_and_commit(self, plan: StepPlan, run: RunOutput) -> None:
         """Each sampling sequence verifies and commits alone: a non-finite logits row or an
@@ -321,12 +290,7 @@ class Engine:
     ) -> None:
         """Never raises: it is how failures end requests."""
         seq = live.seq
-        try:
-            live.pending_text += live.detok.flush()
-        except Exception as exc:
-            logger.exception("detokenizing the end of %s failed", seq.request_id)
-            if reason != "abort":
-                reason, error = "error", error or f"detokenization failed: {describe(exc)}"
+        reason, error = live.flush(reason, error)
         if reason != "error":  # its committed blocks can serve later prompts (a next turn)
             try:
                 self.scheduler.cache_committed(seq)
@@ -346,8 +310,3 @@ class Engine:
                 self.res.proposer.release(seq)
         except Exception:
             logger.exception("proposer release failed for %s", seq.request_id)
-
-
-def describe(exc: BaseException) -> str:
-    """`RuntimeError: message`, as an error output reports a failure."""
-    return f"{type(exc).__name__}: {exc}"

@@ -3,6 +3,7 @@ the prompt's log-probabilities until they are sent, and how it turns into output
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,8 @@ from specserve.engine.plan import StepPlan
 from specserve.request import RequestOutput, Sequence, TokenLogprob
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import SeqWork
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +68,17 @@ class Live:
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
         return RequestOutput.of(self.seq, new_ids, text, finished, error, logprobs, prompt_lps)
 
+    def flush(self, reason: str, error: str | None) -> tuple[str, str | None]:
+        """The detokenizer's held-back text into `pending_text` as the request ends: the
+        finish reason and error to report (a failed flush turns all but an abort into one)."""
+        try:
+            self.pending_text += self.detok.flush()
+        except Exception as exc:
+            logger.exception("detokenizing the end of %s failed", self.seq.request_id)
+            if reason != "abort":
+                return "error", error or f"detokenization failed: {describe(exc)}"
+        return reason, error
+
     def prompt_rows(self, w: SeqWork) -> int:
         """Logits rows of prompt positions this chunk computes for prompt_logprobs: each one
         predicts the prompt token after it (the chunk's last row samples, if the chunk ends
@@ -94,3 +108,8 @@ def take_prompt_rows(
         if p.prompt.stop > p.prompt.start:
             assert run.hidden_only is not None
             live[p.seq.request_id].add_prompt_logprobs(run.hidden_only[p.prompt], logits_of)
+
+
+def describe(exc: BaseException) -> str:
+    """`RuntimeError: message`, as an error output reports a failure."""
+    return f"{type(exc).__name__}: {exc}"

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from specserve.engine.async_engine import AsyncEngine, one_malloc_arena
+from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.engine.resources import load_resources
+from specserve.engine.step_thread import one_malloc_arena
 from specserve.request import RequestOutput, SamplingParams
 from tests.engine.helpers import make_engine, run_all
 
