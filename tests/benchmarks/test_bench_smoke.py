@@ -90,7 +90,7 @@ def test_spec_bench_compares_proposers_policies_and_concurrency_in_one_run(
 
 
 def test_kv_pressure_bench_runs_both_cases(tmp_path: Path) -> None:
-    from scripts import bench_kv_pressure
+    from benchmarks import bench_kv_pressure
 
     path = tmp_path / "kv.json"
     assert bench_kv_pressure.main(["--threads", "1", "--scale", "0.05", "--json", str(path)]) == 0
