@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.config import AttentionImpl, KvDtype
 from specserve.kernels import attention as kernel
-from specserve.models.llama import ModelArch
+from specserve.models.arch import ModelArch
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem

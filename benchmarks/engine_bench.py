@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import torch
 
 from benchmarks.engine_report import render, summarise
 from benchmarks.machine import machine_info
+from benchmarks.rss import peak_rss_mib, reset_rss_peak, status_mib
 from specserve.bench.workloads import build_workload
 
 MODULE = "benchmarks.engine_bench"
@@ -58,23 +58,6 @@ class Timing:
         return sum(map(len, self.tokens)) / self.total_s
 
 
-def _peak_rss_mib() -> float:
-    """Peak RSS since start or since the last `_reset_rss_peak`."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status", encoding="utf-8") as f:
-        line = next(ln for ln in f if ln.startswith(f"{field}:"))
-    return int(line.split()[1]) / 1024
-
-
-def _reset_rss_peak() -> None:
-    """Restart the peak (VmHWM = ru_maxrss) from the current RSS (Linux >= 4.0)."""
-    with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
-        f.write("5")
-
-
 # ---------------------------------------------------------------- prompts and timing
 
 
@@ -96,8 +79,8 @@ def measure(
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Warm up, then batch-1 repeats (prompt r for repeat r) and batch-B repeats."""
-    loading_peak, loaded = _peak_rss_mib(), _status_mib("VmRSS")
-    _reset_rss_peak()
+    loading_peak, loaded = peak_rss_mib(), status_mib("VmRSS")
+    reset_rss_peak()
     batch = prompts[: args.batch]
     run(prompts[:1], 4)
     run(batch, 2)
@@ -111,8 +94,8 @@ def measure(
         "batch_aggregate_tok_s": [t.aggregate_tok_s for t in multi],
         "batch_tokens_generated": sum(map(len, multi[0].tokens)),
         "rss_after_load_mib": loaded,
-        "peak_rss_generating_mib": _peak_rss_mib(),
-        "peak_rss_mib": max(loading_peak, _peak_rss_mib()),
+        "peak_rss_generating_mib": peak_rss_mib(),
+        "peak_rss_mib": max(loading_peak, peak_rss_mib()),
     }
 
 

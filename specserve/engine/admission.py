@@ -1,15 +1,18 @@
 """A request's way in: its prompt encoded and checked against the engine's limits, before any
-engine state is touched (so any thread may call it)."""
+engine state is touched (so any thread may call it); then its sequence and live state."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
+from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.live import Live
 from specserve.engine.prompt import encode_text
 from specserve.engine.resources import EngineResources
 from specserve.grammar import Grammars
-from specserve.request import SamplingParams, check_request
+from specserve.request import SamplingParams, Sequence, check_request
 
 
 def prepare_request(
@@ -31,3 +34,19 @@ def prepare_request(
     if not params.greedy and params.seed is None:
         params = replace(params, seed=random.getrandbits(63))
     return ids, params
+
+
+def new_live(
+    seq_id: int,
+    request_id: str,
+    ids: list[int],
+    params: SamplingParams,
+    grammars: Grammars,
+    tokenizer: Any,
+) -> Live:
+    """A prepared request's sequence and live state; its grammar's constraint (if any) is its
+    first logits processor."""
+    seq = Sequence(seq_id=seq_id, request_id=request_id, prompt_ids=ids, params=params)
+    if params.grammar is not None:
+        seq.logits_processors = (grammars.processor(params.grammar, len(ids)),)
+    return Live(seq, IncrementalDetokenizer(tokenizer, params.stop))

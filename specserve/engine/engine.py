@@ -13,8 +13,7 @@ from dataclasses import replace
 import torch
 
 from specserve.config import EngineConfig, SpecConfig
-from specserve.engine.admission import prepare_request
-from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.admission import new_live, prepare_request
 from specserve.engine.drafting import force_drafts, keep_prefixes, open_caps, propose, static_caps
 from specserve.engine.live import Live, describe, take_prompt_rows
 from specserve.engine.logprobs import span_logprobs
@@ -24,7 +23,7 @@ from specserve.engine.resources import EngineResources, load_resources
 from specserve.engine.respeculate import respeculate
 from specserve.engine.stats import EngineStats, StepRecord
 from specserve.engine.tokenizer import locked
-from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verify_span
+from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verified
 from specserve.grammar import Grammars
 from specserve.request import (
     LogitsProcessor,
@@ -101,14 +100,11 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(seq_id=next(self._ids), request_id=request_id, prompt_ids=ids, params=params)
-        if params.grammar is not None:
-            constraint = self.grammars.processor(params.grammar, len(ids))
-            logits_processors = (constraint, *logits_processors)
-        seq.logits_processors = logits_processors
-        self._live[request_id] = Live(seq, IncrementalDetokenizer(self.res.tokenizer, params.stop))
+        live = new_live(next(self._ids), request_id, ids, params, self.grammars, self.res.tokenizer)
+        live.seq.logits_processors += logits_processors
+        self._live[request_id] = live
         sibling = self._live.get(after) if after is not None else None
-        self.scheduler.add(seq, after=sibling.seq if sibling is not None else None)
+        self.scheduler.add(live.seq, after=sibling.seq if sibling is not None else None)
         return request_id
 
     def encode(self, text: str) -> list[int]:
@@ -203,8 +199,7 @@ class Engine:
         return self._live[w.seq.request_id].prompt_rows(w)
 
     def _draft_caps(self, seqs: list[Sequence], num_running: int, scheduled: int) -> list[int]:
-        spec = self.config.spec
-        caps = static_caps(seqs, spec.speculate, self.max_model_len)
+        caps = static_caps(seqs, self.config.spec.speculate, self.max_model_len)
         return open_caps(self.res.policy, seqs, caps, num_running, scheduled)
 
     def _verify_and_commit(self, plan: StepPlan, run: RunOutput) -> None:
@@ -223,14 +218,9 @@ class Engine:
         every_row = REGISTRY.hidden_rows(self.res.proposer) is HiddenRows.ACCEPTED
         for p in plan.sampling:
             seq = p.seq
-            if not all(finite[p.logits]):
-                self._fail([seq], "the model produced non-finite logits (NaN or inf)")
-                continue
-            try:
-                result = verify_span(p, run.logits, rows, picks)
-            except Exception as exc:
-                logger.exception("verify failed for %s", seq.request_id)
-                self._fail([seq], f"verify failed: {describe(exc)}")
+            result = verified(p, run.logits, rows, picks, finite)
+            if isinstance(result, str):
+                self._fail([seq], result)
                 continue
             try:
                 lps = span_logprobs(p, result.tokens, run.logits, rows)

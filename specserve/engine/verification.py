@@ -14,11 +14,29 @@ import logging
 import numpy as np
 import torch
 
+from specserve.engine.live import describe
 from specserve.engine.plan import SeqPlan, StepPlan
 from specserve.runner.sampler import SampleRow, pick_tokens, processed_logits
 from specserve.speculation.verify import VerifyResult, verify_deterministic, verify_sampled
 
 logger = logging.getLogger(__name__)
+
+
+def verified(
+    p: SeqPlan,
+    logits: torch.Tensor,
+    rows: list[SampleRow],
+    picks: list[int] | None,
+    finite: list[bool],
+) -> VerifyResult | str:
+    """`p`'s verified span, or why its request fails: a non-finite row, or verify raising."""
+    if not all(finite[p.logits]):
+        return "the model produced non-finite logits (NaN or inf)"
+    try:
+        return verify_span(p, logits, rows, picks)
+    except Exception as exc:
+        logger.exception("verify failed for %s", p.seq.request_id)
+        return f"verify failed: {describe(exc)}"
 
 
 def sample_rows(plan: StepPlan) -> list[SampleRow]:

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specserve.models.arch import ModelArch
 from specserve.models.block_linear import BlockLinear
-from specserve.models.llama import ModelArch, RMSNorm, apply_rope
+from specserve.models.llama import RMSNorm, apply_rope
 from specserve.models.registry import read_config
 from specserve.speculation.medusa import Fingerprint, fingerprint
 
