@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +81,18 @@ class Steps:
         return RunItem([1] * n, 0, self.table(n), 1)
 
 
-def main() -> None:
+def build_paths(model: Any, max_context: int) -> tuple[dict[str, ModelRunner], dict[str, Steps]]:
+    """A runner and its step builder per path of PATHS, with blocks for 16 sequences of
+    `max_context` tokens and some to spare."""
+    num_blocks = 16 * (max_context // BLOCK + 1) + 64
+    runners, steps = {}, {}
+    for name, (impl, kv_dtype) in PATHS.items():
+        runner = ModelRunner(model, num_blocks, BLOCK, torch.device("cpu"), impl, kv_dtype)
+        runners[name], steps[name] = runner, Steps(BlockAllocator(num_blocks, BLOCK))
+    return runners, steps
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
@@ -88,17 +100,17 @@ def main() -> None:
     p.add_argument("--contexts", default="64,256,1024,2048,4096")
     p.add_argument("--prefills", default="64,1024")
     p.add_argument("--json", default=None, help="also write the results here")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     info = machine_info("benchmarks.bench_attention", sys.argv[1:])
     info["stat"] = args.stat
     model = build_model(resolve_model_dir(None), torch.device("cpu"))
     contexts = [int(c) for c in args.contexts.split(",")]
-    num_blocks = 16 * (max(contexts) // BLOCK + 1) + 64
-    runners, steps = {}, {}
-    for name, (impl, kv_dtype) in PATHS.items():
-        runner = ModelRunner(model, num_blocks, BLOCK, torch.device("cpu"), impl, kv_dtype)
-        runners[name], steps[name] = runner, Steps(BlockAllocator(num_blocks, BLOCK))
+    runners, steps = build_paths(model, max(contexts))
     if not runners["kernel f16"].ragged:
         raise SystemExit("the paged attention kernel does not run here: nothing to compare")
 

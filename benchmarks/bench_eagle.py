@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,6 +62,39 @@ def draft_ms(proposer: EagleProposer, batch: int, k: int, repeats: int) -> list[
     return times
 
 
+def proposers(model_dir: Path, model: Any) -> tuple[EagleProposer, EagleProposer]:
+    """The shipped head twice: on its native layer and on torch ops, both drafting every chain
+    to k on every step (what k drafted tokens cost, whatever they would gain)."""
+    head_dir = eagle_head_dir(model_dir, None)
+    if head_dir is None:
+        raise SystemExit("error: no EAGLE head for the default model")
+    proposer = EagleProposer.load(head_dir, model, model_dir)
+    torch_path = EagleProposer.load(head_dir, model, model_dir)
+    torch_path.native = None
+    eagle_state.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
+    eagle_proposer.HEAD_TOKEN_COST = (
+        0.0  # every step drafted, whatever its drafts on random features
+    )
+    return proposer, torch_path
+
+
+def print_table(info: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    print(machine_lines(info))
+    print()
+    print(
+        "| B | k | drafting ms/step | ms per drafted token | torch path, ms per drafted token "
+        "| torch path / native | target step ms | token cost |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['batch']} | {r['k']} | {r['draft_ms']:.2f} | {r['draft_ms_per_token']:.3f} | "
+            f"{r['torch_path_ms_per_token']:.3f} | "
+            f"{r['torch_path_ms_per_token'] / r['draft_ms_per_token']:.2f}x | "
+            f"{r['target_step_ms']:.2f} | {r['token_cost']:.3f} |"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
@@ -75,16 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     model_dir = resolve_model_dir(None)
     model = build_model(model_dir, torch.device("cpu"))
-    head_dir = eagle_head_dir(model_dir, None)
-    if head_dir is None:
-        raise SystemExit("error: no EAGLE head for the default model")
-    proposer = EagleProposer.load(head_dir, model, model_dir)
-    torch_path = EagleProposer.load(head_dir, model, model_dir)
-    torch_path.native = None
-    eagle_state.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
-    eagle_proposer.HEAD_TOKEN_COST = (
-        0.0  # every step drafted, whatever its drafts on random features
-    )
+    proposer, torch_path = proposers(model_dir, model)
     blocks = max(batches) * (256 // 16 + 2)
     runner = ModelRunner(model, blocks, 16, torch.device("cpu"), kv_dtype="float16")
     targets = measure_verify_cost(
@@ -107,20 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "token_cost": round(per_token / (target.ms_step / batch), 4),
             }
         )
-    print(machine_lines(info))
-    print()
-    print(
-        "| B | k | drafting ms/step | ms per drafted token | torch path, ms per drafted token "
-        "| torch path / native | target step ms | token cost |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(
-            f"| {r['batch']} | {r['k']} | {r['draft_ms']:.2f} | {r['draft_ms_per_token']:.3f} | "
-            f"{r['torch_path_ms_per_token']:.3f} | "
-            f"{r['torch_path_ms_per_token'] / r['draft_ms_per_token']:.2f}x | "
-            f"{r['target_step_ms']:.2f} | {r['token_cost']:.3f} |"
-        )
+    print_table(info, rows)
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=2) + "\n")
     return 0

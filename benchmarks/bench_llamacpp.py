@@ -222,7 +222,28 @@ def specserve_cmd(threads: int, numerics: Numerics = "q8") -> list[str]:
     ]  # fmt: skip
 
 
-def main() -> None:
+def load_part(
+    args: argparse.Namespace,
+    every: dict[str, list[list[int]]],
+    tokenizer: Any,
+    urls: tuple[str, str],
+) -> list[LoadResult]:
+    """`--concurrency` requests of each length at once, llama-server (`-np`) then specserve q8."""
+    crowd = {label: ids[: args.concurrency] for label, ids in every.items()}
+    logs, (llama_url, ours_url) = Path(args.logs), urls
+    llama = llama_cmd(args.llama_server, args.threads, args.concurrency)
+    load = load_side(
+        "llama.cpp", llama, llama_url, crowd, tokenizer, logs / "load-llama.log", NEW_TOKENS
+    )
+    ours = specserve_cmd(args.threads)
+    load += load_side(
+        "specserve q8", ours, ours_url, crowd, tokenizer, logs / "load-ours.log", NEW_TOKENS
+    )
+    print("\n" + load_table(load, args.concurrency), flush=True)
+    return load
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--llama-server", default=os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
@@ -234,7 +255,11 @@ def main() -> None:
     p.add_argument("--verify-ks", default="0,1,2,3,4,5,6,7,8", help="verify cost ('': skip)")
     p.add_argument("--json", default=None)
     p.add_argument("--logs", default="/tmp", help="where the servers' logs go")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if not args.llama_server or not Path(args.llama_server).is_file():
         print(
             "llama-server not found (--llama-server or $LLAMA_SERVER): nothing to compare; "
@@ -262,18 +287,7 @@ def main() -> None:
     ]
     print(machine_lines(info), "\n")
     print(batch1_table(results), flush=True)  # each part as it ends: a later one may fail
-    load: list[LoadResult] = []
-    if args.concurrency:
-        crowd = {label: ids[: args.concurrency] for label, ids in every.items()}
-        llama = llama_cmd(args.llama_server, args.threads, args.concurrency)
-        load += load_side(
-            "llama.cpp", llama, llama_url, crowd, tokenizer, logs / "load-llama.log", NEW_TOKENS
-        )
-        ours = specserve_cmd(args.threads)
-        load += load_side(
-            "specserve q8", ours, ours_url, crowd, tokenizer, logs / "load-ours.log", NEW_TOKENS
-        )
-        print("\n" + load_table(load, args.concurrency), flush=True)
+    load = load_part(args, every, tokenizer, (llama_url, ours_url)) if args.concurrency else []
     ks = [int(k) for k in args.verify_ks.split(",") if k]
     verify_sides: list[str] = [*modes, PLAIN_ROWS] if "q8" in modes else list(modes)
     verify: dict[str, list[Point]] = engine_verify_costs(verify_sides, ks) if ks else {}

@@ -170,35 +170,28 @@ def valid(text: str, schema: dict[str, Any]) -> bool:
     return isinstance(value, dict) and set(schema["required"]) <= set(value)
 
 
-def main() -> None:
-    from benchmarks.machine import machine_info, machine_lines, markdown_table
-
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--speculate", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="passes over the documents")
     p.add_argument("--mask-concurrency", type=int, default=16, help="0: skip the mask's cost")
     p.add_argument("--json", default=None)
-    args = p.parse_args()
-    info = machine_info("benchmarks.bench_structured", sys.argv[1:])
-    import torch
+    return p.parse_args()
 
-    torch.set_num_threads(args.threads)
-    engines = {
-        "off": build(0, args.threads, silent=False),
-        "forced only": build(args.speculate, args.threads, silent=True),
-        "lookup + forced": build(args.speculate, args.threads, silent=False),
-    }
+
+def run_sides(engines: dict[str, Any], repeats: int) -> list[Side]:
+    """Every document through every side, the sides taking turns in a rotated order; exits
+    when the sides' outputs differ."""
     names = list(engines)
     seconds = dict.fromkeys(names, 0.0)
     tokens = dict.fromkeys(names, 0)
     ok = dict.fromkeys(names, 0)
-    compile_ms = compile_times(engines["off"])
     for engine in engines.values():  # warm-up: the tokenizer conversion, the first schema
         run_one(engine, [{"role": "user", "content": "hi"}], DOCS[0][1])
         engine.stats.forced.drafted_tokens = engine.stats.forced.accepted_tokens = 0
         engine.stats.proposer.drafted_tokens = engine.stats.proposer.accepted_tokens = 0
-    for r in range(args.repeats):
+    for r in range(repeats):
         for i, (doc, schema) in enumerate(DOCS):
             messages = [
                 {"role": "system", "content": "Extract the fields of the document as JSON."},
@@ -219,12 +212,18 @@ def main() -> None:
         s = engine.stats
         sides.append(
             Side(
-                name, args.repeats * len(DOCS), tokens[name], seconds[name],
+                name, repeats * len(DOCS), tokens[name], seconds[name],
                 tokens[name] / seconds[name], s.proposer.drafted_tokens,
                 s.proposer.accepted_tokens, s.forced.drafted_tokens, s.forced.accepted_tokens,
                 ok[name],
             )
         )  # fmt: skip
+    return sides
+
+
+def side_table(sides: list[Side]) -> str:
+    from benchmarks.machine import markdown_table
+
     base = sides[0].tok_s
     rows = [
         [
@@ -238,7 +237,25 @@ def main() -> None:
         "side", "requests", "tokens", "e2e tok/s", "/ off", "lookup accepted/drafted",
         "forced accepted/drafted", "valid JSON",
     ]  # fmt: skip
-    print(machine_lines(info) + "\n\n" + markdown_table(header, rows))
+    return markdown_table(header, rows)
+
+
+def main() -> None:
+    from benchmarks.machine import machine_info, machine_lines
+
+    args = parse_args()
+    info = machine_info("benchmarks.bench_structured", sys.argv[1:])
+    import torch
+
+    torch.set_num_threads(args.threads)
+    engines = {
+        "off": build(0, args.threads, silent=False),
+        "forced only": build(args.speculate, args.threads, silent=True),
+        "lookup + forced": build(args.speculate, args.threads, silent=False),
+    }
+    compile_ms = compile_times(engines["off"])
+    sides = run_sides(engines, args.repeats)
+    print(machine_lines(info) + "\n\n" + side_table(sides))
     print("\nCompile (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in compile_ms.items()))
     cost = mask_cost(engines["off"], args.mask_concurrency) if args.mask_concurrency else None
     if cost is not None:

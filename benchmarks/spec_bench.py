@@ -132,11 +132,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--draft-model", default=None, help="HF directory or .gguf sharing the tokenizer"
     )
     p.add_argument("--ngram-max", type=int, default=4)
-    p.add_argument(
-        "--eagle",
-        default=None,
-        help="EAGLE head directory for the eagle and hybrid proposers; default: the shipped head",
-    )
+    p.add_argument("--eagle", default=None, help="EAGLE head directory; default: the shipped")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list: names, .jsonl")
     p.add_argument("--prompts-per-workload", type=int, default=3, help="requests (built-ins)")
     p.add_argument("--new-tokens", type=int, default=128)
