@@ -1,0 +1,31 @@
+"""step_stalls' summary: which slow steps waited for a CPU, and what ran beside them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from benchmarks.step_stalls import Step, others_cpu_ns, own_wait_ns, summary
+
+
+def test_summary_counts_slow_steps_and_the_waits_beside_them() -> None:
+    steps = [Step(4.0, 0.0) for _ in range(97)] + [
+        Step(9.0, 4.5, {"kdamond.0[81]": 4.4}),  # slow, waited
+        Step(7.0, 0.0),  # slow, did not wait
+        Step(6.5, 2.0, {"kdamond.0[81]": 2.1, "rcu[15]": 0.1}),  # slow, waited
+    ]
+    s = summary(steps, slow_factor=1.5)
+    assert s["steps"] == 100 and s["p50_ms"] == 4.0
+    assert s["slow_steps"] == 3 and s["slow_steps_with_wait"] == 2
+    assert s["mean_wait_ms_slow"] == pytest.approx(6.5 / 3)
+    assert s["steps_without_wait"] == 98
+    assert s["p99_over_p50_without_wait"] == pytest.approx(7.0 / 4.0)
+    assert s["cpu_ms_of_others_in_slow_steps"] == {"kdamond.0[81]": 6.5, "rcu[15]": 0.1}
+
+
+def test_schedstat_reads_our_threads_and_the_other_tasks() -> None:
+    assert isinstance(own_wait_ns(), int)
+    others = others_cpu_ns()
+    assert others, "no other task's schedstat was read"
+    assert not any(name.endswith(f"[{os.getpid()}]") for name in others)
