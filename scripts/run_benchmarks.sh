@@ -44,6 +44,12 @@ if [[ $what == serving || $what == all ]]; then
   # after the other. Neither sets OMP_WAIT_POLICY: both sides run with the same environment.
   python -m benchmarks.bench_serving --threads 1,2 --concurrency 1,16 \
     --json "$out/serving.json" | tee "$out/serving.md"
+  # Why some batch-1 steps run slow in process (the ITL tail): each step beside its threads'
+  # run-queue wait and the other tasks that ran meanwhile.
+  for t in 2 1; do
+    python -m benchmarks.step_stalls --threads "$t" --requests 16 --json "$out/stalls-t$t.json" \
+      | tee "$out/stalls-t$t.md"
+  done
   base="${SERVING_BASE_REV:-6178f74}"
   tree=$(mktemp -d)
   git worktree add --detach "$tree" "$base" >/dev/null
