@@ -62,6 +62,10 @@ def interleaved_ms(
     return {name: pick(t[1:]) * 1e3 for name, t in times.items()}
 
 
+# Context of the decode rows in the fixed mixes (beside a prefill chunk, and verifying k drafts).
+MIX_CONTEXT = 800
+
+
 class Steps:
     """Block tables for sequences of given lengths on one allocator, reused across runs."""
 
@@ -110,7 +114,9 @@ def main() -> None:
     info["stat"] = args.stat
     model = build_model(resolve_model_dir(None), torch.device("cpu"))
     contexts = [int(c) for c in args.contexts.split(",")]
-    runners, steps = build_paths(model, max(contexts))
+    prefills = [int(x) for x in args.prefills.split(",")]
+    # the fixed mixes below decode at MIX_CONTEXT: blocks for them too, whatever --contexts says
+    runners, steps = build_paths(model, max(*contexts, *prefills, MIX_CONTEXT))
     if not runners["kernel f16"].ragged:
         raise SystemExit("the paged attention kernel does not run here: nothing to compare")
 
@@ -129,15 +135,12 @@ def main() -> None:
     def decodes(ctx: int, batch: int, rows: int = 1) -> Callable[[Steps], list[RunItem]]:
         return lambda s: [s.decode(ctx, rows) for _ in range(batch)]
 
-    results: dict[str, dict[str, float]] = {
-        f"prefill {n} tokens": measure(prefill(n))
-        for n in (int(x) for x in args.prefills.split(","))
-    }
+    results = {f"prefill {n} tokens": measure(prefill(n)) for n in prefills}
     results |= {
-        "15 decode rows x 800 cached": measure(lambda s: [s.decode(800) for _ in range(15)]),
-        "one 512-token prefill chunk": measure(lambda s: [s.prefill(512)]),
+        f"15 decode rows x {MIX_CONTEXT} cached": measure(decodes(MIX_CONTEXT, 15)),
+        "one 512-token prefill chunk": measure(prefill(512)),
         "both in one step": measure(
-            lambda s: [*(s.decode(800) for _ in range(15)), s.prefill(512)]
+            lambda s: [*(s.decode(MIX_CONTEXT) for _ in range(15)), s.prefill(512)]
         ),
     }
     for n in (64, 512, 1024):
@@ -148,7 +151,7 @@ def main() -> None:
         for ctx in contexts:
             results[f"decode B={batch} ctx={ctx}"] = measure(decodes(ctx, batch))
     for k in (0, 1, 2, 4, 8):
-        results[f"verify k={k} ctx=800"] = measure(decodes(800, 1, k + 1))
+        results[f"verify k={k} ctx={MIX_CONTEXT}"] = measure(decodes(MIX_CONTEXT, 1, k + 1))
     report(info, results, contexts)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -186,7 +189,7 @@ def report(info: dict, results: dict[str, dict[str, float]], contexts: list[int]
             for name, ms in results.items()]  # fmt: skip
     head = [f"step ({info['stat']} ms)", *PATHS, "f32 / f16"]
     print(markdown_table(head, rows), "\n")
-    parts = ("15 decode rows x 800 cached", "one 512-token prefill chunk")
+    parts = (f"15 decode rows x {MIX_CONTEXT} cached", "one 512-token prefill chunk")
     for impl in PATHS:
         mixed = results["both in one step"][impl]
         total = sum(results[name][impl] for name in parts)
@@ -197,9 +200,9 @@ def report(info: dict, results: dict[str, dict[str, float]], contexts: list[int]
         for ctx in contexts[1:]:
             ratio = results[f"decode B={batch} ctx={ctx}"]["kernel f16"] / base
             print(f"- kernel f16 decode B={batch}: ctx {ctx} / ctx {contexts[0]} = {ratio:.2f}")
-    base = results["verify k=0 ctx=800"]["kernel f16"]
+    base = results[f"verify k=0 ctx={MIX_CONTEXT}"]["kernel f16"]
     for k in (1, 2, 4, 8):
-        ratio = results[f"verify k={k} ctx=800"]["kernel f16"] / base
+        ratio = results[f"verify k={k} ctx={MIX_CONTEXT}"]["kernel f16"] / base
         print(f"- kernel f16 verify k={k} / k=0 = {ratio:.2f}")
 
 
