@@ -1,4 +1,5 @@
-"""The CPU suites' key checks on a GPU: HF parity, lossless speculation, KV accounting, seeds.
+"""The CPU suites' key checks on a GPU: HF parity, lossless speculation (n-gram, draft model,
+EAGLE head, hybrid), KV accounting, seeds.
 
 Every test skips when `torch.cuda.is_available()` is False. SPECSERVE_TEST_DEVICE names another
 device (`cpu` runs the same checks on the CPU, to check the tests themselves).
@@ -19,6 +20,9 @@ from specserve.models.registry import build_model
 from specserve.request import SamplingParams
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.speculation.draft import DraftModelProposer
+from specserve.speculation.eagle import EagleConfig, EagleHead, HeadShape, fingerprint, save_eagle
+from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.hybrid import HybridProposer
 from tests.engine.helpers import make_engine, mixed_prompts
 from tests.engine.test_speculation import LOOPY, greedy
 from tests.models.test_parity import assert_matches_hf
@@ -168,6 +172,77 @@ def test_draft_greedy_lossless_under_preemption(target_dir: Path, noisy_draft: P
     )
     assert generate(engine, prompts, GREEDY) == want
     assert engine.scheduler.num_preemptions > 0
+    assert_all_free(engine)
+
+
+# ------------------------------------------------------------------- EAGLE head, hybrid
+@pytest.fixture(scope="module")
+def eagle_dir(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random EAGLE head for tiny_llama: its drafts are mostly wrong, which is the point
+    here (losslessness where drafts are rejected). Its MLP width (48) is no multiple of the
+    block kernels' 32, so on the CPU too it drafts through the torch path the GPU takes."""
+    base = build_model(tiny_llama, torch.device("cpu"))
+    shape = HeadShape.for_target(base.arch, 48, 16)
+    torch.manual_seed(0)
+    head = EagleHead(shape)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    head.draft_vocab = torch.arange(base.arch.vocab_size)
+    out = tmp_path_factory.mktemp("cuda-eagle") / "head"
+    save_eagle(head, out, EagleConfig(shape, "tiny", fingerprint(tiny_llama)))
+    return out
+
+
+def eagle_engine(model_dir: Path, head_dir: Path, proposer: str) -> tuple[Engine, EagleProposer]:
+    engine = engine_on_device(model_dir, speculate=4, proposer=proposer, eagle=str(head_dir))
+    live = engine.res.proposer
+    head = live.head if isinstance(live, HybridProposer) else live
+    assert isinstance(head, EagleProposer)
+    return engine, head
+
+
+def assert_head_on_device(head: EagleProposer) -> None:
+    """The head drafts where the target runs, through torch (the native layer is CPU-only)."""
+    assert head.native is None and head.vocab.device.type == DEV.type
+    assert all(p.device.type == DEV.type for p in head.head.parameters())
+
+
+@pytest.mark.parametrize("proposer", ["eagle", "hybrid"])
+def test_eagle_greedy_lossless_mixed_batch(
+    tiny_llama: Path, eagle_dir: Path, proposer: str
+) -> None:
+    prompts = LOOPY + mixed_prompts(5, seed=4)
+    want = generate(engine_on_device(tiny_llama), prompts, greedy())
+    engine, head = eagle_engine(tiny_llama, eagle_dir, proposer)
+    assert generate(engine, prompts, greedy()) == want
+    assert_head_on_device(head)
+    stats = engine.stats.proposer
+    assert stats.drafted_tokens > stats.accepted_tokens  # drafted, and drafts were rejected
+    if isinstance(engine.res.proposer, HybridProposer):
+        assert stats.accepted_tokens > 0  # the lookup's, on the looping prompts
+        assert engine.res.proposer.chosen["head"] > 0  # and the head served drafts too
+    assert not head._states  # every finished sequence let its drafting state go
+    assert_all_free(engine)
+
+
+def test_eagle_seeded_sampling_identical_with_and_without_it(
+    tiny_llama: Path, eagle_dir: Path
+) -> None:
+    """Sampled requests draft the engine sampler's pick from the head's logits (on the device
+    the head runs on)."""
+    prompts = LOOPY + mixed_prompts(3, seed=10)
+    params = [
+        SamplingParams(max_new_tokens=30, temperature=1.5, seed=s, ignore_eos=True)
+        for s in range(len(prompts))
+    ]
+    params[1] = replace(params[1], top_p=0.9, top_k=40)
+    want = generate(engine_on_device(tiny_llama), prompts, params)
+    engine, head = eagle_engine(tiny_llama, eagle_dir, "hybrid")
+    assert generate(engine, prompts, params) == want
+    assert_head_on_device(head)
+    assert engine.stats.proposer.drafted_tokens > 0
+    assert isinstance(engine.res.proposer, HybridProposer)
+    assert engine.res.proposer.chosen["head"] > 0
     assert_all_free(engine)
 
 

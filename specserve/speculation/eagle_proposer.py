@@ -15,6 +15,7 @@ sampler's pick under the target's own noise), are in eagle_state.py.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -71,7 +72,9 @@ class EagleProposer(Proposer):
         """`blocks`: run the head's projections and the draft-vocabulary scores on the Q8_0
         block kernel in the q8 numerics (the target's own lm_head blocks where it has them):
         drafting is memory-bound at a few rows, and that reads a quarter of float32's bytes."""
-        self.head, self.target, self.head_dir = head, target, head_dir
+        # the head runs where the target does (its features and embeddings are there)
+        self.device = _device(target)
+        self.head, self.target, self.head_dir = head.to(self.device), target, head_dir
         self.vocab = head.draft_vocab  # [K]
         lm_head = target.lm_head
         self.vocab_logits: nn.Module  # [..., H] -> [..., K]: the target's lm_head rows
@@ -80,7 +83,9 @@ class EagleProposer(Proposer):
             rows = ggml.gather_rows(lm_head.blocks, kind, self.vocab, width)
             self.vocab_logits = BlockLinear(rows, kind.plain, width, None)
         else:
-            self.vocab_logits = nn.Linear(head.shape.hidden_size, len(self.vocab), bias=False)
+            self.vocab_logits = nn.Linear(
+                head.shape.hidden_size, len(self.vocab), bias=False, device=self.device
+            )
             rows = linear_weight(lm_head).detach()[self.vocab].float()
             self.vocab_logits.weight = nn.Parameter(rows, requires_grad=False)
             if blocks:
@@ -112,7 +117,8 @@ class EagleProposer(Proposer):
             )
         check_base(head_dir, cfg, base_dir, force)
         widths = (cfg.shape.hidden_size, cfg.shape.intermediate_size)
-        blocks = ggml.library() is not None and all(w % ggml.QK == 0 for w in widths)
+        on_cpu = _device(target).type == "cpu"  # the block kernels run on the CPU
+        blocks = on_cpu and ggml.library() is not None and all(w % ggml.QK == 0 for w in widths)
         logger.info(
             "EAGLE: head with %d draft ids from %s (%s)",
             len(head.draft_vocab),
@@ -187,7 +193,8 @@ class EagleProposer(Proposer):
         return flat.float().view(*tokens.shape, -1)
 
     def _cache(self, states: list[HeadState]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return padded_cache(states, self.head.shape.num_kv_heads, self.head.shape.head_dim)
+        shape = self.head.shape
+        return padded_cache(states, shape.num_kv_heads, shape.head_dim, self.device)
 
     def _catch_up(self, states: list[HeadState]) -> None:
         """Run every pending pair: keys into the caches, each state's `last` output."""
@@ -197,15 +204,15 @@ class EagleProposer(Proposer):
         if self.native is not None:
             self._catch_up_native(todo, self.native)
             return
-        head, t = self.head, max(len(s.tokens) for s in todo)
-        feats = torch.zeros(len(todo), t, head.shape.hidden_size)
-        ids = torch.zeros(len(todo), t, dtype=torch.long)
-        q_pos = torch.full((len(todo), t), PAD_QUERY, dtype=torch.long)
+        head, t, dev = self.head, max(len(s.tokens) for s in todo), self.device
+        feats = torch.zeros(len(todo), t, head.shape.hidden_size, device=dev)
+        ids = torch.zeros(len(todo), t, dtype=torch.long, device=dev)
+        q_pos = torch.full((len(todo), t), PAD_QUERY, dtype=torch.long, device=dev)
         for b, s in enumerate(todo):
             n = len(s.tokens)
             feats[b, :n] = torch.cat(s.features)
-            ids[b, :n] = torch.tensor(s.tokens)
-            q_pos[b, :n] = torch.arange(s.next_pos, s.next_pos + n)
+            ids[b, :n] = torch.tensor(s.tokens, device=dev)
+            q_pos[b, :n] = torch.arange(s.next_pos, s.next_pos + n, device=dev)
         x = head.fuse(feats, self._embed(ids))
         q, k, v = head.qkv_at(x, q_pos)
         k_pos = torch.where(q_pos == PAD_QUERY, NO_POSITION, q_pos)
@@ -248,7 +255,7 @@ class EagleProposer(Proposer):
         head = self.head
         g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
         past_k, past_v, past_pos = self._cache(states)
-        pos = torch.tensor([s.next_pos for s in states]).unsqueeze(1)  # [B, 1]
+        pos = torch.tensor([s.next_pos for s in states], device=self.device).unsqueeze(1)  # [B, 1]
         picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
         for j in range(max(ks)):
             tokens = self._pick(g[:, 0], picks, j)  # [B]
@@ -295,3 +302,9 @@ class EagleProposer(Proposer):
             else:
                 tokens[b] = chain.sample(logits[b], self.vocab, self.target.arch.vocab_size, j)
         return tokens
+
+
+def _device(target: LlamaForCausalLM) -> torch.device:
+    """Where the target computes (its token embeddings, which the head reads, live there)."""
+    embed = target.embed_tokens  # nn.Embedding, or GGUF blocks (a buffer, no weight)
+    return next(itertools.chain(embed.parameters(), embed.buffers())).device

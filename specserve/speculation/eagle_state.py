@@ -47,14 +47,14 @@ class HeadState:
 
 
 def padded_cache(
-    states: list[HeadState], kv_heads: int, head_dim: int
+    states: list[HeadState], kv_heads: int, head_dim: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The states' caches right-padded to one length: keys, values [B, kv_heads, P, D] and
     positions [B, P] (NO_POSITION where empty)."""
     length = max((len(s.positions) for s in states if s.positions is not None), default=0)
-    keys = torch.zeros(len(states), kv_heads, length, head_dim)
+    keys = torch.zeros(len(states), kv_heads, length, head_dim, device=device)
     values = torch.zeros_like(keys)
-    positions = torch.full((len(states), length), NO_POSITION, dtype=torch.long)
+    positions = torch.full((len(states), length), NO_POSITION, dtype=torch.long, device=device)
     for b, s in enumerate(states):
         if s.keys is not None and s.values is not None and s.positions is not None:
             n = len(s.positions)
@@ -92,7 +92,7 @@ class Chain:
     def sample(self, logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, j: int) -> int:
         """The engine sampler's pick from the head's logits (see the module docstring)."""
         seq = self.seq
-        full = torch.full((vocab_size,), float("-inf"))
+        full = torch.full((vocab_size,), float("-inf"), device=logits.device)
         full[vocab] = logits
         row = SampleRow(
             seq.params, seq.token_ids + self.tokens, len(seq.output_ids) + j, seq.logits_processors
