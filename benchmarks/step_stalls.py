@@ -8,16 +8,19 @@ threads and of every other task's leading thread (kernel threads included). A st
 slow above `--slow` times the median; for the slow ones the report gives the run-queue wait of
 our threads and the tasks that took CPU time meanwhile. The compute threads' parallel regions
 end at a barrier, so a thread that waits for a CPU holds up the whole step: where slow steps
-line up with waits, the tail is the machine's, not the engine's. The reads happen between
+line up with waits, the tail is the machine's, not the engine's. Python's garbage collections
+are timed too (`gc.callbacks`): they stall the step in this thread; `--freeze-heap` first
+freezes what loading left alive, as `specserve serve` does. The reads happen between
 steps, outside the timed part; a task's other threads (beside its leading one) are not read.
 
 Usage (repo root): python -m benchmarks.step_stalls [--threads 2] [--requests 8]
-    [--new-tokens 128] [--slow 1.5] [--json FILE]
+    [--new-tokens 128] [--slow 1.5] [--freeze-heap] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -64,10 +67,33 @@ class Step:
     ms: float
     wait_ms: float  # our threads' run-queue wait during the step
     others: dict[str, float] = field(default_factory=dict)  # other tasks' CPU ms during it
+    gc_ms: float = 0.0  # Python's garbage collections during it
 
 
-def run_steps(threads: int, requests: int, new_tokens: int) -> list[Step]:
-    """Decode steps (the first of each request, its prefill, left out), each with its stalls."""
+class GcClock:
+    """Milliseconds Python's garbage collector ran since the last `take()` (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self._ms, self._started = 0.0, 0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            self._ms += (time.perf_counter_ns() - self._started) / 1e6
+
+    def take(self) -> float:
+        ms, self._ms = self._ms, 0.0
+        return ms
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._note)
+
+
+def run_steps(threads: int, requests: int, new_tokens: int, freeze: bool) -> list[Step]:
+    """Decode steps (the first of each request, its prefill, left out), each with its stalls.
+    `freeze`: the heap alive after loading is frozen first, as `specserve serve` does."""
     import torch
 
     from specserve.config import CacheConfig, EngineConfig, SpecConfig
@@ -81,19 +107,26 @@ def run_steps(threads: int, requests: int, new_tokens: int) -> list[Step]:
     engine = Engine(config)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
     texts, steps = render(PROMPTS), []
+    if freeze:
+        from specserve.server.startup import freeze_startup_heap
+
+        freeze_startup_heap()
+    clock = GcClock()
     for i in range(requests):
         engine.add_request(texts[i % len(texts)], params)
         prefill = True
         while engine.has_work():
             wait0, others0 = own_wait_ns(), others_cpu_ns()
+            clock.take()
             start = time.perf_counter_ns()
             engine.step()
             ms = (time.perf_counter_ns() - start) / 1e6
-            wait, others = own_wait_ns() - wait0, others_cpu_ns()
+            gc_ms, wait, others = clock.take(), own_wait_ns() - wait0, others_cpu_ns()
             ran = {k: (v - others0[k]) / 1e6 for k, v in others.items() if v > others0.get(k, v)}
             if not prefill:
-                steps.append(Step(ms, wait / 1e6, ran))
+                steps.append(Step(ms, wait / 1e6, ran, gc_ms))
             prefill = False
+    clock.close()
     return steps
 
 
@@ -114,6 +147,9 @@ def summary(steps: list[Step], slow_factor: float) -> dict[str, Any]:
         "slow_factor": slow_factor,
         "slow_steps": len(slow),
         "slow_steps_with_wait": len(waited),
+        "slow_steps_with_gc": sum(s.gc_ms >= 0.1 for s in slow),
+        "gc_ms_total": sum(s.gc_ms for s in steps),
+        "gc_ms_max": max(s.gc_ms for s in steps),
         "mean_wait_ms_slow": statistics.fmean(s.wait_ms for s in slow) if slow else 0.0,
         "mean_wait_ms_other": statistics.fmean(s.wait_ms for s in steps if s not in slow),
         "steps_without_wait": len(undisturbed),
@@ -137,13 +173,17 @@ def report(info: dict[str, Any], summ: dict[str, Any], steps: list[Step]) -> str
         f"{summ['p99_over_p50_without_wait']:.2f} |",
         "\nOther tasks' CPU time during the slow steps (ms, most first): "
         + ", ".join(f"{k} {v:.1f}" for k, v in summ["cpu_ms_of_others_in_slow_steps"].items()),
-        "\n| slow step | ms | our threads' wait (ms) | others that ran (ms) |",
-        "|---|---|---|---|",
+        f"\nGarbage collections: {summ['gc_ms_total']:.1f} ms over all steps, the longest "
+        f"{summ['gc_ms_max']:.2f} ms; slow steps with >= 0.1 ms of them: "
+        f"{summ['slow_steps_with_gc']}",
+        "\n| slow step | ms | our threads' wait (ms) | garbage collection (ms) | others that ran "
+        "(ms) |",
+        "|---|---|---|---|---|",
     ]
     for i, s in enumerate(steps):
         if s.ms > slow_factor * summ["p50_ms"]:
             ran = ", ".join(f"{k} {v:.2f}" for k, v in Counter(s.others).most_common())
-            lines.append(f"| {i} | {s.ms:.2f} | {s.wait_ms:.2f} | {ran or '-'} |")
+            lines.append(f"| {i} | {s.ms:.2f} | {s.wait_ms:.2f} | {s.gc_ms:.2f} | {ran or '-'} |")
     return "\n".join(lines)
 
 
@@ -153,10 +193,16 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--slow", type=float, default=1.5, help="a step is slow above this x p50")
+    p.add_argument(
+        "--freeze-heap",
+        action="store_true",
+        help="freeze what is alive after loading out of the garbage collector's reach first, "
+        "as `specserve serve` does",
+    )
     p.add_argument("--json", type=Path, help="write the summary and every step here")
     args = p.parse_args()
     info = machine_info("benchmarks.step_stalls", sys.argv[1:])
-    steps = run_steps(args.threads, args.requests, args.new_tokens)
+    steps = run_steps(args.threads, args.requests, args.new_tokens, args.freeze_heap)
     summ = summary(steps, args.slow)
     print(report(info, summ, steps))
     if args.json:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
 
-from benchmarks.step_stalls import Step, others_cpu_ns, own_wait_ns, summary
+from benchmarks.step_stalls import GcClock, Step, others_cpu_ns, own_wait_ns, summary
 
 
 def test_summary_counts_slow_steps_and_the_waits_beside_them() -> None:
@@ -29,3 +30,15 @@ def test_schedstat_reads_our_threads_and_the_other_tasks() -> None:
     others = others_cpu_ns()
     assert others, "no other task's schedstat was read"
     assert not any(name.endswith(f"[{os.getpid()}]") for name in others)
+
+
+def test_gc_clock_times_collections_and_resets() -> None:
+    clock = GcClock()
+    try:
+        clock.take()
+        gc.collect()
+        assert clock.take() > 0.0
+        assert clock.take() == 0.0
+    finally:
+        clock.close()
+    assert clock._note not in gc.callbacks
