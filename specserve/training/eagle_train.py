@@ -37,7 +37,13 @@ from specserve.speculation.eagle import (
     save_eagle,
 )
 from specserve.training.eagle_data import Batch, batch_of, chunks, continuations
-from specserve.training.medusa_data import IGNORE, draft_vocab, recording_engine, vocab_head
+from specserve.training.medusa_data import (
+    IGNORE,
+    draft_vocab,
+    recording_engine,
+    split_heldout,
+    vocab_head,
+)
 from specserve.training.medusa_options import TrainOptions
 from specserve.training.medusa_train import rounded
 
@@ -81,13 +87,7 @@ def train_eagle(
     engine = recording_engine(base_dir, opts)
     conts = continuations(engine, base_dir, opts, data, progress)
     collect_s = time.perf_counter() - started
-    train_set = [c for c in conts if not c.heldout]
-    held_set = [c for c in conts if c.heldout]
-    if not train_set or not held_set:
-        raise ValueError(
-            f"{len(conts)} usable continuations leave no train or no held-out split (every "
-            f"{opts.heldout_every}th prompt of a workload is held out): raise --prompts"
-        )
+    train_set, held_set = split_heldout(conts, opts)
     model = engine.res.model
     vocab = draft_vocab(train_set)
     scores = vocab_head(model.lm_head, vocab)  # frozen: [..., H] -> [..., K]

@@ -123,6 +123,20 @@ def collect(
     return conts
 
 
+def split_heldout(
+    conts: list[Continuation], opts: TrainOptions
+) -> tuple[list[Continuation], list[Continuation]]:
+    """(training, held-out) continuations; a clear error when either is empty."""
+    train = [c for c in conts if not c.heldout]
+    held = [c for c in conts if c.heldout]
+    if not train or not held:
+        raise ValueError(
+            f"{len(conts)} usable continuations leave no train or no held-out split (every "
+            f"{opts.heldout_every}th prompt of a workload is held out): raise --prompts"
+        )
+    return train, held
+
+
 def draft_vocab(conts: list[Continuation]) -> torch.Tensor:
     """[K] sorted int64: every token the base emitted in `conts`."""
     return torch.unique(torch.cat([torch.tensor(c.tokens) for c in conts]))

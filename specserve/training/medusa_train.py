@@ -35,6 +35,7 @@ from specserve.training.medusa_data import (
     draft_vocab,
     head_data,
     recording_engine,
+    split_heldout,
     training_prompts,
     vocab_head,
 )
@@ -60,14 +61,10 @@ def train_medusa(
     engine = recording_engine(base_dir, opts)
     conts = collect(engine, training_prompts(engine, opts), opts, progress)
     collect_s = time.perf_counter() - started
-    if all(c.heldout for c in conts) or not any(c.heldout for c in conts):
-        raise ValueError(
-            f"{len(conts)} usable continuations leave no train or no held-out split (every "
-            f"{opts.heldout_every}th prompt of a workload is held out): raise --prompts"
-        )
-    vocab = draft_vocab([c for c in conts if not c.heldout])
-    train = head_data([c for c in conts if not c.heldout], heads, vocab)
-    held = head_data([c for c in conts if c.heldout], heads, vocab)
+    train_set, held_set = split_heldout(conts, opts)
+    vocab = draft_vocab(train_set)
+    train = head_data(train_set, heads, vocab)
+    held = head_data(held_set, heads, vocab)
     lm_head = vocab_head(engine.res.model.lm_head, vocab)
     model = MedusaHeads(engine.res.model.arch.hidden_size, heads, layers)
     model.draft_vocab = vocab
@@ -75,11 +72,36 @@ def train_medusa(
     started = time.perf_counter()
     fit(model, lm_head, train, opts, progress)
     train_s = time.perf_counter() - started
+    report = _report(model, lm_head, train, held, len(vocab), loss_before, (collect_s, train_s))
+    cfg = MedusaConfig(
+        heads,
+        layers,
+        base_model_name_or_path=base_name or str(base_dir),
+        base_fingerprint=fingerprint(base_dir),
+        extra={"training": {**rounded(report.as_dict()), "options": dataclasses.asdict(opts)}},
+    )
+    save_medusa(model, out_dir, cfg)
+    return report
+
+
+def _report(
+    model: MedusaHeads,
+    lm_head: torch.nn.Linear,
+    train: HeadData,
+    held: HeadData,
+    vocab_size: int,
+    loss_before: list[float],
+    seconds: tuple[float, float],
+) -> TrainReport:
+    """The trained heads on the held-out positions: loss, accuracy per head, the accepted
+    length a chain of them would reach (overall and per workload), and the time taken to
+    collect and to train."""
     accuracy, chain = heldout_accuracy(model, lm_head, held)
-    report = TrainReport(
+    collect_s, train_s = seconds
+    return TrainReport(
         train_positions=len(train.workloads),
         heldout_positions=len(held.workloads),
-        draft_vocab_size=len(vocab),
+        draft_vocab_size=vocab_size,
         loss_before=loss_before,
         loss_after=heldout_loss(model, lm_head, held),
         accuracy=accuracy,
@@ -91,15 +113,6 @@ def train_medusa(
         collect_s=round(collect_s, 1),
         train_s=round(train_s, 1),
     )
-    cfg = MedusaConfig(
-        heads,
-        layers,
-        base_model_name_or_path=base_name or str(base_dir),
-        base_fingerprint=fingerprint(base_dir),
-        extra={"training": {**rounded(report.as_dict()), "options": dataclasses.asdict(opts)}},
-    )
-    save_medusa(model, out_dir, cfg)
-    return report
 
 
 # ------------------------------------------------------------------------------------ train
