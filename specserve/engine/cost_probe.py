@@ -48,6 +48,8 @@ def measure_step_cost(
     budget_s: float = 4.0,
     repeats: int = 2,
 ) -> StepCostModel:
+    """The step cost model for this runner, measured on the shapes of the module docstring
+    within about `budget_s` seconds (logged)."""
     started = time.perf_counter()
     shapes = probe_shapes(max_seqs, max_drafts, max_tokens)
     timer = _Timer(runner, allocator, repeats)
@@ -68,12 +70,7 @@ def measure_step_cost(
         if i >= 2 and time.perf_counter() - started > budget_s:
             break
         measure(b, k)
-    # f(T): the attention-free part of each measured shape, averaged per T.
-    free: dict[int, list[float]] = {}
-    for (b, k), seconds in at_ref.items():
-        t = b * (k + 1)
-        free.setdefault(t, []).append(seconds - g_seq * b * context - g_row * t * context)
-    points = {t: max(sum(v) / len(v), 1e-6) for t, v in free.items()}
+    points = _attention_free(at_ref, g_seq, g_row, context)
     model = StepCostModel(
         curve=CostCurve.from_points(points),
         per_seq_key=g_seq,
@@ -82,17 +79,33 @@ def measure_step_cost(
         context=context,
         profile_seconds=time.perf_counter() - started,
     )
+    _log_profile(model, points)
+    return model
+
+
+def _log_profile(model: StepCostModel, points: dict[int, float]) -> None:
     logger.info(
         "profiled step cost in %.1f s at %d cached tokens per sequence: %s; %.2f us per "
         "sequence key, %.2f us per row key, %.2f ms per prefill token",
         model.profile_seconds,
-        context,
+        model.context,
         ", ".join(f"f({t})={s * 1e3:.1f}ms" for t, s in sorted(points.items())),
-        g_seq * 1e6,
-        g_row * 1e6,
-        pre * 1e3,
+        model.per_seq_key * 1e6,
+        model.per_row_key * 1e6,
+        model.per_prefill_token * 1e3,
     )
-    return model
+
+
+def _attention_free(
+    at_ref: dict[tuple[int, int], float], g_seq: float, g_row: float, context: int
+) -> dict[int, float]:
+    """f(T): what each measured (B, k) shape took less its attention terms at `context`,
+    averaged over the shapes with the same T = B(k+1) rows."""
+    free: dict[int, list[float]] = {}
+    for (b, k), seconds in at_ref.items():
+        t = b * (k + 1)
+        free.setdefault(t, []).append(seconds - g_seq * b * context - g_row * t * context)
+    return {t: max(sum(v) / len(v), 1e-6) for t, v in free.items()}
 
 
 def _attention_terms(
