@@ -133,7 +133,7 @@ def decode_rates(
     return max(native), max(python)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", default="1,2,3,4,5,6,8,16,24,32,64")
@@ -141,19 +141,14 @@ def main() -> None:
     p.add_argument("--scalar", action="store_true", help="q8 on the scalar reference")
     p.add_argument("--cpu-clock", action="store_true", help="time by process CPU time")
     p.add_argument("--decode", type=int, default=0, help="tokens of batch-1 decode instead")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     if args.decode:
-        print(f"batch-1 decode, {args.threads} threads, best of {args.repeats}\n")
-        print("| numerics | native stack tok/s | Python layers tok/s | native / Python | "
-              "ms per step native | Python | overhead removed ms |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
-        modes: tuple[Numerics, ...] = ("q8", "exact")
-        for numerics in modes:
-            native, python = decode_rates(numerics, args.decode, args.threads, args.repeats)
-            ms, ms_py = 1e3 / native, 1e3 / python
-            print(f"| {numerics} | {native:.1f} | {python:.1f} | {native / python:.2f}x | "
-                  f"{ms:.2f} | {ms_py:.2f} | {ms_py - ms:.2f} |")  # fmt: skip
+        print_decode(args)
         return
     model_dir = resolve_model_dir(None)
     blocks = load_blocks(model_dir)
@@ -166,6 +161,29 @@ def main() -> None:
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
           f"{args.threads} threads; best of {args.repeats} rounds, the columns in turn "
           f"(ms per pass, {'CPU time' if args.cpu_clock else 'wall clock'})\n")  # fmt: skip
+    print_projections(args, blocks, dense)
+
+
+def print_decode(args: argparse.Namespace) -> None:
+    """--decode: batch-1 decode with the native layer stack against the Python layers."""
+    print(f"batch-1 decode, {args.threads} threads, best of {args.repeats}\n")
+    print("| numerics | native stack tok/s | Python layers tok/s | native / Python | "
+          "ms per step native | Python | overhead removed ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    modes: tuple[Numerics, ...] = ("q8", "exact")
+    for numerics in modes:
+        native, python = decode_rates(numerics, args.decode, args.threads, args.repeats)
+        ms, ms_py = 1e3 / native, 1e3 / python
+        print(f"| {numerics} | {native:.1f} | {python:.1f} | {native / python:.2f}x | "
+              f"{ms:.2f} | {ms_py:.2f} | {ms_py - ms:.2f} |")  # fmt: skip
+
+
+def print_projections(
+    args: argparse.Namespace,
+    blocks: dict[str, tuple[ggml.BlockKind, torch.Tensor]],
+    dense: dict[str, torch.Tensor],
+) -> None:
+    """The table of all projections at each M of --rows, the columns taking turns."""
     vnni = ggml.q8_path() == "vnni" and not args.scalar
     print("| M | q8 | q8 plain | blocks | decode + mm | dense | q8 / M=1 | q8 plain / M=1 | "
           "blocks / M=1 | q8 plain / q8 | blocks / q8 |"
