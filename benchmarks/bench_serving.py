@@ -142,11 +142,6 @@ def run_threads(
     LOOP_WRITES is a second server, started with --stream-from-loop: its event loop writes
     every streamed event, where the first server's engine thread writes them (`sides` without
     it: a tree older than that flag)."""
-    import torch
-
-    from specserve.config import CacheConfig, EngineConfig, SpecConfig
-    from specserve.engine.engine import Engine
-
     texts = render(PROMPTS)
     cells: list[Cell] = []
     outputs: dict[str, list[int]] = {}
@@ -158,13 +153,7 @@ def run_threads(
         )
     url, loop_url = f"http://127.0.0.1:{PORT}", f"http://127.0.0.1:{PORT + 1}"
     try:
-        torch.set_num_threads(threads)
-        config = EngineConfig(
-            num_threads=threads,
-            spec=SpecConfig(speculate=0),
-            cache=CacheConfig(prefix_caching=False),
-        )
-        engine = Engine(config)
+        engine = in_process_engine(threads)
         send = {
             "in process": lambda batch: in_process(engine, batch),
             "HTTP streaming": lambda batch: over_http(url, batch, True),
@@ -182,6 +171,21 @@ def run_threads(
             server.terminate()
             server.wait(timeout=60)
     return cells
+
+
+def in_process_engine(threads: int) -> Any:
+    """The engine the in-process side steps: the servers' settings (speculation off, no prefix
+    cache), built in this process."""
+    import torch
+
+    from specserve.config import CacheConfig, EngineConfig, SpecConfig
+    from specserve.engine.engine import Engine
+
+    torch.set_num_threads(threads)
+    config = EngineConfig(
+        num_threads=threads, spec=SpecConfig(speculate=0), cache=CacheConfig(prefix_caching=False)
+    )
+    return Engine(config)
 
 
 def run_cell(
