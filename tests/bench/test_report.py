@@ -33,7 +33,13 @@ SLO = Slo(ttft_s=1.0, itl_s=0.1)
 
 
 def rec(
-    ttft: float = 0.5, tokens: int = 11, decode_s: float = 0.5, ok: bool = True, **kw: object
+    ttft: float = 0.5,
+    tokens: int = 11,
+    decode_s: float = 0.5,
+    ok: bool = True,
+    drafted: int | None = None,
+    accepted: int | None = None,
+    spec_steps: int | None = None,
 ) -> RequestRecord:
     """A completed request: `tokens` tokens, the first after `ttft`, the rest over `decode_s`."""
     return RequestRecord(
@@ -47,8 +53,10 @@ def rec(
         e2e=ttft + decode_s,
         output_tokens=tokens,
         finish_reason="length" if ok else None,
-        **kw,
-    )  # type: ignore[arg-type]
+        drafted=drafted,
+        accepted=accepted,
+        spec_steps=spec_steps,
+    )
 
 
 # ------------------------------------------------------------------------------- percentiles

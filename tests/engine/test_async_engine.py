@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import platform
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import pytest
 
@@ -18,6 +19,8 @@ from specserve.engine.resources import load_resources
 from specserve.engine.step_thread import one_malloc_arena
 from specserve.request import RequestOutput, SamplingParams
 from tests.engine.helpers import make_engine, run_all
+
+_Ts = TypeVarTuple("_Ts")
 
 
 def test_stream_matches_sync_and_early_exit_frees_blocks(tiny_llama: Path) -> None:
@@ -227,10 +230,14 @@ def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
         wake_ups = 0
         call = loop.call_soon_threadsafe
 
-        def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        def counted(
+            callback: Callable[[*_Ts], object],
+            *args: *_Ts,
+            context: contextvars.Context | None = None,
+        ) -> asyncio.Handle:
             nonlocal wake_ups
             wake_ups += callback is hand_over  # not the executor's own wake-ups
-            return call(callback, *args, **kwargs)
+            return call(callback, *args, context=context)
 
         loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
 
@@ -286,9 +293,9 @@ def test_generate_releases_its_ticket_when_the_caller_comes_back_or_leaves(
     released: list[int] = []
     release = Ticket.release
 
-    def counted(ticket: Ticket) -> None:
+    def counted(self: Ticket) -> None:
         released.append(1)
-        release(ticket)
+        release(self)
 
     front = AsyncEngine(make_engine(tiny_llama))
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)

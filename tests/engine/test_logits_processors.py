@@ -11,7 +11,7 @@ import torch
 
 from specserve.engine.engine import Engine
 from specserve.request import LogitsProcessor, RequestOutput, SamplingParams, Sequence
-from specserve.speculation.proposer import Draft
+from specserve.speculation.proposer import Draft, Proposer
 from tests.engine.helpers import assert_no_kv_held, make_engine
 
 LOOPY = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [12, 13, 14, 15, 16, 12, 13]]
@@ -37,7 +37,7 @@ def unchanged(ids: list[int], logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-class Insist:
+class Insist(Proposer):
     """Drafts `token` in every slot of every sequence."""
 
     name = "insist"
@@ -125,7 +125,7 @@ def test_a_processor_that_changes_nothing_changes_no_bit(
     tiny_llama: Path, speculate: int, params: SamplingParams
 ) -> None:
     want = run(make_engine(tiny_llama, speculate=speculate), params)
-    every = {i: (unchanged,) for i in range(len(LOOPY))}
+    every: dict[int, tuple[LogitsProcessor, ...]] = {i: (unchanged,) for i in range(len(LOOPY))}
     got = run(make_engine(tiny_llama, speculate=speculate), params, every)
     assert tokens(got) == tokens(want)
     assert [o.logprobs for o in got] == [o.logprobs for o in want]

@@ -49,14 +49,21 @@ def draft_dir(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def test_outputs_identical_with_prefix_caching_on_and_off(
     tiny_llama: Path, draft_dir: Path, proposer: str | None, sampled: bool
 ) -> None:
-    kw: dict[str, object] = {}
-    if proposer is not None:
-        kw = {"speculate": 3, "proposer": proposer}
-        if proposer == "draft":
-            kw["draft_model"] = str(draft_dir)
+    def build(prefix_caching: bool) -> Engine:
+        if proposer is None:
+            return make_engine(tiny_llama, prefix_caching=prefix_caching)
+        draft_model = str(draft_dir) if proposer == "draft" else None
+        return make_engine(
+            tiny_llama,
+            prefix_caching=prefix_caching,
+            speculate=3,
+            proposer=proposer,
+            draft_model=draft_model,
+        )
+
     params = greedy(temperature=1.2, seed=5) if sampled else greedy()
-    want = two_waves(make_engine(tiny_llama, prefix_caching=False, **kw), params)
-    engine = make_engine(tiny_llama, **kw)  # type: ignore[arg-type]
+    want = two_waves(build(prefix_caching=False), params)
+    engine = build(prefix_caching=True)
     assert two_waves(engine, params) == want
     stats = engine.res.allocator.stats
     # DOC's 9 full blocks for 2 questions, and each second turn's first-turn blocks at least.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,11 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
 
 
 def test_pool_fields_are_serves_flags_with_serves_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    group = build_parser()._subparsers
+    assert group is not None
+    subcommands = group._group_actions[0]
+    assert isinstance(subcommands, argparse._SubParsersAction)
+    serve = subcommands.choices["serve"]
     for action in serve._actions:
         monkeypatch.delenv(action.dest.upper(), raising=False)
     flags = {a.dest: a for a in serve._actions if a.option_strings}
@@ -131,7 +136,7 @@ def test_pool_fields_are_serves_flags_with_serves_defaults(monkeypatch: pytest.M
         declared = flags[dest].default
         parsed = declared
         if isinstance(declared, str) and flags[dest].type not in (None, str):
-            parsed = flags[dest].type(declared)  # type: ignore[misc]
+            parsed = flags[dest].type(declared)
         assert fields[dest].default == parsed, dest
         assert f"default: {declared}]" in (flags[dest].help or ""), dest
     assert {f.lstrip("-").replace("-", "_") for f in POOL_SERVE_FLAGS} <= set(fields)
@@ -151,14 +156,14 @@ def test_speculation_settings_are_live_and_the_rest_restarts() -> None:
         changed = with_changes(config, "a", change).pools["a"]
         assert restart_key(changed) == key, change
     assert live_settings(with_changes(config, "a", {"speculate": 2}).pools["a"])["speculate"] == 2
-    for change in (
+    for restarting in (
         {"model": "/elsewhere"},
         {"max_running_requests": 8},
         {"proposer": "medusa"},  # loads heads
         {"max_memory": "4GiB"},  # the KV pool is sized for N
     ):
-        changed = with_changes(config, "a", change).pools["a"]
-        assert restart_key(changed) != key, change
+        changed = with_changes(config, "a", restarting).pools["a"]
+        assert restart_key(changed) != key, restarting
     plain = parse_fleet({"default_pool": "a", "pools": {"a": {"proposer": "ngram"}}}, "t")
     profiled = with_changes(plain, "a", {"speculation_profile": "p.json"})
     assert restart_key(profiled.pools["a"]) != restart_key(plain.pools["a"])

@@ -19,6 +19,7 @@ import pytest
 from specserve.fleet.config import parse_fleet
 from specserve.fleet.ingress import FleetContexts, fleet_app
 from specserve.fleet.replica import PoolReplica
+from specserve.server.context import ServerContext
 from specserve.server.settings import ServerSettings
 from tests.fleet.conftest import two_pools
 
@@ -115,7 +116,7 @@ def test_requests_waiting_for_a_pool_share_one_describe(fleet_model: Path) -> No
     contexts = FleetContexts(config, {"code": FakeHandle(True), "chat": FakeHandle(True)})
     calls = 0
 
-    async def main() -> list[BaseException | object]:
+    async def main() -> list[ServerContext | BaseException]:
         release = asyncio.Event()
 
         async def describe() -> Any:
