@@ -121,11 +121,15 @@ def test_a_planted_or_tampered_library_is_rebuilt_not_loaded(
         planted.write_bytes(b"planted, not a library")
         os.replace(planted, so)
 
+    def link_elsewhere() -> None:
+        so.unlink()
+        so.symlink_to(tmp_path / "elsewhere.so")
+
     tampers = [
         ("differ from the build's record", plant),
         ("writable by group or others", lambda: so.chmod(0o777)),
         ("cannot stat", lambda: build.record_path(so).unlink()),
-        ("not a regular file", lambda: (so.unlink(), so.symlink_to(tmp_path / "elsewhere.so"))),
+        ("not a regular file", link_elsewhere),
     ]
     for i, (why, tamper) in enumerate(tampers, start=2):
         tamper()

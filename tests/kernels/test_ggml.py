@@ -15,7 +15,9 @@ pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where exp
 GGML_TYPES = {BlockKind.Q4_1: GGMLQuantizationType.Q4_1, BlockKind.Q8_0: GGMLQuantizationType.Q8_0}
 
 
-def quantised(kind: BlockKind, out_features: int, in_features: int, seed: int = 0):
+def quantised(
+    kind: BlockKind, out_features: int, in_features: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng(seed)
     weights = rng.standard_normal((out_features, in_features)).astype(np.float32)
     blocks = quants.quantize(weights, GGML_TYPES[kind])

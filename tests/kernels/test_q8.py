@@ -4,8 +4,9 @@ product close to float32's."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models.gguf_blocks import _f32_bound, _q8_bound
 from tests.kernels.test_ggml import quantised
+
+OnPath = Literal["widest", "avx2"]  # "widest": what runs by default
 
 pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
 
@@ -38,7 +41,9 @@ def outputs(kind: BlockKind, out_features: int) -> int:
     return -(-out_features // ggml.X8_ROWS) * ggml.X8_ROWS if kind.interleaved else out_features
 
 
-def quantised_as(kind: BlockKind, out_features: int, in_features: int):
+def quantised_as(
+    kind: BlockKind, out_features: int, in_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantised`'s blocks and float32 weights, the blocks in `kind`'s layout."""
     blocks, weight = quantised(kind.plain, out_features, in_features)
     if kind.interleaved:
@@ -88,7 +93,7 @@ def widest_q8_path() -> str:
     return "avx2"  # every machine that builds the kernels has AVX2
 
 
-def on_path(path: str):
+def on_path(path: OnPath) -> AbstractContextManager[None]:
     """The q8 kernels on `path` inside the block: "widest" (what runs by default) or "avx2"
     (forced: on a VNNI machine the narrower path)."""
     return nullcontext() if path == "widest" else ggml.forced_q8(path)
@@ -100,7 +105,7 @@ def on_path(path: str):
     ("rows", "out", "width"), [(1, 1, 32), (3, 37, 96), (9, 70, 608), (18, 16, 64)]
 )
 def test_each_path_is_bit_identical_to_the_scalar_reference(
-    path: str, kind: BlockKind, rows: int, out: int, width: int
+    path: OnPath, kind: BlockKind, rows: int, out: int, width: int
 ) -> None:
     """Tiles of every size each path has (AVX2: 16 Q4_1 rows, 4 Q8_0; VNNI: 16 and 8) and
     their remainders; fused norm, bias, residual and SwiGLU around them."""
@@ -133,7 +138,7 @@ def test_each_path_is_bit_identical_to_the_scalar_reference(
 
 @pytest.mark.parametrize("path", ["widest", "avx2"])
 @pytest.mark.parametrize("kind", [BlockKind.Q4_1_X8, BlockKind.Q8_0_X8])
-def test_every_tile_size_is_the_scalar_reference(path: str, kind: BlockKind) -> None:
+def test_every_tile_size_is_the_scalar_reference(path: OnPath, kind: BlockKind) -> None:
     """M from 1 to 17 covers each tile an interleaved path compiles (one per row count) and a
     tile plus a remainder."""
     blocks, x = random_blocks(kind, 16, 64, seed=2), activations(17, 64, seed=3)
@@ -152,7 +157,9 @@ def test_forcing_a_path_takes_only_the_narrower_ones() -> None:
 
 @pytest.mark.parametrize("path", ["widest", "avx2"])
 @pytest.mark.parametrize("kind", list(BlockKind))
-def test_a_rows_q8_product_does_not_depend_on_m_or_its_position(path: str, kind: BlockKind) -> None:
+def test_a_rows_q8_product_does_not_depend_on_m_or_its_position(
+    path: OnPath, kind: BlockKind
+) -> None:
     """Bit for bit, whatever the tile, chunk, thread count or neighbours: batch invariance."""
     blocks, _ = quantised_as(kind, outputs(kind, 37), 96)
     x = torch.randn(512, 96, generator=torch.Generator().manual_seed(7))

@@ -138,6 +138,7 @@ def test_engine_on_blocks_gives_the_dense_engine_tokens(tmp_path: Path, tied: bo
     assert isinstance(model.lm_head, BlockLinear) == tied  # untied lm_head stays float32 here
     assert isinstance(model.embed_tokens, BlockEmbedding)
     if tied:  # one copy of the Q8_0 rows serves both
+        assert isinstance(model.lm_head, BlockLinear)
         assert model.embed_tokens.blocks.data_ptr() == model.lm_head.blocks.data_ptr()
     dense = build_model(model_dir, CPU, gguf_blocks=False)
     assert not isinstance(dense.layers[0].qkv_proj, BlockLinear)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specserve.models.block_linear import BlockEmbedding, BlockLinear
 from specserve.models.huge_pages import ALIGN, HUGE_PAGE, arena, small_pages, thp_mode, zeros
 from specserve.models.llama import LlamaForCausalLM
 from specserve.models.registry import build_model
@@ -50,6 +51,8 @@ def test_blocks_sit_back_to_back_in_one_arena_and_the_logits_stay_bit_identical(
     assert got.keys() == ref.keys() and len(got) >= 4 * len(packed.layers) + 1
     assert all(torch.equal(got[name], ref[name]) for name in got)
     if tied:  # still one copy for the lm_head and the embedding lookups
+        assert isinstance(packed.lm_head, BlockLinear)
+        assert isinstance(packed.embed_tokens, BlockEmbedding)
         assert packed.lm_head.blocks.data_ptr() == packed.embed_tokens.blocks.data_ptr()
     distinct = {t.data_ptr(): t.numel() * t.element_size() for t in got.values()}
     spans = sorted((start, start + size) for start, size in distinct.items())

@@ -11,6 +11,7 @@ import torch
 from specserve.config import KvDtype, Numerics
 from specserve.kernels import decoder
 from specserve.models.block_linear import DIRECT_MAX_ROWS
+from specserve.models.llama import DecoderLayer
 from specserve.models.native_stack import NativeStack, python_layers
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem, RunOutput
@@ -66,7 +67,11 @@ def test_native_layers_equal_the_python_layers_bit_for_bit(
 ) -> None:
     model = build_model(blockify(make_model_dir(tmp_path, arch, tied=True)), CPU, numerics=numerics)
     assert isinstance(model.native_stack, NativeStack)
-    biases = [layer.qkv_proj.bias for layer in model.layers if layer.qkv_proj.bias is not None]
+    biases: list[torch.Tensor] = []
+    for layer in model.layers:
+        assert isinstance(layer, DecoderLayer)
+        if layer.qkv_proj.bias is not None:
+            biases.append(layer.qkv_proj.bias)
     assert len(biases) == (len(model.layers) if arch == "qwen2" else 0)
     for bias in biases:  # a fresh model's are zero, which would hide a bias left out
         bias.data.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(0))
