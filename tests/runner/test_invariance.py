@@ -8,7 +8,7 @@ same equalities hold only once those kernels are row-invariant too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import pytest
 import torch
@@ -26,9 +26,15 @@ BLOCK = 16
 pytestmark = pytest.mark.usefixtures("attention_kernels")
 
 
-def row_by_row(linear: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
-    def forward(x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out], each row alone
-        rows = [F.linear(x[i : i + 1], linear.weight, linear.bias) for i in range(len(x))]
+class LinearForward(Protocol):
+    """nn.Linear.forward's signature, its parameter's name included."""
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor: ...
+
+
+def row_by_row(linear: nn.Linear) -> LinearForward:
+    def forward(input: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out], each row alone
+        rows = [F.linear(input[i : i + 1], linear.weight, linear.bias) for i in range(len(input))]
         return torch.cat(rows)
 
     return forward

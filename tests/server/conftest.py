@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -201,7 +202,7 @@ def idle(url: str) -> dict[str, float]:
     )
 
 
-def sse_events(lines: Iterator[str]) -> Iterator[dict[str, object]]:
+def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
         if line.startswith("data:") and line[5:].strip() != "[DONE]":
             yield json.loads(line[5:])

@@ -18,7 +18,7 @@ from tests import http
 from tests.server.conftest import TINY_FLAGS, Server, scrape, server_env, start_server
 
 STALE_GAUGE = "specserve_speculation_profile_stale"
-WORKLOADS = {
+WORKLOADS: dict[str, dict[str, Any]] = {
     "code-edit": {"speculate": 2, "speculate_max_batch": 3, "best_by_load": {}, "mode": "closed"},
     "chat": {"speculate": 3, "speculate_max_batch": None, "best_by_load": {}, "mode": "closed"},
 }

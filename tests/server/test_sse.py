@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from specserve.server.openai_schemas import ChatChunkChoice, ChatCompletionChunk, Delta
@@ -34,6 +36,11 @@ def test_text_events_need_the_text_in_one_place() -> None:
 @pytest.mark.parametrize("special", [False, True])
 def test_a_token_event_equals_the_models_dump(logprob: float | None, special: bool) -> None:
     for index, text in enumerate(TEXTS):
-        token = {"id": 7 + index, "text": text, "logprob": logprob, "special": special}
+        token: dict[str, Any] = {
+            "id": 7 + index,
+            "text": text,
+            "logprob": logprob,
+            "special": special,
+        }
         model = StreamResponse(index=index, token=Token(**token))
         assert sse(token_event(index, token)) == sse(model)

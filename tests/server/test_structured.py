@@ -14,7 +14,9 @@ from typing import Literal
 import httpx
 import openai
 import pytest
-from huggingface_hub import InferenceClient
+from huggingface_hub import InferenceClient, TextGenerationInputGrammarType
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel, Field
 
 from specserve.bench.loadgen import GenSettings, send
@@ -27,7 +29,9 @@ from tests.server.conftest import Server, scrape
 pytestmark = pytest.mark.integration
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-ASK = [{"role": "user", "content": "Describe a pet cat in JSON: its name, age and colour."}]
+ASK: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Describe a pet cat in JSON: its name, age and colour."}
+]
 
 
 class Cat(BaseModel):
@@ -46,7 +50,10 @@ SCHEMA = {
     "required": ["name", "age", "colour"],
     "additionalProperties": False,
 }
-FORMAT = {"type": "json_schema", "json_schema": {"name": "cat", "schema": SCHEMA, "strict": True}}
+FORMAT: ResponseFormatJSONSchema = {
+    "type": "json_schema",
+    "json_schema": {"name": "cat", "schema": SCHEMA, "strict": True},
+}
 PHONE = r"\(0[0-9]{2}\) [0-9]{3}-[0-9]{4}"
 
 
@@ -61,7 +68,7 @@ def test_json_schema_reply_validates(client: openai.OpenAI) -> None:
         messages=ASK,
         max_tokens=80,
         temperature=0,
-        response_format=FORMAT,  # type: ignore[arg-type]
+        response_format=FORMAT,
     )
     assert reply.choices[0].finish_reason == "stop"
     Cat.model_validate_json(reply.choices[0].message.content or "")
@@ -76,12 +83,12 @@ def test_parse_with_a_pydantic_model_and_json_object(client: openai.OpenAI) -> N
         max_tokens=80,
         temperature=0.7,
         seed=3,
-        response_format=Cat,  # type: ignore[arg-type]
+        response_format=Cat,
     )
     assert isinstance(parsed.choices[0].message.parsed, Cat)
     anything = client.chat.completions.create(
         model=MODEL,
-        messages=ASK,  # type: ignore[arg-type]
+        messages=ASK,
         max_tokens=80,
         temperature=0,
         response_format={"type": "json_object"},
@@ -94,10 +101,10 @@ def test_parse_with_a_pydantic_model_and_json_object(client: openai.OpenAI) -> N
 def test_streamed_deltas_join_to_the_schema(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model=MODEL,
-        messages=ASK,  # type: ignore[arg-type]
+        messages=ASK,
         max_tokens=80,
         temperature=0,
-        response_format=FORMAT,  # type: ignore[arg-type]
+        response_format=FORMAT,
         stream=True,
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
@@ -107,11 +114,11 @@ def test_streamed_deltas_join_to_the_schema(client: openai.OpenAI) -> None:
 def test_tgi_grammar_through_huggingface_hub(smol_server: Server) -> None:
     tgi = InferenceClient(smol_server.url)
     prompt = "Call us at (020) 555-0199 or at"
-    text = tgi.text_generation(prompt, max_new_tokens=20, grammar={"type": "regex", "value": PHONE})
+    regex = TextGenerationInputGrammarType(type="regex", value=PHONE)
+    text = tgi.text_generation(prompt, max_new_tokens=20, grammar=regex)
     assert re.fullmatch(PHONE, text)
-    as_json = tgi.text_generation(
-        "A cat in JSON:", max_new_tokens=80, grammar={"type": "json", "value": SCHEMA}
-    )
+    schema = TextGenerationInputGrammarType(type="json", value=SCHEMA)
+    as_json = tgi.text_generation("A cat in JSON:", max_new_tokens=80, grammar=schema)
     Cat.model_validate_json(as_json)
 
 

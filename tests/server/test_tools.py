@@ -5,7 +5,7 @@ conversation that sends calls and their results back, and bad tools refused with
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
@@ -144,12 +144,17 @@ def test_bad_tools_are_a_400(smol_server: Server, extra: dict[str, Any], message
 
 
 def test_huggingface_hub_chat_completion_with_tools(smol_server: Server) -> None:
-    from huggingface_hub import InferenceClient
+    from huggingface_hub import ChatCompletionInputTool, InferenceClient
 
+    # A plain dict, as huggingface_hub's own chat_completion example passes (its annotation
+    # names only its dataclass, whose JSON puts the keys in another order).
+    tools = cast("list[ChatCompletionInputTool]", [WEATHER])
     reply = InferenceClient(smol_server.url).chat_completion(
-        ASK, tools=[WEATHER], tool_choice="required", max_tokens=80, temperature=0
+        ASK, tools=tools, tool_choice="required", max_tokens=80, temperature=0
     )
-    [call] = reply.choices[0].message.tool_calls
+    tool_calls = reply.choices[0].message.tool_calls
+    assert tool_calls is not None
+    [call] = tool_calls
     assert call.function.name == "get_weather"
     arguments = call.function.arguments
     assert "city" in (arguments if isinstance(arguments, dict) else json.loads(arguments))
