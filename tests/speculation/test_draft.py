@@ -108,6 +108,7 @@ def test_greedy_drafts_equal_independent_continuation(draft_model: LlamaForCausa
         assert all(0 < c <= 1 for c in draft.confidence)
     # d_1's confidence is q(d_1): the draft's softmax at the sequence's last position
     q1 = torch.softmax(last_logits(draft_model, seqs[0].token_ids), -1)
+    assert drafts[0].confidence is not None
     assert drafts[0].confidence[0] == pytest.approx(float(q1.max()), rel=1e-4)
     # The draft KV holds each sequence's tokens plus d_1..d_{k-1}.
     used = sum(blocks_for(s.num_tokens + k - 1, 4) for s, k in zip(seqs, ks, strict=True))

@@ -258,7 +258,8 @@ class _Fixed:
     """A stand-in proposer: the same draft for every sequence; records its calls."""
 
     def __init__(self, name: str, draft: Draft) -> None:
-        self.name, self.draft, self.asked, self.synced = name, draft, [], 0
+        self.name, self.draft, self.synced = name, draft, 0
+        self.asked: list[list[int]] = []
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         self.asked.append(list(ks))

@@ -20,6 +20,7 @@ from specserve.speculation.medusa import (
     HEADS_FILE,
     MedusaConfig,
     MedusaHeads,
+    ResBlock,
     fingerprint,
     load_medusa,
     save_medusa,
@@ -94,7 +95,11 @@ def test_partial_own_lm_heads_and_stray_tensors_are_refused(tmp_path: Path) -> N
 
 def test_save_writes_tgi_names_and_round_trips(tmp_path: Path) -> None:
     model = MedusaHeads(8, num_heads=2, num_layers=1)
-    torch.nn.init.normal_(model[1][0].linear.weight)
+    head = model[1]
+    assert isinstance(head, torch.nn.Sequential)
+    block = head[0]  # head 1's first ResBlock
+    assert isinstance(block, ResBlock)
+    torch.nn.init.normal_(block.linear.weight)
     model.draft_vocab = torch.tensor([0, 5, 7])
     cfg = MedusaConfig(2, 1, "base", {"config": "a", "weights": "b"}, {"note": "x"})
     save_medusa(model, tmp_path, cfg, dtype=torch.float32)

@@ -79,7 +79,10 @@ def test_choice_matches_brute_force_on_random_scored_drafts() -> None:
         base = s + rng.random()
         a, b = rng.uniform(0.005, 0.05), rng.choice([0.0, 0.0005, 0.003, 0.02])
         step = rng.choice([0.0, 0.03])  # a jump past 3 extra rows: a non-convex cost
-        cost: Cost = lambda m, a=a, b=b, step=step: a + b * m + (step if m > 3 else 0.0)  # noqa: E731
+
+        def cost(m: int, a: float = a, b: float = b, step: float = step) -> float:
+            return a + b * m + (step if m > 3 else 0.0)
+
         ks = choose_k(accept, vectorised(cost), base)
         assert all(0 <= k <= len(x) for k, x in zip(ks, accept, strict=True)), case
         assert objective(accept, ks, base, cost) == pytest.approx(
@@ -178,7 +181,10 @@ def test_the_predicted_speedup_is_the_chosen_objective_over_none() -> None:
     for _ in range(50):
         accept = [[rng.random() for _ in range(rng.randint(1, 4))] for _ in range(3)]
         per_row = rng.choice([0.0, 0.0005, 0.002])
-        cost: Cost = lambda m, p=per_row: 0.01 + p * m  # noqa: E731
+
+        def cost(m: int, p: float = per_row) -> float:
+            return 0.01 + p * m
+
         rated = choose_k_rated(accept, vectorised(cost), 3.0)
         ks = rated.ks
         want = objective(accept, ks, 3.0, cost) / objective(accept, [0, 0, 0], 3.0, cost)

@@ -4,10 +4,12 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from specserve import hashing
+from specserve.models.fingerprint import Fingerprint
 from specserve.speculation import profile as pf
 
 
@@ -18,7 +20,7 @@ def model_dir(root: Path, weights: bytes = b"weights", config: str = '{"a": 1, "
     return root
 
 
-def profile_for(target: dict, proposer: dict | None, n: int = 4) -> dict:  # type: ignore[type-arg]
+def profile_for(target: Fingerprint, proposer: Fingerprint | None, n: int = 4) -> dict[str, Any]:
     entries = {"code-edit": {"speculate": n, "speculate_max_batch": 4}}
     return pf.make_profile(entries, target, proposer, "specserve bench", {"ttft_s": 1.0})
 

@@ -18,7 +18,8 @@ def reference_match(
 ) -> tuple[int, list[tuple[int, int]]]:
     """(depth, [(owner, index)]) by the definition: longest suffix of q ending at a position
     that has a continuation, every occurrence of it."""
-    best, found = 0, []
+    best = 0
+    found: list[tuple[int, int]] = []
     for owner, chain in chains.items():
         if owner == exclude:
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from specserve.speculation.eagle import fingerprint, load_eagle
 from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.training.eagle_cli import add_eagle_parser
 from specserve.training.eagle_train import EagleReport, train_eagle
+from specserve.training.medusa_data import Continuation
 from specserve.training.medusa_options import TrainOptions
 from tests.engine.helpers import make_engine, mixed_prompts
 
@@ -65,13 +67,23 @@ def test_collected_data_is_reused_only_for_the_same_options(
     import specserve.training.eagle_data as eagle_data
 
     _, report, data = tiny_head
-    calls = []
+    calls: list[int] = []
     real = eagle_data.collect
-    monkeypatch.setattr(eagle_data, "collect", lambda *a: calls.append(1) or real(*a))
-    kwargs = dict(depths=3, intermediate_size=32, window=16, data=data, progress=False)
-    again = train_eagle(tiny_llama, tmp_path / "again", replace(OPTIONS, epochs=1), **kwargs)
+
+    def counted(*args: Any) -> list[Continuation]:
+        calls.append(1)
+        return real(*args)
+
+    def train(out: Path, options: TrainOptions) -> EagleReport:
+        return train_eagle(
+            tiny_llama, out, options, depths=3, intermediate_size=32, window=16, data=data,
+            progress=False,
+        )  # fmt: skip
+
+    monkeypatch.setattr(eagle_data, "collect", counted)
+    again = train(tmp_path / "again", replace(OPTIONS, epochs=1))
     assert calls == [] and again.heldout_positions == report.heldout_positions  # read back
-    train_eagle(tiny_llama, tmp_path / "other", replace(OPTIONS, new_tokens=16), **kwargs)
+    train(tmp_path / "other", replace(OPTIONS, new_tokens=16))
     assert calls == [1]  # other options: collected again
 
 
