@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.structured_docs import DOCS
+from specserve.speculation.proposer import Draft, Proposer
 
 NEW_TOKENS = 384
 
@@ -54,14 +55,12 @@ class Side:
     valid: int  # outputs that parse and carry every required key
 
 
-class Silent:
+class Silent(Proposer):
     """A proposer that never finds a draft (forced text is then the only draft)."""
 
     name = "silent"
 
-    def propose(self, seqs: list[Any], ks: list[int]) -> list[Any]:
-        from specserve.speculation.proposer import Draft
-
+    def propose(self, seqs: list[Any], ks: list[int]) -> list[Draft]:
         return [Draft([]) for _ in ks]
 
     def sync(self, seq: Any, hidden: Any) -> None:
@@ -82,7 +81,7 @@ def build(speculate: int, threads: int, silent: bool) -> Any:
     )
     engine = Engine(config)
     if silent:
-        engine.res.proposer = Silent()  # type: ignore[assignment]
+        engine.res.proposer = Silent()
     return engine
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from benchmarks.bench_structured import Silent
 from specserve.request import GrammarSpec, SamplingParams
-from specserve.speculation.proposer import Proposer
 from tests.engine.helpers import assert_no_kv_held, collect, make_engine, run_all
 from tests.engine.test_logits_processors import Insist
 
@@ -37,11 +36,6 @@ PROMPTS = [
 ]
 GREEDY = SamplingParams(max_new_tokens=48)
 SEEDED = SamplingParams(max_new_tokens=48, temperature=0.9, seed=11)
-
-
-class SilentProposer(Silent, Proposer):
-    """The benchmark's never-drafting proposer, with the Proposer defaults it does not define
-    (`kv_blocks_in_use`, `reset`, `index_stats`): a whole Proposer."""
 
 
 def constrained(params: SamplingParams, grammar: GrammarSpec) -> SamplingParams:
@@ -121,14 +115,14 @@ def test_forced_text_is_drafted_and_changes_nothing(
     p = constrained(params, JSON)
     want = run_all(make_engine(tiny_llama), PROMPTS, p)
     engine = make_engine(tiny_llama, speculate=4)
-    engine.res.proposer = SilentProposer()
+    engine.res.proposer = Silent()
     outs = collect(engine, PROMPTS, p)
     assert [o.tokens for o in outs] == want
     forced, lookup = engine.stats.forced, engine.stats.proposer
     assert forced.drafted_tokens >= forced.accepted_tokens > 0 and lookup.drafted_tokens == 0
     # A request's speculate: 0 turns forced drafts off too.
     off = make_engine(tiny_llama, speculate=4)
-    off.res.proposer = SilentProposer()
+    off.res.proposer = Silent()
     assert run_all(off, PROMPTS, SamplingParams(**{**p.__dict__, "speculate": 0})) == want
     assert off.stats.forced.drafted_tokens == 0
 
@@ -158,10 +152,10 @@ def test_forced_text_is_drafted_where_the_payoff_stopped_proposing(tiny_llama: P
 
     p = constrained(GREEDY, JSON)
     static = make_engine(tiny_llama, speculate=4)
-    static.res.proposer = SilentProposer()
+    static.res.proposer = Silent()
     want = collect(static, PROMPTS, p)
     engine = make_engine(tiny_llama, speculate=4, policy="adaptive")
-    engine.res.proposer = SilentProposer()
+    engine.res.proposer = Silent()
     policy = engine.res.policy
     assert policy is not None
     nothing = Rated([], 1.0, 0.001, 1.0, 0.001)
