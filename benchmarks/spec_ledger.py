@@ -67,6 +67,40 @@ def _timed(parts: dict[str, float], part: str, fn: Callable[..., Any]) -> Callab
     return timed
 
 
+def _ledger_step(
+    engine: Engine,
+    ledger: Ledger,
+    parts: dict[str, float],
+    sizes: dict[str, int],
+    step: Callable[[], Any],
+) -> Callable[[], Any]:
+    """`step`, appending a `Step` to `ledger` for each call.
+
+    `parts` and `sizes` are filled during the call by the timed wrappers `recording`
+    installs; they are cleared first so each `Step` holds its own step's, and whatever the named
+    parts do not account for is "other". The extra rows are read off the policy's k counts
+    before and after: each sequence-step that chose k adds k verified draft rows."""
+    policy = engine.res.policy
+    assert policy is not None
+
+    def stepped() -> Any:
+        parts.clear()
+        sizes.clear()
+        chosen = dict(policy.stats.k_chosen)
+        in_flight = len(engine.scheduler.running) + len(engine.scheduler.waiting)
+        started = time.perf_counter()
+        outs = step()
+        total = time.perf_counter() - started
+        extra = sum(k * (n - chosen.get(k, 0)) for k, n in policy.stats.k_chosen.items())
+        seconds = {p: parts.get(p, 0.0) for p in PARTS[:-1]}
+        seconds["other"] = total - sum(seconds.values())
+        fed = sizes.get("sequences", 0), sizes.get("rows", 0)
+        ledger.steps.append(Step(seconds, *fed, in_flight, extra))
+        return outs
+
+    return stepped
+
+
 @contextmanager
 def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
     """Times the parts of every `engine.step()` into `ledger` while active."""
@@ -93,26 +127,11 @@ def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
         ledger.drafts.append((len(draft.tokens), num_accepted, predicted))
         record(draft, num_accepted)
 
-    def stepped() -> Any:
-        parts.clear()
-        sizes.clear()
-        chosen = dict(policy.stats.k_chosen)
-        in_flight = len(engine.scheduler.running) + len(engine.scheduler.waiting)
-        started = time.perf_counter()
-        outs = step()
-        total = time.perf_counter() - started
-        extra = sum(k * (n - chosen.get(k, 0)) for k, n in policy.stats.k_chosen.items())
-        seconds = {p: parts.get(p, 0.0) for p in PARTS[:-1]}
-        seconds["other"] = total - sum(seconds.values())
-        fed = sizes.get("sequences", 0), sizes.get("rows", 0)
-        ledger.steps.append(Step(seconds, *fed, in_flight, extra))
-        return outs
-
     engine_module.propose = _timed(parts, "propose", propose)
     engine_module.keep_prefixes = _timed(parts, "decide", keep)
     engine.res.runner.run = forward  # type: ignore[method-assign]
     engine._verify_and_commit = _timed(parts, "verify", verify)  # type: ignore[method-assign]
-    engine.step = stepped  # type: ignore[method-assign]
+    engine.step = _ledger_step(engine, ledger, parts, sizes, step)  # type: ignore[method-assign]
     policy.record = recorded  # type: ignore[method-assign]
     try:
         yield
