@@ -7,7 +7,8 @@ Per sequence it keeps the head's keys and values of verified output positions (t
 true features) and then drafts k tokens, each from the head's own previous output; the chain's
 keys live only for that call. Drafted ids come from the draft vocabulary only. Where the head's
 projections are GGUF blocks, the layer runs in one native call and the keys live in lanes of a
-cache of the head's own (eagle_native.py); elsewhere as torch operations over padded tensors.
+cache of the head's own (eagle_native.py); elsewhere as torch operations over padded tensors
+(eagle_padded.py), on whatever device the target runs.
 
 The records it keeps, and how each drafted token is picked (the head's argmax, or the engine
 sampler's pick under the target's own noise), are in eagle_state.py.
@@ -26,10 +27,11 @@ from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import LlamaForCausalLM
 from specserve.request import Sequence
+from specserve.speculation import eagle_padded
 from specserve.speculation.calibration import PerSequenceMean
-from specserve.speculation.eagle import NO_POSITION, EagleHead, check_base, load_eagle
+from specserve.speculation.eagle import EagleHead, check_base, load_eagle
 from specserve.speculation.eagle_native import NativeHead, Rows
-from specserve.speculation.eagle_state import Chain, HeadState, padded_cache
+from specserve.speculation.eagle_state import Chain, HeadState
 from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
@@ -54,9 +56,6 @@ HEAD_EXPLORE = 0.1
 def head_mean() -> PerSequenceMean:
     """Per sequence, what asking the head gained (see HEAD_PRIOR .. HEAD_EXPLORE)."""
     return PerSequenceMean(HEAD_PRIOR, HEAD_RATE, HEAD_EXPLORE, HEAD_SHARED_RATE)
-
-
-PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
 
 
 class EagleProposer(Proposer):
@@ -192,10 +191,6 @@ class EagleProposer(Proposer):
         flat = self.target.embed_tokens(tokens.reshape(-1))
         return flat.float().view(*tokens.shape, -1)
 
-    def _cache(self, states: list[HeadState]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        shape = self.head.shape
-        return padded_cache(states, shape.num_kv_heads, shape.head_dim, self.device)
-
     def _catch_up(self, states: list[HeadState]) -> None:
         """Run every pending pair: keys into the caches, each state's `last` output."""
         todo = [s for s in states if s.tokens]
@@ -204,33 +199,7 @@ class EagleProposer(Proposer):
         if self.native is not None:
             self._catch_up_native(todo, self.native)
             return
-        head, t, dev = self.head, max(len(s.tokens) for s in todo), self.device
-        feats = torch.zeros(len(todo), t, head.shape.hidden_size, device=dev)
-        ids = torch.zeros(len(todo), t, dtype=torch.long, device=dev)
-        q_pos = torch.full((len(todo), t), PAD_QUERY, dtype=torch.long, device=dev)
-        for b, s in enumerate(todo):
-            n = len(s.tokens)
-            feats[b, :n] = torch.cat(s.features)
-            ids[b, :n] = torch.tensor(s.tokens, device=dev)
-            q_pos[b, :n] = torch.arange(s.next_pos, s.next_pos + n, device=dev)
-        x = head.fuse(feats, self._embed(ids))
-        q, k, v = head.qkv_at(x, q_pos)
-        k_pos = torch.where(q_pos == PAD_QUERY, NO_POSITION, q_pos)
-        past_k, past_v, past_pos = self._cache(todo)
-        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        allowed = head.window_mask(q_pos, torch.cat([past_pos, k_pos], dim=1))
-        allowed |= (q_pos == PAD_QUERY).unsqueeze(2)
-        out = head.finish(x, head.attend(q, keys, values, allowed))
-        keep = head.shape.window - 1
-        for b, s in enumerate(todo):
-            n = len(s.tokens)
-            valid = past_pos[b] != NO_POSITION
-            s.keys = torch.cat([past_k[b][:, valid], k[b, :, :n]], dim=1)[:, -keep:]
-            s.values = torch.cat([past_v[b][:, valid], v[b, :, :n]], dim=1)[:, -keep:]
-            s.positions = torch.cat([past_pos[b][valid], q_pos[b, :n]])[-keep:]
-            s.last = out[b, n - 1]
-            s.next_pos += n
-            s.features, s.tokens = [], []
+        eagle_padded.catch_up(self.head, self._embed, todo, self.device)
 
     def _catch_up_native(self, todo: list[HeadState], native: NativeHead) -> None:
         rows = Rows([], [s.next_pos for s in todo], [len(s.tokens) for s in todo])
@@ -252,22 +221,7 @@ class EagleProposer(Proposer):
     def _draft(self, seqs: list[Sequence], ks: list[int], states: list[HeadState]) -> list[Draft]:
         if self.native is not None:
             return self._draft_native(seqs, ks, states, self.native)
-        head = self.head
-        g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
-        past_k, past_v, past_pos = self._cache(states)
-        pos = torch.tensor([s.next_pos for s in states], device=self.device).unsqueeze(1)  # [B, 1]
-        picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
-        for j in range(max(ks)):
-            tokens = self._pick(g[:, 0], picks, j)  # [B]
-            if all(c.done() for c in picks):
-                break
-            x = head.fuse(g, self._embed(tokens.unsqueeze(1)))
-            q, k, v = head.qkv_at(x, pos)
-            past_k, past_v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-            past_pos = torch.cat([past_pos, pos], dim=1)
-            g = head.finish(x, head.attend(q, past_k, past_v, head.window_mask(pos, past_pos)))
-            pos = pos + 1
-        return [c.draft() for c in picks]
+        return eagle_padded.draft(self.head, self._embed, self._pick, seqs, ks, states, self.device)
 
     def _draft_native(
         self, seqs: list[Sequence], ks: list[int], states: list[HeadState], native: NativeHead

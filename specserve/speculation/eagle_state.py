@@ -1,7 +1,7 @@
 """What `EagleProposer` (eagle_proposer.py) keeps while it drafts: per sequence across calls
-(`HeadState`: the head's keys of verified positions and the pairs pending since, batched by
-`padded_cache` for the torch path) and per sequence within one `propose` call (`Chain`: the
-tokens drafted so far and when to stop). Records apart from the proposer that fills them.
+(`HeadState`: the head's keys of verified positions and the pairs pending since) and per
+sequence within one `propose` call (`Chain`: the tokens drafted so far and when to stop).
+Records apart from the proposer that fills them.
 
 Greedy requests without penalties or logits processors draft the head's argmax. Others draft
 what the engine's sampler would pick from the head's logits (-inf outside the draft
@@ -22,7 +22,6 @@ import torch
 
 from specserve.request import Sequence
 from specserve.runner.sampler import SampleRow, sample_row
-from specserve.speculation.eagle import NO_POSITION
 from specserve.speculation.eagle_native import Lane
 from specserve.speculation.proposer import Draft
 
@@ -44,22 +43,6 @@ class HeadState:
     last: torch.Tensor | None = None  # the head's output at the newest verified position
     drafted: list[int] = field(default_factory=list)  # the last draft, until its outcome is seen
     lane: Lane | None = None  # its slots in the native path's cache (eagle_native.py)
-
-
-def padded_cache(
-    states: list[HeadState], kv_heads: int, head_dim: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The states' caches right-padded to one length: keys, values [B, kv_heads, P, D] and
-    positions [B, P] (NO_POSITION where empty)."""
-    length = max((len(s.positions) for s in states if s.positions is not None), default=0)
-    keys = torch.zeros(len(states), kv_heads, length, head_dim, device=device)
-    values = torch.zeros_like(keys)
-    positions = torch.full((len(states), length), NO_POSITION, dtype=torch.long, device=device)
-    for b, s in enumerate(states):
-        if s.keys is not None and s.values is not None and s.positions is not None:
-            n = len(s.positions)
-            keys[b, :, :n], values[b, :, :n], positions[b, :n] = s.keys, s.values, s.positions
-    return keys, values, positions
 
 
 @dataclass
