@@ -38,8 +38,6 @@ import json
 import os
 import shutil
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,14 +48,13 @@ import torch
 from benchmarks.engine_verify import PLAIN_ROWS, engine_verify_costs
 from benchmarks.llamacpp_load import LoadResult, load_side, serve
 from benchmarks.llamacpp_report import batch1_table, first_difference, load_table, verify_table
+from benchmarks.llamacpp_stream import NEW_TOKENS, stream_llamacpp, stream_specserve
 from benchmarks.machine import machine_info, machine_lines
 from benchmarks.verify_cost import Point
 from specserve.bench.workloads import build_workload
 from specserve.config import Numerics
 from specserve.engine.resources import load_tokenizer
 from specserve.models.loader import embedded_default_gguf, resolve_model_dir
-
-NEW_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -110,59 +107,6 @@ def _hf_model(model_dir: Path) -> Any:
         load = transformers.AutoModelForCausalLM.from_pretrained
         _HF[model_dir] = load(str(model_dir), dtype=torch.float32).eval()
     return _HF[model_dir]
-
-
-def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
-    for line in response.iter_lines():
-        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-            yield json.loads(line[5:])
-
-
-def stream_llamacpp(
-    client: httpx.Client, url: str, ids: list[int]
-) -> tuple[float, list[float], list[int]]:
-    body = {
-        "prompt": ids,
-        "n_predict": NEW_TOKENS,
-        "ignore_eos": True,
-        "cache_prompt": False,
-        "stream": True,
-        "return_tokens": True,
-        "samplers": ["top_k"],
-        "top_k": 1,
-        "temperature": 0.0,
-    }
-    stamps: list[float] = []
-    tokens: list[int] = []
-    started = time.perf_counter()
-    # One connection per request: this llama-server build shuts down when a kept-alive
-    # connection sends a second request. An event's `tokens` can leave out tokens whose text
-    # it holds back (incomplete UTF-8); `tokens_predicted` counts them all, for the timing.
-    headers = {"Connection": "close"}
-    with client.stream("POST", f"{url}/completion", json=body, headers=headers) as r:
-        r.raise_for_status()
-        for event in sse_events(r):
-            if "tokens_predicted" in event:
-                stamps += [time.perf_counter()] * (event["tokens_predicted"] - len(stamps))
-            tokens += event.get("tokens") or []
-    return started, stamps, tokens
-
-
-def stream_specserve(
-    client: httpx.Client, url: str, text: str
-) -> tuple[float, list[float], list[int]]:
-    body = {"inputs": text, "parameters": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
-    stamps: list[float] = []
-    tokens: list[int] = []
-    started = time.perf_counter()
-    with client.stream("POST", f"{url}/generate_stream", json=body) as r:
-        r.raise_for_status()
-        for event in sse_events(r):
-            if "error" in event:
-                raise RuntimeError(f"specserve: {event['error']}")
-            stamps.append(time.perf_counter())
-            tokens.append(event["token"]["id"])
-    return started, stamps, tokens
 
 
 def run_side(
