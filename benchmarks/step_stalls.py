@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class Step:
     wait_ms: float  # our threads' run-queue wait during the step
     others: dict[str, float] = field(default_factory=dict)  # other tasks' CPU ms during it
     gc_ms: float = 0.0  # Python's garbage collections during it
+    request: int = 0  # which request (in order) the step decoded for
+    position: int = 0  # its decode step within that request (0: the first after prefill)
 
 
 class GcClock:
@@ -114,7 +117,7 @@ def run_steps(threads: int, requests: int, new_tokens: int, freeze: bool) -> lis
     clock = GcClock()
     for i in range(requests):
         engine.add_request(texts[i % len(texts)], params)
-        prefill = True
+        prefill, position = True, 0
         while engine.has_work():
             wait0, others0 = own_wait_ns(), others_cpu_ns()
             clock.take()
@@ -124,7 +127,8 @@ def run_steps(threads: int, requests: int, new_tokens: int, freeze: bool) -> lis
             gc_ms, wait, others = clock.take(), own_wait_ns() - wait0, others_cpu_ns()
             ran = {k: (v - others0[k]) / 1e6 for k, v in others.items() if v > others0.get(k, v)}
             if not prefill:
-                steps.append(Step(ms, wait / 1e6, ran, gc_ms))
+                steps.append(Step(ms, wait / 1e6, ran, gc_ms, i, position))
+                position += 1
             prefill = False
     clock.close()
     return steps
@@ -155,7 +159,19 @@ def summary(steps: list[Step], slow_factor: float) -> dict[str, Any]:
         "steps_without_wait": len(undisturbed),
         "p99_over_p50_without_wait": undisturbed[int(len(undisturbed) * 0.99)] / p50,
         "cpu_ms_of_others_in_slow_steps": dict(ran.most_common(6)),
+        "median_ms_by_position_of_16": _median_range(steps, lambda s: s.position // 16),
+        "median_ms_by_request": _median_range(steps, lambda s: s.request),
     }
+
+
+def _median_range(steps: list[Step], key: Callable[[Step], int]) -> tuple[float, float]:
+    """(lowest, highest) median step time over the groups `key` makes: whether slow steps
+    gather at some position in a request, or in some requests (the machine's speed drifting)."""
+    groups: dict[int, list[float]] = {}
+    for s in steps:
+        groups.setdefault(key(s), []).append(s.ms)
+    medians = [statistics.median(v) for v in groups.values()]
+    return min(medians), max(medians)
 
 
 def report(info: dict[str, Any], summ: dict[str, Any], steps: list[Step]) -> str:
@@ -176,6 +192,10 @@ def report(info: dict[str, Any], summ: dict[str, Any], steps: list[Step]) -> str
         f"\nGarbage collections: {summ['gc_ms_total']:.1f} ms over all steps, the longest "
         f"{summ['gc_ms_max']:.2f} ms; slow steps with >= 0.1 ms of them: "
         f"{summ['slow_steps_with_gc']}",
+        "\nMedian step time per 16 positions within a request: {:.2f}-{:.2f} ms; per request: "
+        "{:.2f}-{:.2f} ms".format(
+            *summ["median_ms_by_position_of_16"], *summ["median_ms_by_request"]
+        ),
         "\n| slow step | ms | our threads' wait (ms) | garbage collection (ms) | others that ran "
         "(ms) |",
         "|---|---|---|---|---|",

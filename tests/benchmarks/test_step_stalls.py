@@ -52,3 +52,10 @@ def test_gc_clock_times_collections_and_resets() -> None:
     finally:
         clock.close()
     assert clock._note not in gc.callbacks
+
+
+def test_summary_gives_the_spread_of_medians_by_position_and_by_request() -> None:
+    steps = [Step(4.0 + r, 0.0, request=r, position=p) for r in range(2) for p in range(32)]
+    s = summary(steps, slow_factor=1.5)
+    assert s["median_ms_by_request"] == (4.0, 5.0)  # each request's own speed
+    assert s["median_ms_by_position_of_16"] == (4.5, 4.5)  # positions alike
