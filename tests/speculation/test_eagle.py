@@ -116,6 +116,29 @@ def test_history_kept_across_steps_equals_one_pass(window: int, full_chains: Non
     assert a[0].scores == pytest.approx(b[0].scores, rel=1e-5)
 
 
+def test_pending_pairs_past_the_window_are_dropped_in_order(full_chains: None) -> None:
+    """Steps synced without a proposal in between (a sequence the head is not asked for) keep
+    only the last `window` pairs, in order, whatever spans they came in: the same state, and
+    the same draft, as one sync of the whole history."""
+    head, target = _head(window=4), _target()
+    features = torch.randn(12, HIDDEN)
+    tokens = [3 + 2 * (i % 17) for i in range(12)]
+    stepwise, once = EagleProposer(head, target, None), EagleProposer(head, target, None)
+    upto = 0
+    for rows in (1, 2, 3, 1, 4, 1):  # drops whole spans, then part of one
+        upto += rows
+        stepwise.sync(_seq(tokens[:upto]), features[upto - rows : upto])
+        state = stepwise._states[0]
+        kept = min(upto, 4)
+        assert torch.equal(torch.cat(state.features), features[upto - kept : upto])
+        assert state.tokens == tokens[upto - kept : upto] and state.next_pos == upto - kept
+    seq = _seq(tokens[:upto])
+    once.sync(seq, features[:upto])
+    a, b = stepwise.propose([seq], [3]), once.propose([seq], [3])
+    assert a[0].tokens and a[0].tokens == b[0].tokens
+    assert a[0].scores == pytest.approx(b[0].scores, rel=1e-5)
+
+
 def test_batched_drafts_equal_drafts_alone(full_chains: None) -> None:
     head, target = _head(), _target()
     together, alone = EagleProposer(head, target, None), EagleProposer(head, target, None)
