@@ -112,6 +112,7 @@ class NativeHead:
             used = self._lanes * self.capacity
             k[:, :used], v[:, :used] = self.k_cache, self.v_cache
         self.k_cache, self.v_cache = k, v
+        self._blocks = torch.arange(lanes * self.capacity // BLOCK, dtype=torch.int32)
         self._free += [Lane(i, i * self.capacity) for i in range(lanes - 1, self._lanes - 1, -1)]
         self._lanes = lanes
         head = self.head
@@ -143,33 +144,43 @@ class NativeHead:
     def forward(self, x: torch.Tensor, rows: Rows) -> torch.Tensor:
         """The head's layer and final norm over x [T, H] (the fused inputs of the new rows, in
         `rows` order): their keys and values into the lanes, each attending to its lane's
-        window. Returns the normalised outputs [T, H]; commits nothing (see `commit`)."""
+        window. Returns the normalised outputs [T, H]; commits nothing (see `commit`).
+        A drafting step at batch 1 runs this once a token right after the target's forward has
+        evicted every cache, where each framework call costs ~10 us: the index arrays go in one
+        tensor, the block tables and RoPE rows are views where they can be."""
         slots: list[int] = []
-        info: list[tuple[int, int, int]] = []
+        info: list[int] = []  # per lane: first row in x, rows, keys it sees (lane-logical)
         positions: list[int] = []
         for lane, first, count in zip(rows.lanes, rows.firsts, rows.counts, strict=True):
             at = first - lane.base  # logical position of the first new row
             if at < 0 or at + count > self.capacity:  # make_room was not called: never write
                 raise RuntimeError(f"rows {at}..{at + count} outside a lane of {self.capacity}")
-            info.append((len(slots), count, at + count))
+            info += (len(slots), count, at + count)
             slots += range(lane.start + at, lane.start + at + count)
             positions += range(first, first + count)
-        bpl = self.capacity // BLOCK
-        tables = torch.tensor(
-            [[lane.index * bpl + b for b in range(bpl)] for lane in rows.lanes], dtype=torch.int32
-        )
-        slot_t = torch.tensor(slots, dtype=torch.int64)
-        info_t = torch.tensor(info, dtype=torch.int64)
+        index = torch.tensor(slots + info, dtype=torch.int64)  # slots, then info [B, 3]
         cos, sin = self._rope(positions)
+        tables = self._lane_tables(rows.lanes)
         batch = decoder.Batch(
-            slot_t.data_ptr(), info_t.data_ptr(), tables.data_ptr(), len(info), bpl, BLOCK,
-            self.window, self.k_cache.shape[1], self.k_cache.element_size(),
+            index.data_ptr(), index.data_ptr() + 8 * len(slots), tables.data_ptr(),
+            len(rows.lanes), tables.shape[1], BLOCK, self.window, self.k_cache.shape[1],
+            self.k_cache.element_size(),
         )  # fmt: skip
         x = x.contiguous()
         assert self._layer is not None
         decoder.run_layers(self._layer, self._shape, batch, x, cos, sin)
         norm = self.head.norm
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
+
+    def _lane_tables(self, lanes: list[Lane]) -> torch.Tensor:
+        """The block tables [B, blocks a lane] of `lanes` (int32): lane i owns blocks
+        i * blocks .. (i + 1) * blocks - 1 of the head's cache."""
+        blocks = self.capacity // BLOCK
+        if len(lanes) == 1:
+            first = lanes[0].index * blocks
+            return self._blocks[first : first + blocks].view(1, blocks)
+        which = torch.tensor([lane.index for lane in lanes], dtype=torch.int64)
+        return self._blocks.view(-1, blocks)[which]
 
     @staticmethod
     def commit(rows: Rows) -> None:
@@ -186,8 +197,11 @@ class NativeHead:
             angles = torch.arange(size, dtype=torch.float64).unsqueeze(-1) * self.head.inv_freq
             emb = torch.cat([angles, angles], dim=-1)
             self._cos, self._sin = emb.cos().float(), emb.sin().float()
+        n, first = len(positions), positions[0]
+        if positions == list(range(first, first + n)):  # one lane's rows (batch 1): views
+            return self._cos[first : first + n], self._sin[first : first + n]
         index = torch.tensor(positions, dtype=torch.int64)
-        return self._cos[index].contiguous(), self._sin[index].contiguous()
+        return self._cos[index], self._sin[index]
 
 
 def _blocks(linear: object) -> BlockLinear:

@@ -21,7 +21,8 @@ from specserve.speculation.proposer import Draft
 PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
 
 Embed = Callable[[torch.Tensor], torch.Tensor]  # token ids [...] -> float32 embeddings [..., H]
-Pick = Callable[[torch.Tensor, list[Chain], int], torch.Tensor]  # outputs [B, H] -> tokens [B]
+# outputs [B, H] -> each chain's next token, as its place in the draft vocabulary [B]
+Pick = Callable[[torch.Tensor, list[Chain], int], torch.Tensor]
 
 
 def padded_cache(
@@ -74,23 +75,24 @@ def catch_up(head: EagleHead, embed: Embed, todo: list[HeadState], device: torch
 
 def draft(
     head: EagleHead,
-    embed: Embed,
+    vocab_embed: torch.Tensor,
     pick: Pick,
     seqs: list[Sequence],
     ks: list[int],
     states: list[HeadState],
     device: torch.device,
 ) -> list[Draft]:
-    """Up to ks[i] tokens per sequence, each drafted from the head's output at the one before."""
+    """Up to ks[i] tokens per sequence, each drafted from the head's output at the one before;
+    `vocab_embed` [K, H]: the draft vocabulary's embeddings, by place."""
     g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
     past_k, past_v, past_pos = padded_cache(head, states, device)
     pos = torch.tensor([s.next_pos for s in states], device=device).unsqueeze(1)  # [B, 1]
     picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
     for j in range(max(ks)):
-        tokens = pick(g[:, 0], picks, j)  # [B]
+        places = pick(g[:, 0], picks, j)  # [B]
         if all(c.done() for c in picks):
             break
-        x = head.fuse(g, embed(tokens.unsqueeze(1)))
+        x = head.fuse(g, vocab_embed[places].unsqueeze(1))
         q, k, v = head.qkv_at(x, pos)
         past_k, past_v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         past_pos = torch.cat([past_pos, pos], dim=1)

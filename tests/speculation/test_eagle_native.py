@@ -52,6 +52,17 @@ def _same(a: list[Draft], b: list[Draft]) -> None:
         assert x.confidence == pytest.approx(y.confidence, abs=1e-3)
 
 
+def _same_outputs(native: EagleProposer, plain: EagleProposer) -> None:
+    """The head's output at each sequence's newest verified position agrees to rounding (~1e-7
+    here): a random head's drafts can survive attention over the wrong keys, its outputs not
+    (0.08 apart with a lane reading another lane's blocks)."""
+    assert native._states.keys() == plain._states.keys()
+    for sid, state in native._states.items():
+        other = plain._states[sid].last
+        assert state.last is not None and other is not None
+        torch.testing.assert_close(state.last, other, rtol=0.0, atol=1e-5)
+
+
 def _play(proposers: tuple[EagleProposer, ...], steps: list[list[tuple[int, int, int]]]) -> int:
     """Each step: per sequence (seq id, new tokens, k) sync that many rows, then propose all
     at once on every proposer; the drafts must agree. Returns how many drafts were compared."""
@@ -69,8 +80,9 @@ def _play(proposers: tuple[EagleProposer, ...], steps: list[list[tuple[int, int,
             batch.append(seq)
             ks.append(k)
         drafts = [p.propose(batch, ks) for p in proposers]
-        for other in drafts[1:]:
+        for other, p in zip(drafts[1:], proposers[1:], strict=True):
             _same(drafts[0], other)
+            _same_outputs(proposers[0], p)
         compared += sum(len(d.tokens) for d in drafts[0])
     return compared
 
@@ -95,6 +107,7 @@ def test_native_batches_of_mixed_histories_gaps_and_reused_lanes() -> None:
     for p in (native, plain):
         p.sync(seq, torch.randn(2, HIDDEN, generator=torch.Generator().manual_seed(3)))
     _same(native.propose([seq], [4]), plain.propose([seq], [4]))
+    _same_outputs(native, plain)  # one lane (not the first): its own blocks
     # more sequences than the cache first had lanes for; then every lane is returned
     many = [[(10 + s, 4, 3) for s in range(12)], [(10 + s, 2, 3) for s in range(12)]]
     _play((native, plain), many)
