@@ -21,6 +21,7 @@ class Step:
     rows: int  # tokens it fed (prompt chunks, last tokens, drafts)
     in_flight: int  # requests admitted and unfinished when it started (running or waiting)
     extra_rows: int  # drafted tokens verified
+    proposed: bool = False  # the proposer was asked for drafts (its `propose` ran)
 
 
 @dataclass
@@ -48,6 +49,8 @@ def summarise(ledger: Ledger, slots: int, tokens: int, wall: float) -> dict[str,
     accepted = sum(d[1] for d in ledger.drafts)
     plain = full & (extra == 0)
     drafted = full & (extra > 0)
+    # what one call of the proposer costs where it runs, apart from how often the policy asks
+    asked = [s.seconds["propose"] for s in steps if s.proposed]
     return {
         "tok_s": tokens / wall,
         "steps": len(steps),
@@ -69,6 +72,8 @@ def summarise(ledger: Ledger, slots: int, tokens: int, wall: float) -> dict[str,
         "verified_tokens": verified,
         "accepted_tokens": accepted,
         "predicted_accepted": float(sum(d[2] for d in ledger.drafts)),
+        "proposing_steps": len(asked),
+        "propose_ms_when_asked": _median_ms(np.array(asked)),
     }
 
 
@@ -82,7 +87,8 @@ def report(result: dict[str, Any]) -> str:
         "| workload | round | side | tok/s | ratio | steps | drain steps (time) | ms/step: "
         + " / ".join(PARTS)
         + " | extra rows/step | forward ms, full batch: no drafts / drafts (extra rows) "
-        "| verified / accepted / predicted | not proposed: unpaid steps |"
+        "| verified / accepted / predicted | not proposed: unpaid steps "
+        "| proposing steps: propose ms (median) |"
     )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     base: dict[tuple[str, int], float] = {
@@ -99,6 +105,7 @@ def report(result: dict[str, Any]) -> str:
             f"{_fmt(c['forward_ms_full_with_drafts'])} "
             f"({_fmt(c['extra_rows_full_with_drafts'], '.0f')}) "
             f"| {c['verified_tokens']} / {c['accepted_tokens']} / {c['predicted_accepted']:.0f} "
-            f"| {c.get('unpaid_steps', '-')} |"
+            f"| {c.get('unpaid_steps', '-')} "
+            f"| {c.get('proposing_steps', '-')}: {_fmt(c.get('propose_ms_when_asked'))} |"
         )
     return "\n".join(lines)

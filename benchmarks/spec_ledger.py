@@ -12,7 +12,10 @@ prefix cache and suffix index), and splits every step's wall time into
     other (scheduling and the rest of `Engine.step`),
 
 with the extra rows verified and the calibrated prediction of the drafts
-verified against what was accepted. It also counts the drain: steps run with fewer requests in
+verified against what was accepted. Propose per step mixes what one call of the proposer costs
+with how often the policy asks for one (the payoff closes where proposing has not paid); the
+steps whose proposer was asked, and the median propose time of those, separate the two. It also
+counts the drain: steps run with fewer requests in
 flight than the slots, once no request is left to fill them. With every request the same length
 (`--new-tokens`, EOS ignored), N = 0 runs its requests in lockstep and never drains before the
 last wave, while any accepted draft staggers the finishes; the drain steps say how much of a
@@ -95,7 +98,8 @@ def _ledger_step(
         seconds = {p: parts.get(p, 0.0) for p in PARTS[:-1]}
         seconds["other"] = total - sum(seconds.values())
         fed = sizes.get("sequences", 0), sizes.get("rows", 0)
-        ledger.steps.append(Step(seconds, *fed, in_flight, extra))
+        asked = sizes.get("proposer_calls", 0) > 0
+        ledger.steps.append(Step(seconds, *fed, in_flight, extra, asked))
         return outs
 
     return stepped
@@ -127,6 +131,15 @@ def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
         ledger.drafts.append((len(draft.tokens), num_accepted, predicted))
         record(draft, num_accepted)
 
+    proposer = engine.res.proposer
+    if proposer is not None:  # counts the calls that reach the proposer itself
+        ask = proposer.propose
+
+        def asked(*args: Any, **kwargs: Any) -> Any:
+            sizes["proposer_calls"] = sizes.get("proposer_calls", 0) + 1
+            return ask(*args, **kwargs)
+
+        proposer.propose = asked  # type: ignore[method-assign]
     engine_module.propose = _timed(parts, "propose", propose)
     engine_module.keep_prefixes = _timed(parts, "decide", keep)
     engine.res.runner.run = forward  # type: ignore[method-assign]
@@ -139,6 +152,8 @@ def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
         engine_module.propose = propose
         engine_module.keep_prefixes = keep
         del engine.res.runner.run, engine._verify_and_commit, engine.step, policy.record
+        if proposer is not None:
+            del proposer.propose
 
 
 @contextmanager

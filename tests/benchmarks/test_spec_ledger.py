@@ -9,11 +9,18 @@ from benchmarks.spec_ledger import spread_lengths
 
 
 def _step(
-    forward: float, sequences: int, extra: int = 0, prefill: int = 0, in_flight: int = 4
+    forward: float,
+    sequences: int,
+    extra: int = 0,
+    prefill: int = 0,
+    in_flight: int = 4,
+    propose: float | None = None,
 ) -> Step:
-    seconds = dict.fromkeys(PARTS, 0.0) | {"forward": forward, "propose": 0.001 * bool(extra)}
+    """A step; with `propose`, one whose proposer was asked and took that long."""
+    proposing = 0.001 * bool(extra) if propose is None else propose
+    seconds = dict.fromkeys(PARTS, 0.0) | {"forward": forward, "propose": proposing}
     rows = sequences + extra + prefill
-    return Step(seconds, sequences, rows, in_flight, extra)
+    return Step(seconds, sequences, rows, in_flight, extra, propose is not None)
 
 
 def test_drain_starts_when_fewer_requests_are_in_flight_than_slots() -> None:
@@ -43,6 +50,20 @@ def test_a_cell_that_never_drains_or_drafts() -> None:
     row = report({"cells": [{"workload": "w", "round": 0, "side": "N=0", **cell}]})
     assert "| w | 0 | N=0 | 200.0 | 1.000 | 3 | 0 (0%) |" in row
     assert row.splitlines()[1].count("---") == row.splitlines()[0].count("|") - 1
+
+
+def test_a_proposers_cost_per_call_counts_only_the_steps_that_asked_it() -> None:
+    # asked twice (2 and 4 ms, drafts kept or not); two steps the policy did not ask
+    steps = [_step(0.02, 4, extra=1, propose=0.002), _step(0.02, 4, propose=0.004)]
+    steps += [_step(0.02, 4), _step(0.02, 4)]
+    cell = summarise(Ledger(steps), slots=4, tokens=17, wall=0.1)
+    assert cell["proposing_steps"] == 2
+    assert cell["propose_ms_when_asked"] == pytest.approx(3.0)
+    assert cell["ms_per_step"]["propose"] == pytest.approx(1.5)  # over every step
+    row = report({"cells": [{"workload": "w", "round": 0, "side": "N=0", **cell}]})
+    assert row.endswith("| 2: 3.00 |")
+    never = summarise(Ledger(steps[2:]), slots=4, tokens=8, wall=0.05)
+    assert never["proposing_steps"] == 0 and never["propose_ms_when_asked"] is None
 
 
 def test_lengths_spread_evenly_and_the_same_for_every_side() -> None:
