@@ -146,8 +146,9 @@ class NativeHead:
         `rows` order): their keys and values into the lanes, each attending to its lane's
         window. Returns the normalised outputs [T, H]; commits nothing (see `commit`).
         A drafting step at batch 1 runs this once a token right after the target's forward has
-        evicted every cache, where each framework call costs ~10 us: the index arrays go in one
-        tensor, the block tables and RoPE rows are views where they can be."""
+        evicted the caches, where each framework call costs several times its warm cost
+        (bench_eagle): the index arrays go in one tensor, the block tables and RoPE rows are
+        views where they can be."""
         slots: list[int] = []
         info: list[int] = []  # per lane: first row in x, rows, keys it sees (lane-logical)
         positions: list[int] = []

@@ -98,8 +98,8 @@ class EagleProposer(Proposer):
         self.native = NativeHead(head) if blocks and NativeHead.supports(head) else None
         # A drafted token's embedding, by its place in the draft vocabulary: the target's rows,
         # decoded once (bit for bit what `_embed` gives), so a chain step indexes one table
-        # instead of gathering and decoding GGUF rows (~6 framework calls, ~90 us a step at
-        # batch 1, where the target's forward has just evicted every cache).
+        # instead of gathering and decoding GGUF rows (~6 framework calls, each several times its
+        # warm cost at batch 1, where the target's forward has just evicted the caches).
         with torch.inference_mode():
             self.vocab_embed = self._embed(self.vocab)  # [K, H]
         self._vocab_ids: list[int] = self.vocab.tolist()
@@ -263,7 +263,7 @@ class EagleProposer(Proposer):
     def _pick(self, g: torch.Tensor, chains: list[Chain], j: int) -> torch.Tensor:
         """The j-th draft token of every chain from the head's outputs g [B, H], as its place
         in the draft vocabulary [B] (`vocab_embed`'s row). Few framework calls: at batch 1 each
-        costs some 10 us after the target's forward, against ~2 on warm caches."""
+        costs several times its warm cost right after the target's forward (bench_eagle)."""
         logits = self.vocab_logits(g)  # [B, K]
         prob, top = torch.softmax(logits, -1).max(-1)
         places, probs = top.tolist(), prob.tolist()
@@ -282,7 +282,7 @@ def _drop_unseen(state: HeadState, keep: int) -> None:
     """Drop the pending pairs no future query can see (all but the last `keep`): whole feature
     tensors from the front, then a view of the first one's tail. Without concatenating: a
     sequence the head is not asked for stays past the window every step, and joining its
-    pending rows each time cost more than the rest of `sync` (~12 of ~20 us a call)."""
+    pending rows each time cost more than the rest of `sync` (a timing probe: ~12 of ~20 us)."""
     excess = len(state.tokens) - keep
     if excess <= 0:
         return
