@@ -159,7 +159,7 @@ class EagleProposer(Proposer):
         state.drafted = []
         state.features.append(rows)
         state.tokens += seq.output_ids[start:]
-        _drop_unseen(state, self.head.shape.window)
+        state.drop_unseen(self.head.shape.window)
         state.num_tokens = seq.num_tokens
 
     def release(self, seq: Sequence) -> None:
@@ -276,25 +276,6 @@ class EagleProposer(Proposer):
                 token = chain.sample(logits[b], self.vocab, self.target.arch.vocab_size, j)
                 places[b] = self._vocab_place.get(token, 0)  # (not a draft id: a dead chain)
         return torch.tensor(places, device=self.device)
-
-
-def _drop_unseen(state: HeadState, keep: int) -> None:
-    """Drop the pending pairs no future query can see (all but the last `keep`): whole feature
-    tensors from the front, then a view of the first one's tail. Without concatenating: a
-    sequence the head is not asked for stays past the window every step, and joining its
-    pending rows each time cost more than the rest of `sync` (a timing probe: ~12 of ~20 us)."""
-    excess = len(state.tokens) - keep
-    if excess <= 0:
-        return
-    state.next_pos += excess
-    del state.tokens[:excess]
-    while excess:
-        first = state.features[0]
-        if len(first) > excess:
-            state.features[0] = first[excess:]
-            break
-        state.features.pop(0)
-        excess -= len(first)
 
 
 def _device(target: LlamaForCausalLM) -> torch.device:
