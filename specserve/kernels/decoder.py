@@ -84,3 +84,54 @@ def run_layers(
         raise MemoryError("decoder stack could not allocate its buffers")
     if rc != 0:
         raise RuntimeError(f"decoder stack failed in layer {-2 - rc} (allocation or shapes)")
+
+
+class Chain(ctypes.Structure):
+    """What `eagle_chain` reads besides the head's layer (eagle_chain.h)."""
+
+    _fields_ = [
+        ("vocab_rows", _ptr),
+        ("vocab_embed", _ptr),
+        ("fc", _ptr),
+        ("norm", _ptr),
+        ("cos", _ptr),
+        ("sin", _ptr),
+        ("K", _i64),
+        ("rope_rows", _i64),
+        ("vocab_kind", _i32),
+        ("fc_kind", _i32),
+        ("q8", _i32),
+        ("eps", _f32),
+        ("continue_above", _f32),
+    ]
+
+
+def run_chain(
+    layer: ctypes.Array[Layer],
+    shape: Shape,
+    chain: Chain,
+    lanes: Batch,  # tables [B, blocks a lane]; slots and seq_info are the call's own
+    rows: torch.Tensor,  # [4, B] int64 contiguous: per sequence its first chain row's slot,
+    # lane-logical position and output position, and the most tokens to draft
+    g: torch.Tensor,  # [B, hidden] float32 contiguous: the head's outputs (scratch)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The drafting chain in one call: places [B, kmax] int32 (draft-vocabulary rows), their
+    probabilities [B, kmax] and how many each sequence drafted [B]."""
+    lib = ggml.library()
+    if lib is None:
+        raise RuntimeError("GGUF block kernels are not available on this machine")
+    b, kmax = g.shape[0], int(rows[3].max())
+    places = torch.empty(b, kmax, dtype=torch.int32)
+    probs = torch.empty(b, kmax, dtype=torch.float32)
+    counts = torch.empty(b, dtype=torch.int64)
+    at = [rows.data_ptr() + 8 * b * i for i in range(4)]
+    rc = lib.eagle_chain(
+        layer, ctypes.byref(shape), ctypes.byref(chain), ctypes.byref(lanes), *at,
+        g.data_ptr(), places.data_ptr(), probs.data_ptr(), counts.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == -1:
+        raise MemoryError("EAGLE chain could not allocate its buffers")
+    if rc != 0:
+        raise RuntimeError("EAGLE chain failed (rows outside a lane or the RoPE tables, or shapes)")
+    return places, probs, counts

@@ -25,8 +25,10 @@ from specserve.kernels import build
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-# decoder.h (the stack's layers in one call) brings the paged attention kernel in as well.
-_HEADERS = ("simd.h", "q8_dot.h", "x8.h", "q8_matmul.h", "decoder.h", "paged_attention.c")
+# decoder.h (the stack's layers in one call) brings the paged attention kernel in as well, and
+# eagle_chain.h (the EAGLE head's drafting chain) builds on it.
+_HEADERS = ("simd.h", "q8_dot.h", "x8.h", "q8_matmul.h", "decoder.h", "paged_attention.c",
+            "eagle_chain.h")  # fmt: skip
 _ATTENTION_HEADERS = ("attention_simd.h", "rope.h", "mask.h")
 KERNEL = build.KernelSource(
     _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
@@ -97,6 +99,8 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_q8_path.restype = c_int
     lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
     lib.decoder_layers.restype = c_int
+    lib.eagle_chain.argtypes = [ptr] * 12 + [c_int]
+    lib.eagle_chain.restype = c_int
     return lib
 
 

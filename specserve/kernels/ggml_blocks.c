@@ -234,3 +234,4 @@ void ggml_dequantize(int kind, const uint8_t* w, float* out, int64_t N, int64_t 
 }
 
 #include "decoder.h"  // decoder_layers: the stack's layers in one call (with paged attention)
+#include "eagle_chain.h"  // eagle_chain: the EAGLE head's drafting chain in one call

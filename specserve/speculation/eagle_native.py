@@ -4,7 +4,10 @@ call the target's layers make), with the head's keys and values in a paged cache
 Run as torch operations (eagle.py), one chain step is some 35 framework calls (projections,
 RoPE, concatenating the cache, building the window mask, repeating heads for GQA, SDPA), about
 0.9 ms a drafted token at batch 1 on 2 cores: a fifth of a target step. Here it is the fused
-input projection, one `decoder_layers` call over the head's layer, and the final norm.
+input projection, one `decoder_layers` call over the head's layer, and the final norm; and a
+greedy chain runs whole in one call (`chain`, kernels/eagle_chain.h: per token the scores, the
+pick, the fused input, the layer and the norm), where its Python loop cost ~15 framework calls
+a token, each several times its warm cost right after the target's forward.
 
 The cache: each drafting sequence owns a lane of `capacity` consecutive slots (whole blocks),
 its logical position i holding the key of output position `base + i`, so the attention
@@ -192,17 +195,59 @@ class NativeHead:
     def _rope(self, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [T, D] at output positions, as the torch path computes them (float64 angles,
         rounded to float32), from a table that doubles as positions grow."""
-        top = max(positions) + 1
-        if top > len(self._cos):
-            size = max(top, 2 * len(self._cos), 1024)
-            angles = torch.arange(size, dtype=torch.float64).unsqueeze(-1) * self.head.inv_freq
-            emb = torch.cat([angles, angles], dim=-1)
-            self._cos, self._sin = emb.cos().float(), emb.sin().float()
+        self._rope_rows(max(positions) + 1)
         n, first = len(positions), positions[0]
         if positions == list(range(first, first + n)):  # one lane's rows (batch 1): views
             return self._cos[first : first + n], self._sin[first : first + n]
         index = torch.tensor(positions, dtype=torch.int64)
         return self._cos[index], self._sin[index]
+
+    def _rope_rows(self, top: int) -> None:
+        """The RoPE tables cover output positions 0 .. top - 1 (doubling as they grow)."""
+        if top > len(self._cos):
+            size = max(top, 2 * len(self._cos), 1024)
+            angles = torch.arange(size, dtype=torch.float64).unsqueeze(-1) * self.head.inv_freq
+            emb = torch.cat([angles, angles], dim=-1)
+            self._cos, self._sin = emb.cos().float(), emb.sin().float()
+
+    # ----------------------------------------------------------------------------- chain
+    def chain(
+        self,
+        g: torch.Tensor,  # [B, H] the head's outputs at the newest verified positions
+        lanes: list[Lane],
+        firsts: list[int],  # output position of each sequence's first drafted row
+        ks: list[int],  # the most tokens each may draft; its lane has room for max(ks) rows
+        scores: BlockLinear,  # the draft vocabulary's lm_head rows
+        embed: torch.Tensor,  # [K, H] the draft vocabulary's embeddings
+        continue_above: float,  # a chain stops where its probability falls below this
+    ) -> list[tuple[list[int], list[float]]]:
+        """Greedy drafting for B sequences in one native call (kernels/eagle_chain.h): what
+        `forward` and the proposer's pick do a chain step at a time, with every step's scores,
+        picks and layer outputs the same. Per sequence, the draft vocabulary's places drafted
+        and their probabilities. Commits nothing: the chain's keys are written over later."""
+        fc, head = _blocks(self.head.fc), self.head
+        if not (scores.q8 and fc.q8) or embed.dtype != torch.float32:
+            raise ValueError("the native chain runs q8 blocks and float32 embeddings")
+        at = [first - lane.base for lane, first in zip(lanes, firsts, strict=True)]
+        slots = [lane.start + a for lane, a in zip(lanes, at, strict=True)]
+        rows = torch.tensor([slots, at, firsts, ks], dtype=torch.int64)
+        self._rope_rows(max(firsts) + max(ks))
+        tables = self._lane_tables(lanes)
+        batch = decoder.Batch(
+            0, 0, tables.data_ptr(), len(lanes), tables.shape[1], BLOCK, self.window,
+            self.k_cache.shape[1], self.k_cache.element_size(),
+        )  # fmt: skip
+        spec = decoder.Chain(
+            scores.blocks.data_ptr(), embed.data_ptr(), fc.blocks.data_ptr(),
+            head.norm.weight.data_ptr(), self._cos.data_ptr(), self._sin.data_ptr(),
+            len(embed), len(self._cos), scores.kind, fc.kind, 1, head.norm.eps, continue_above,
+        )  # fmt: skip
+        assert self._layer is not None
+        places, probs, counts = decoder.run_chain(
+            self._layer, self._shape, spec, batch, rows, g.float().contiguous().clone()
+        )
+        place_rows, prob_rows = places.tolist(), probs.tolist()
+        return [(place_rows[b][:n], prob_rows[b][:n]) for b, n in enumerate(counts.tolist())]
 
 
 def _blocks(linear: object) -> BlockLinear:

@@ -27,7 +27,7 @@ from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import LlamaForCausalLM
 from specserve.request import Sequence
-from specserve.speculation import eagle_padded
+from specserve.speculation import eagle_padded, eagle_state
 from specserve.speculation.calibration import PerSequenceMean
 from specserve.speculation.eagle import EagleHead, check_base, load_eagle
 from specserve.speculation.eagle_native import NativeHead, Rows
@@ -101,7 +101,7 @@ class EagleProposer(Proposer):
         # instead of gathering and decoding GGUF rows (~6 framework calls, each several times its
         # warm cost at batch 1, where the target's forward has just evicted the caches).
         with torch.inference_mode():
-            self.vocab_embed = self._embed(self.vocab)  # [K, H]
+            self.vocab_embed = self._embed(self.vocab).contiguous()  # [K, H]
         self._vocab_ids: list[int] = self.vocab.tolist()
         self._vocab_place = {t: i for i, t in enumerate(self._vocab_ids)}
         self._states: dict[int, HeadState] = {}
@@ -246,12 +246,22 @@ class EagleProposer(Proposer):
     ) -> list[Draft]:
         ks = [min(k, native.max_chain) for k in ks]
         lanes = []
-        for s, k in zip(states, ks, strict=True):
+        for s in states:
             assert s.lane is not None  # caught up at least once: `last` is there
-            native.make_room(s.lane, s.next_pos, k)
+            # every row runs while any chain drafts on: room for the longest chain in each lane
+            native.make_room(s.lane, s.next_pos, max(ks))
             lanes.append(s.lane)
         g = torch.stack([s.last for s in states if s.last is not None])  # [B, H]
         picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
+        if all(c.plain for c in picks):  # greedy: the whole chain in one native call
+            assert isinstance(self.vocab_logits, BlockLinear)  # blocks: the native path's
+            firsts = [s.next_pos for s in states]
+            above = eagle_state.CONTINUE_ABOVE
+            found = native.chain(g, lanes, firsts, ks, self.vocab_logits, self.vocab_embed, above)
+            for chain, (found_places, probs) in zip(picks, found, strict=True):
+                for place, prob in zip(found_places, probs, strict=True):
+                    chain.add(self._vocab_ids[place], prob)
+            return [c.draft() for c in picks]
         for j in range(max(ks)):
             places = self._pick(g, picks, j)  # [B]
             if all(c.done() for c in picks):

@@ -63,7 +63,11 @@ def _same_outputs(native: EagleProposer, plain: EagleProposer) -> None:
         torch.testing.assert_close(state.last, other, rtol=0.0, atol=1e-5)
 
 
-def _play(proposers: tuple[EagleProposer, ...], steps: list[list[tuple[int, int, int]]]) -> int:
+def _play(
+    proposers: tuple[EagleProposer, ...],
+    steps: list[list[tuple[int, int, int]]],
+    params: SamplingParams | None = None,
+) -> int:
     """Each step: per sequence (seq id, new tokens, k) sync that many rows, then propose all
     at once on every proposer; the drafts must agree. Returns how many drafts were compared."""
     gen = torch.Generator().manual_seed(7)
@@ -72,7 +76,7 @@ def _play(proposers: tuple[EagleProposer, ...], steps: list[list[tuple[int, int,
     for step in steps:
         batch, ks = [], []
         for sid, new, k in step:
-            seq = seqs.setdefault(sid, Sequence(sid, f"r{sid}", [1, 2], SamplingParams()))
+            seq = seqs.setdefault(sid, Sequence(sid, f"r{sid}", [1, 2], params or SamplingParams()))
             seq.output_ids += torch.randint(0, VOCAB, (new,), generator=gen).tolist()
             feats = torch.randn(new, HIDDEN, generator=gen)
             for p in proposers:
@@ -114,3 +118,35 @@ def test_native_batches_of_mixed_histories_gaps_and_reused_lanes() -> None:
     for sid in [0, 1, 2, *range(10, 22)]:
         native.release(Sequence(sid, "x", [1], SamplingParams()))
     assert len(native.native._free) == native.native._lanes >= 15
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy chain", "sampled steps"])
+def test_every_lane_has_room_for_the_longest_chain_in_the_batch(sampled: bool) -> None:
+    """A chain's rows run for every sequence while any drafts on, so a lane with room only for
+    its own short chain would overflow beside a long one (it raised, failing the step): one
+    sequence drafting 1 a step beside one drafting the most a lane allows, through several
+    lane moves, greedy (the native chain) and seeded sampling (a native layer call a step)."""
+    native, plain = _pair(window=8)
+    assert native.native is not None
+    longest = native.native.max_chain
+    steps = [[(0, 1, 1), (1, 1, longest)] for _ in range(3 * native.native.capacity)]
+    params = SamplingParams(temperature=0.8, seed=5) if sampled else None
+    assert _play((native, plain), steps, params) == len(steps) * (1 + longest)
+
+
+def test_native_chains_stop_where_the_torch_paths_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain stops once its probability falls below CONTINUE_ABOVE, each sequence on its own,
+    in the native chain as in the Python loop: this random head gives each token ~0.025, so at
+    0.001 a chain holds two tokens (or its k, if fewer)."""
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.001)
+    native, plain = _pair(window=16)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [Sequence(s, f"r{s}", [1, 2], SamplingParams(), output_ids=list(range(3, 20)))
+            for s in range(3)]  # fmt: skip
+    for seq in seqs:
+        feats = torch.randn(17, HIDDEN, generator=gen)
+        for p in (native, plain):
+            p.sync(seq, feats)
+    drafts = native.propose(seqs, [1, 3, 5])
+    _same(drafts, plain.propose(seqs, [1, 3, 5]))
+    assert [len(d.tokens) for d in drafts] == [1, 2, 2]
