@@ -34,6 +34,25 @@ static inline int stopped(int64_t count, int64_t k, float reach, float continue_
     return count >= k || reach < continue_above;
 }
 
+// The first place of a row's largest score; *total = sum_i e^(s_i - max) (exp256, within 2 ulp
+// of expf), so that the pick's softmax probability is 1 / *total.
+static int64_t pick_row(const float* row, int64_t K, float* total) {
+    int64_t i = 0;
+    __m256 vmax = _mm256_set1_ps(row[0]);
+    for (; i + 8 <= K; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(row + i));
+    float mx = hmax(vmax);
+    for (; i < K; i++) mx = row[i] > mx ? row[i] : mx;
+    int64_t best = 0;
+    while (row[best] != mx) best++;
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= K; i += 8) sum = _mm256_add_ps(sum, exp256(_mm256_sub_ps(_mm256_loadu_ps(row + i), m)));
+    float t = hsum(sum);
+    for (; i < K; i++) t += expf(row[i] - mx);
+    *total = t;
+    return best;
+}
+
 // Per sequence b (its lane as DecoderBatch's tables row b): slot0[b] the cache slot, at0[b] the
 // lane-logical position and pos0[b] the output position of its first chain row; ks[b] the most
 // tokens to draft. g [B, hidden]: the head's outputs at the newest verified positions (used as
@@ -56,8 +75,10 @@ int eagle_chain(const DecoderLayer* layer, const DecoderShape* s, const EagleCha
     float* cat = malloc(sizeof(float) * B * 2 * H);
     float* x = malloc(sizeof(float) * B * H);
     float* rope = malloc(sizeof(float) * 2 * B * D);
-    float* reach = malloc(sizeof(float) * B);
-    int64_t* index = malloc(sizeof(int64_t) * 4 * B);  // slots [B], then seq_info [B, 3]
+    float* reach = malloc(sizeof(float) * 2 * B);  // then each row's softmax sum
+    float* total = reach ? reach + B : 0;
+    int64_t* index = malloc(sizeof(int64_t) * 5 * B);  // slots [B], seq_info [B, 3], picks [B]
+    int64_t* pick = index ? index + 4 * B : 0;
     int rc = scores && cat && x && rope && reach && index ? 0 : -1;
     for (int64_t b = 0; rc == 0 && b < B; b++) reach[b] = 1.0f;
     for (int64_t j = 0; rc == 0 && j < kmax; j++) {
@@ -66,15 +87,13 @@ int eagle_chain(const DecoderLayer* layer, const DecoderShape* s, const EagleCha
             rc = -2;
             break;
         }
+#pragma omp parallel for schedule(static) num_threads(threads) if (B > 1)
+        for (int64_t b = 0; b < B; b++) pick[b] = pick_row(scores + b * K, K, total + b);
         int live = 0;
         for (int64_t b = 0; b < B; b++) {
-            const float* row = scores + b * K;
-            int64_t best = 0;
-            for (int64_t i = 1; i < K; i++) best = row[i] > row[best] ? i : best;
-            float total = 0.0f;
-            for (int64_t i = 0; i < K; i++) total += expf(row[i] - row[best]);
+            const int64_t best = pick[b];
             if (!stopped(counts[b], ks[b], reach[b], c->continue_above)) {
-                const float p = 1.0f / total;
+                const float p = 1.0f / total[b];
                 places[b * kmax + counts[b]] = (int32_t)best;
                 probs[b * kmax + counts[b]] = p;
                 counts[b]++;
