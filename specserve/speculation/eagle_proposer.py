@@ -35,15 +35,15 @@ from specserve.speculation.eagle_state import Chain, HeadState
 from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
-# The head's cost per drafted token, in target tokens (one sequence's share of a decode step):
-# benchmarks/bench_eagle.py measured 0.10-0.11 at batch 1 and 0.07 at 16 on 2 AVX2 cores with
-# the layer in one native call (docs/bench/eagle-cost-0352.md; 0.15-0.21 as torch operations),
-# back to back; on the Zen 4, with the target's step before each drafting step as in the engine,
-# 0.11 at batch 1 and 0.07 at 16 (docs/bench/eagle-calls-1204): rounded up. A sequence is
-# drafted for only while the head's drafts there have been gaining tokens: a running mean, per
-# draft, of the tokens verification accepted less drafted x this (a draft the policy does not
-# verify, as under load, gains nothing).
-HEAD_TOKEN_COST = 0.12
+# The head's cost per drafted token, in target tokens (one sequence's share of a decode step),
+# as benchmarks/bench_eagle.py measures it on the Zen 4 with the target's step before each
+# drafting step (as in the engine): 0.11 at batch 1 and 0.07 at 16 with the layer in one native
+# call a token (docs/bench/eagle-calls-1204), 0.060-0.075 at batch 1 and 0.046-0.062 at 16 with
+# a greedy chain in one call (docs/bench/eagle-chain-1204): rounded up. A sequence is drafted
+# for only while the head's drafts there have been gaining tokens: a running mean, per draft,
+# of the tokens verification accepted less drafted x this (a draft the policy does not verify,
+# as under load, gains nothing).
+HEAD_TOKEN_COST = 0.08
 HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before any outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 # A new sequence starts from a running mean over every sequence's outcomes (each weighing

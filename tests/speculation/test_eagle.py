@@ -24,7 +24,7 @@ from specserve.speculation.eagle import (
     load_eagle,
     save_eagle,
 )
-from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.eagle_proposer import HEAD_TOKEN_COST, EagleProposer
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
 from specserve.training.eagle_data import Batch
@@ -177,10 +177,18 @@ def test_a_request_that_never_drafts_keeps_no_features() -> None:
     assert list(proposer._states) == [0]
 
 
+def _cost_012(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate arithmetic a test spells out (asked at 1.0, 0.73, ...) charges 0.12 a drafted
+    token, whatever HEAD_TOKEN_COST is now: the hybrid reads its own copy of the constant."""
+    for module in ("eagle_proposer", "hybrid"):
+        monkeypatch.setattr(f"specserve.speculation.{module}.HEAD_TOKEN_COST", 0.12)
+
+
 def test_the_head_stops_drafting_in_a_sequence_where_it_does_not_pay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
+    _cost_012(monkeypatch)
     proposer = EagleProposer(_head(), _target(), None)
     seq, other = _seq([5, 7, 9], 0), _seq([5, 7, 11], 1)
     proposer.sync(other, torch.randn(3, HIDDEN))
@@ -328,8 +336,9 @@ def test_hybrid_calibrates_each_source_on_what_the_target_committed() -> None:
     assert (row.tested, row.accepted) == (40, 20)
     assert hybrid.calibration["lookup"].table()[9].tested == 0
     assert head.synced == 20
-    # one token of each 3-token head draft accepted: 1 - 3 x 0.12 gained, from a prior of 1.0
-    assert hybrid.head_gained.mean(0) == pytest.approx(0.64 + 0.36 * 0.8**20)
+    # one token of each 3-token head draft accepted: 1 - 3 x cost gained, from a prior of 1.0
+    gain = 1.0 - 3 * HEAD_TOKEN_COST
+    assert hybrid.head_gained.mean(0) == pytest.approx(gain + (1.0 - gain) * 0.8**20)
     hybrid.release(seq)
     assert len(hybrid.head_gained) == 0 and hybrid._proposed == {}
 
@@ -350,7 +359,7 @@ def test_hybrid_learns_from_the_draft_it_did_not_serve() -> None:
     assert (head_row.tested, head_row.accepted) == (1, 1)
     assert (look_row.tested, look_row.accepted) == (1, 0)
     # asked and not served, the head gained nothing (right as it was) and cost its drafting
-    assert hybrid.head_gained.mean(0) == pytest.approx(1.0 + 0.2 * (0.0 - 0.12 - 1.0))
+    assert hybrid.head_gained.mean(0) == pytest.approx(1.0 + 0.2 * (0.0 - HEAD_TOKEN_COST - 1.0))
 
 
 def test_a_served_head_draft_left_unverified_gains_nothing(
@@ -358,6 +367,7 @@ def test_a_served_head_draft_left_unverified_gains_nothing(
 ) -> None:
     """Under load the policy verifies none of a draft: the target's own next token may equal the
     draft's first, but nothing was gained, and both gates count it so."""
+    _cost_012(monkeypatch)
     head = _Fixed("eagle", Draft([7, 8, 9], confidence=[0.9, 0.9, 0.9]))
     hybrid = HybridProposer(_Fixed("suffix", Draft([])), head)  # type: ignore[arg-type]
     seq = _seq([1, 2])
@@ -396,6 +406,7 @@ def test_inside_the_hybrid_the_head_does_not_gate_itself(monkeypatch: pytest.Mon
     """The hybrid decides where to ask the head, on the drafts the head served; the head's own
     gate would count the lookup's accepted tokens as its own, so it is off there."""
     monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
+    _cost_012(monkeypatch)
     eagle = EagleProposer(_head(), _target(), None)
     hybrid = HybridProposer(_Fixed("suffix", Draft([])), eagle)  # type: ignore[arg-type]
     seq = _seq([5, 7, 9])
