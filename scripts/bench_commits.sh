@@ -6,10 +6,11 @@
 #
 #   bash scripts/bench_commits.sh BEFORE ROUNDS OUTDIR NAME -- python -m benchmarks.X [args]
 #
-# Round r writes OUTDIR/NAME-{before,after}-r.md and passes `--json OUTDIR/NAME-...-r.json`.
+# Round r writes OUTDIR/NAME-{before,after}-r.md and passes `--json OUTDIR/NAME-...-r.json`;
+# `python -m benchmarks.commits_report OUTDIR NAME` pairs them (spec_ledger, bench_eagle).
 set -euo pipefail
 if [ $# -lt 6 ] || [ "$5" != "--" ]; then
-  sed -n '2,9p' "$0" >&2
+  sed -n '2,10p' "$0" >&2
   exit 2
 fi
 before=$1 rounds=$2 out=$3 name=$4
