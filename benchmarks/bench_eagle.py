@@ -4,7 +4,7 @@ For B sequences at once (each with 64 verified positions in the head's cache), o
 proposer work as the engine runs it: `sync` with one new feature row, then `propose` of k
 tokens (the pending pair, then k - 1 chain steps). Beside it, the target's own decode step (one
 row per sequence at a 256-token context) on the same machine. The ratio per drafted token is
-what `speculation/eagle_proposer.py` charges the head (HEAD_TOKEN_COST). The same drafting
+what `speculation/eagle_gate.py` charges the head (HEAD_TOKEN_COST). The same drafting
 with the head's layer as torch operations (the path for heads not on GGUF blocks) runs beside
 it, batch by batch. And the native drafting again with the target's decode step run (untimed)
 before each drafting step, as in the engine: that step streams every weight through the caches,

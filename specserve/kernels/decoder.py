@@ -111,27 +111,30 @@ def run_chain(
     shape: Shape,
     chain: Chain,
     lanes: Batch,  # tables [B, blocks a lane]; slots and seq_info are the call's own
-    rows: torch.Tensor,  # [4, B] int64 contiguous: per sequence its first chain row's slot,
-    # lane-logical position and output position, and the most tokens to draft
-    g: torch.Tensor,  # [B, hidden] float32 contiguous: the head's outputs (scratch)
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The drafting chain in one call: places [B, kmax] int32 (draft-vocabulary rows), their
+    seqs: torch.Tensor,  # [5, B] int64 contiguous: per sequence the slot, lane position and
+    # output position of its first row, the most tokens to draft, its pending rows
+    feats: torch.Tensor,  # [T, hidden] float32 contiguous: the pending rows' features
+    embeds: torch.Tensor,  # [T, hidden]: their tokens' embeddings
+    g: torch.Tensor,  # [B, hidden] float32 contiguous: the newest verified outputs (scratch)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pending rows, then the drafting chain, in one call: the newest verified output of
+    every sequence [B, hidden], places [B, kmax] int32 (draft-vocabulary rows), their
     probabilities [B, kmax] and how many each sequence drafted [B]."""
     lib = ggml.library()
     if lib is None:
         raise RuntimeError("GGUF block kernels are not available on this machine")
-    b, kmax = g.shape[0], int(rows[3].max())
+    b, kmax = g.shape[0], int(seqs[3].max())
+    last = torch.empty_like(g)
     places = torch.empty(b, kmax, dtype=torch.int32)
     probs = torch.empty(b, kmax, dtype=torch.float32)
     counts = torch.empty(b, dtype=torch.int64)
-    at = [rows.data_ptr() + 8 * b * i for i in range(4)]
     rc = lib.eagle_chain(
-        layer, ctypes.byref(shape), ctypes.byref(chain), ctypes.byref(lanes), *at,
-        g.data_ptr(), places.data_ptr(), probs.data_ptr(), counts.data_ptr(),
-        torch.get_num_threads(),
+        layer, ctypes.byref(shape), ctypes.byref(chain), ctypes.byref(lanes), seqs.data_ptr(),
+        feats.data_ptr(), embeds.data_ptr(), feats.shape[0], g.data_ptr(), last.data_ptr(),
+        places.data_ptr(), probs.data_ptr(), counts.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if rc == -1:
         raise MemoryError("EAGLE chain could not allocate its buffers")
     if rc != 0:
         raise RuntimeError("EAGLE chain failed (rows outside a lane or the RoPE tables, or shapes)")
-    return places, probs, counts
+    return last, places, probs, counts

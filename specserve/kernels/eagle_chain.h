@@ -8,8 +8,10 @@
 // the same kernel calls, with the same arguments, that the Python loop makes (BlockLinear in the
 // q8 numerics, then NativeHead.forward), so scores, places and the layer's outputs equal that
 // loop's bit for bit; p and the final norm round as this file does (float32 sums in another
-// order than torch's: within float tolerance). What goes away is the ~15 framework calls a
-// step costs in Python, each several times its warm cost right after the target's forward.
+// order than torch's: within float tolerance). Before the chain, the same call runs the pairs
+// (feature, token) verified since the last one (the catch-up: fused input, layer, norm), whose
+// keys join the lanes. What goes away is the ~15 framework calls a chain step and the ~10 a
+// catch-up cost in Python, each several times its warm cost right after the target's forward.
 //
 // A chain stops when it holds k tokens or the product of its probabilities falls below
 // `continue_above` (eagle_state.Chain.done); a stopped chain's rows still run while any other
@@ -53,34 +55,92 @@ static int64_t pick_row(const float* row, int64_t K, float* total) {
     return best;
 }
 
-// Per sequence b (its lane as DecoderBatch's tables row b): slot0[b] the cache slot, at0[b] the
-// lane-logical position and pos0[b] the output position of its first chain row; ks[b] the most
-// tokens to draft. g [B, hidden]: the head's outputs at the newest verified positions (used as
-// scratch). Writes places [B, kmax] (rows of the draft vocabulary), probs [B, kmax] and counts
-// [B]. 0 on success, -1 when buffers could not be allocated, -2 on a failed kernel call, or
-// (nothing run) where kmax rows from a sequence's first would leave its lane or the RoPE tables.
+// Rows of B sequences through the head: cat [T, 2 hidden] (a feature and an embedding a row)
+// -> the fused input projection -> the layer (sequence b's n[b] consecutive rows, its first at
+// cache slot slot[b], lane position at[b] and output position pos[b]) -> the final norm, into
+// out [T, hidden]. x [T, hidden], rope [2 T, D] and index [T + 3 B] are scratch.
+static int head_rows(const DecoderLayer* layer, const DecoderShape* s, const EagleChain* c,
+                     const DecoderBatch* lanes, const float* cat, int64_t T, const int64_t* n,
+                     const int64_t* slot, const int64_t* at, const int64_t* pos, float* x,
+                     float* rope, int64_t* index, float* out, int threads) {
+    const int64_t B = lanes->B, H = s->hidden, D = s->D;
+    if (ggml_matmul_fused(c->fc_kind, cat, c->fc, x, T, H, 2 * H, threads, 0, 0.0f, 0, 0, 0,
+                          c->q8) != 0)
+        return -2;
+    for (int64_t b = 0, row = 0; b < B; b++) {
+        index[T + 3 * b] = row, index[T + 3 * b + 1] = n[b], index[T + 3 * b + 2] = at[b] + n[b];
+        for (int64_t i = 0; i < n[b]; i++, row++) {
+            index[row] = slot[b] + i;
+            memcpy(rope + row * D, c->cos + (pos[b] + i) * D, sizeof(float) * D);
+            memcpy(rope + (T + row) * D, c->sin + (pos[b] + i) * D, sizeof(float) * D);
+        }
+    }
+    DecoderBatch step = *lanes;
+    step.slots = index, step.seq_info = index + T;
+    if (decoder_layers(layer, 1, s, &step, x, T, rope, rope + T * D, threads) != 0) return -2;
+    for (int64_t t = 0; t < T; t++) {
+        const float* xr = x + t * H;
+        float sq = 0.0f;
+        for (int64_t i = 0; i < H; i++) sq += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(sq / (float)H + c->eps);
+        for (int64_t i = 0; i < H; i++) out[t * H + i] = (xr[i] * inv) * c->norm[i];
+    }
+    return 0;
+}
+
+// seqs [5, B]: per sequence b (its lane is DecoderBatch's tables row b) the cache slot, lane
+// position and output position of its first row, the most tokens to draft, and how many of the
+// T pending rows are its own (feats and embeds [T, hidden], in sequence order: verified pairs
+// whose keys join the lane first, as NativeHead.forward + commit would). g [B, hidden]: the
+// head's outputs at the newest verified positions of the sequences without pending rows
+// (scratch). Writes last [B, hidden] (every sequence's newest verified output, after its pending
+// rows), places [B, kmax] (rows of the draft vocabulary), probs [B, kmax] and counts [B]. 0 on
+// success, -1 when buffers could not be allocated, -2 on a failed kernel call, or (nothing run)
+// where a sequence's pending and kmax chain rows would leave its lane or the RoPE tables.
 int eagle_chain(const DecoderLayer* layer, const DecoderShape* s, const EagleChain* c,
-                const DecoderBatch* lanes, const int64_t* slot0, const int64_t* at0,
-                const int64_t* pos0, const int64_t* ks, float* g, int32_t* places, float* probs,
-                int64_t* counts, int threads) {
-    const int64_t B = lanes->B, H = s->hidden, D = s->D, K = c->K;
-    int64_t kmax = 0;
-    for (int64_t b = 0; b < B; b++) kmax = ks[b] > kmax ? ks[b] : kmax, counts[b] = 0;
+                const DecoderBatch* lanes, const int64_t* seqs, const float* feats,
+                const float* embeds, int64_t T, float* g, float* last, int32_t* places,
+                float* probs, int64_t* counts, int threads) {
+    const int64_t B = lanes->B, H = s->hidden, K = c->K, rows = T > B ? T : B;
+    const int64_t *ks = seqs + 3 * B, *pending = seqs + 4 * B;
+    int64_t kmax = 0, total_pending = 0;
+    for (int64_t b = 0; b < B; b++)
+        kmax = ks[b] > kmax ? ks[b] : kmax, counts[b] = 0, total_pending += pending[b];
     // Every row runs while any chain drafts on: each needs RoPE rows and lane slots for kmax.
     for (int64_t b = 0; b < B; b++)
-        if (pos0[b] < 0 || pos0[b] + kmax > c->rope_rows || at0[b] < 0 ||
-            at0[b] + kmax > lanes->max_blocks * lanes->block_size)
+        if (seqs[2 * B + b] < 0 || seqs[2 * B + b] + pending[b] + kmax > c->rope_rows ||
+            seqs[B + b] < 0 || seqs[B + b] + pending[b] + kmax > lanes->max_blocks * lanes->block_size ||
+            pending[b] < 0)
             return -2;
+    if (total_pending != T) return -2;
     float* scores = malloc(sizeof(float) * B * K);
-    float* cat = malloc(sizeof(float) * B * 2 * H);
-    float* x = malloc(sizeof(float) * B * H);
-    float* rope = malloc(sizeof(float) * 2 * B * D);
+    float* cat = malloc(sizeof(float) * rows * 2 * H);
+    float* x = malloc(sizeof(float) * rows * H);
+    float* out = malloc(sizeof(float) * rows * H);
+    float* rope = malloc(sizeof(float) * 2 * rows * s->D);
     float* reach = malloc(sizeof(float) * 2 * B);  // then each row's softmax sum
     float* total = reach ? reach + B : 0;
-    int64_t* index = malloc(sizeof(int64_t) * 5 * B);  // slots [B], seq_info [B, 3], picks [B]
-    int64_t* pick = index ? index + 4 * B : 0;
-    int rc = scores && cat && x && rope && reach && index ? 0 : -1;
-    for (int64_t b = 0; rc == 0 && b < B; b++) reach[b] = 1.0f;
+    // index [rows + 3 B] for head_rows, then picks, ones, slot, at, pos [B] each
+    int64_t* index = malloc(sizeof(int64_t) * (rows + 8 * B));
+    int rc = scores && cat && x && out && rope && reach && index ? 0 : -1;
+    int64_t* pick = rc == 0 ? index + rows + 3 * B : 0;
+    int64_t *ones = pick + B, *slot = ones + B, *at = slot + B, *pos = at + B;
+    if (rc == 0 && T > 0) {  // the pending pairs first: their keys join the lanes
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(cat + t * 2 * H, feats + t * H, sizeof(float) * H);
+            memcpy(cat + t * 2 * H + H, embeds + t * H, sizeof(float) * H);
+        }
+        rc = head_rows(layer, s, c, lanes, cat, T, pending, seqs, seqs + B, seqs + 2 * B, x, rope,
+                       index, out, threads);
+        for (int64_t b = 0, end = 0; rc == 0 && b < B; b++)
+            if (pending[b] > 0) end += pending[b], memcpy(g + b * H, out + (end - 1) * H, sizeof(float) * H);
+    }
+    if (rc == 0) memcpy(last, g, sizeof(float) * B * H);
+    for (int64_t b = 0; rc == 0 && b < B; b++) {
+        reach[b] = 1.0f, ones[b] = 1;
+        slot[b] = seqs[b] + pending[b], at[b] = seqs[B + b] + pending[b];
+        pos[b] = seqs[2 * B + b] + pending[b];
+    }
     for (int64_t j = 0; rc == 0 && j < kmax; j++) {
         if (ggml_matmul_fused(c->vocab_kind, g, c->vocab_rows, scores, B, K, H, threads, 0, 0.0f,
                               0, 0, 0, c->q8) != 0) {
@@ -104,31 +164,9 @@ int eagle_chain(const DecoderLayer* layer, const DecoderShape* s, const EagleCha
             memcpy(cat + b * 2 * H + H, c->vocab_embed + best * H, sizeof(float) * H);
         }
         if (!live) break;  // every chain has stopped: nothing more to run
-        if (ggml_matmul_fused(c->fc_kind, cat, c->fc, x, B, H, 2 * H, threads, 0, 0.0f, 0, 0, 0,
-                              c->q8) != 0) {
-            rc = -2;
-            break;
-        }
-        for (int64_t b = 0; b < B; b++) {
-            index[b] = slot0[b] + j;
-            index[B + 3 * b] = b, index[B + 3 * b + 1] = 1, index[B + 3 * b + 2] = at0[b] + j + 1;
-            memcpy(rope + b * D, c->cos + (pos0[b] + j) * D, sizeof(float) * D);
-            memcpy(rope + (B + b) * D, c->sin + (pos0[b] + j) * D, sizeof(float) * D);
-        }
-        DecoderBatch step = *lanes;
-        step.slots = index, step.seq_info = index + B;
-        if (decoder_layers(layer, 1, s, &step, x, B, rope, rope + B * D, threads) != 0) {
-            rc = -2;
-            break;
-        }
-        for (int64_t b = 0; b < B; b++) {
-            const float* xr = x + b * H;
-            float sq = 0.0f;
-            for (int64_t i = 0; i < H; i++) sq += xr[i] * xr[i];
-            const float inv = 1.0f / sqrtf(sq / (float)H + c->eps);
-            for (int64_t i = 0; i < H; i++) g[b * H + i] = (xr[i] * inv) * c->norm[i];
-        }
+        rc = head_rows(layer, s, c, lanes, cat, B, ones, slot, at, pos, x, rope, index, g, threads);
+        for (int64_t b = 0; b < B; b++) slot[b]++, at[b]++, pos[b]++;
     }
-    free(scores), free(cat), free(x), free(rope), free(reach), free(index);
+    free(scores), free(cat), free(x), free(out), free(rope), free(reach), free(index);
     return rc;
 }

@@ -99,7 +99,7 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_q8_path.restype = c_int
     lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
     lib.decoder_layers.restype = c_int
-    lib.eagle_chain.argtypes = [ptr] * 12 + [c_int]
+    lib.eagle_chain.argtypes = [ptr] * 7 + [i64] + [ptr] * 5 + [c_int]
     lib.eagle_chain.restype = c_int
     return lib
 

@@ -4,10 +4,11 @@ call the target's layers make), with the head's keys and values in a paged cache
 Run as torch operations (eagle.py), one chain step is some 35 framework calls (projections,
 RoPE, concatenating the cache, building the window mask, repeating heads for GQA, SDPA), about
 0.9 ms a drafted token at batch 1 on 2 cores: a fifth of a target step. Here it is the fused
-input projection, one `decoder_layers` call over the head's layer, and the final norm; and a
-greedy chain runs whole in one call (`chain`, kernels/eagle_chain.h: per token the scores, the
-pick, the fused input, the layer and the norm), where its Python loop cost ~15 framework calls
-a token, each several times its warm cost right after the target's forward.
+input projection, one `decoder_layers` call over the head's layer, and the final norm; and for
+greedy requests a drafting step is one call (`chain`, kernels/eagle_chain.h: the pairs verified
+since the last call, then per token the scores, the pick, the fused input, the layer and the
+norm), where its Python form cost ~10 framework calls for the pairs and ~15 a token, each
+several times its warm cost right after the target's forward.
 
 The cache: each drafting sequence owns a lane of `capacity` consecutive slots (whole blocks),
 its logical position i holding the key of output position `base + i`, so the attention
@@ -213,28 +214,31 @@ class NativeHead:
     # ----------------------------------------------------------------------------- chain
     def chain(
         self,
-        g: torch.Tensor,  # [B, H] the head's outputs at the newest verified positions
-        lanes: list[Lane],
-        firsts: list[int],  # output position of each sequence's first drafted row
-        ks: list[int],  # the most tokens each may draft; its lane has room for max(ks) rows
+        g: torch.Tensor,  # [B, H] newest verified outputs (rows with pending pairs: any values)
+        rows: Rows,  # per sequence: lane, output position of its first row, its pending pairs
+        pending: tuple[torch.Tensor, torch.Tensor] | None,  # [T, H] features, embeddings
+        ks: list[int],  # the most tokens each may draft
         scores: BlockLinear,  # the draft vocabulary's lm_head rows
         embed: torch.Tensor,  # [K, H] the draft vocabulary's embeddings
         continue_above: float,  # a chain stops where its probability falls below this
-    ) -> list[tuple[list[int], list[float]]]:
-        """Greedy drafting for B sequences in one native call (kernels/eagle_chain.h): what
-        `forward` and the proposer's pick do a chain step at a time, with every step's scores,
-        picks and layer outputs the same. Per sequence, the draft vocabulary's places drafted
-        and their probabilities. Commits nothing: the chain's keys are written over later."""
+    ) -> tuple[torch.Tensor, list[tuple[list[int], list[float]]]]:
+        """The pending pairs, then greedy drafting for B sequences, in one native call
+        (kernels/eagle_chain.h): what `forward` + `commit` and the proposer's pick do a call or
+        a chain step at a time, with every step's scores, picks and layer outputs the same.
+        Each lane needs room for its pending pairs and max(ks) rows (`make_room`); the pending
+        pairs' keys stay in it (committed), the chain's are written over later. Returns every
+        sequence's newest verified output [B, H] and, per sequence, the draft vocabulary's
+        places drafted and their probabilities."""
         fc, head = _blocks(self.head.fc), self.head
         if not (scores.q8 and fc.q8) or embed.dtype != torch.float32:
             raise ValueError("the native chain runs q8 blocks and float32 embeddings")
-        at = [first - lane.base for lane, first in zip(lanes, firsts, strict=True)]
-        slots = [lane.start + a for lane, a in zip(lanes, at, strict=True)]
-        rows = torch.tensor([slots, at, firsts, ks], dtype=torch.int64)
-        self._rope_rows(max(firsts) + max(ks))
-        tables = self._lane_tables(lanes)
+        at = [first - lane.base for lane, first in zip(rows.lanes, rows.firsts, strict=True)]
+        slots = [lane.start + a for lane, a in zip(rows.lanes, at, strict=True)]
+        seqs = torch.tensor([slots, at, rows.firsts, ks, rows.counts], dtype=torch.int64)
+        self._rope_rows(max(f + n for f, n in zip(rows.firsts, rows.counts, strict=True)) + max(ks))
+        tables = self._lane_tables(rows.lanes)
         batch = decoder.Batch(
-            0, 0, tables.data_ptr(), len(lanes), tables.shape[1], BLOCK, self.window,
+            0, 0, tables.data_ptr(), len(rows.lanes), tables.shape[1], BLOCK, self.window,
             self.k_cache.shape[1], self.k_cache.element_size(),
         )  # fmt: skip
         spec = decoder.Chain(
@@ -242,12 +246,16 @@ class NativeHead:
             head.norm.weight.data_ptr(), self._cos.data_ptr(), self._sin.data_ptr(),
             len(embed), len(self._cos), scores.kind, fc.kind, 1, head.norm.eps, continue_above,
         )  # fmt: skip
+        feats, embeds = pending if pending is not None else (g[:0], g[:0])
         assert self._layer is not None
-        places, probs, counts = decoder.run_chain(
-            self._layer, self._shape, spec, batch, rows, g.float().contiguous().clone()
-        )
+        last, places, probs, counts = decoder.run_chain(
+            self._layer, self._shape, spec, batch, seqs, feats.contiguous(), embeds.contiguous(),
+            g.float().contiguous().clone(),
+        )  # fmt: skip
+        self.commit(rows)
         place_rows, prob_rows = places.tolist(), probs.tolist()
-        return [(place_rows[b][:n], prob_rows[b][:n]) for b, n in enumerate(counts.tolist())]
+        drafted = [(place_rows[b][:n], prob_rows[b][:n]) for b, n in enumerate(counts.tolist())]
+        return last, drafted
 
 
 def _blocks(linear: object) -> BlockLinear:

@@ -7,8 +7,9 @@ Per sequence it keeps the head's keys and values of verified output positions (t
 true features) and then drafts k tokens, each from the head's own previous output; the chain's
 keys live only for that call. Drafted ids come from the draft vocabulary only. Where the head's
 projections are GGUF blocks, the layer runs in one native call and the keys live in lanes of a
-cache of the head's own (eagle_native.py); elsewhere as torch operations over padded tensors
-(eagle_padded.py), on whatever device the target runs.
+cache of the head's own (eagle_native.py), and for greedy requests the pending pairs and the
+whole chain are one native call (kernels/eagle_chain.h); elsewhere as torch operations over
+padded tensors (eagle_padded.py), on whatever device the target runs.
 
 The records it keeps, and how each drafted token is picked (the head's argmax, or the engine
 sampler's pick under the target's own noise), are in eagle_state.py.
@@ -28,36 +29,13 @@ from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import LlamaForCausalLM
 from specserve.request import Sequence
 from specserve.speculation import eagle_padded, eagle_state
-from specserve.speculation.calibration import PerSequenceMean
 from specserve.speculation.eagle import EagleHead, check_base, load_eagle
+from specserve.speculation.eagle_gate import HEAD_TOKEN_COST, head_mean
 from specserve.speculation.eagle_native import NativeHead, Rows
 from specserve.speculation.eagle_state import Chain, HeadState
 from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
-# The head's cost per drafted token, in target tokens (one sequence's share of a decode step),
-# as benchmarks/bench_eagle.py measures it on the Zen 4 with the target's step before each
-# drafting step (as in the engine): 0.11 at batch 1 and 0.07 at 16 with the layer in one native
-# call a token (docs/bench/eagle-calls-1204), 0.060-0.075 at batch 1 and 0.046-0.062 at 16 with
-# a greedy chain in one call (docs/bench/eagle-chain-1204): rounded up. A sequence is drafted
-# for only while the head's drafts there have been gaining tokens: a running mean, per draft,
-# of the tokens verification accepted less drafted x this (a draft the policy does not verify,
-# as under load, gains nothing).
-HEAD_TOKEN_COST = 0.08
-HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before any outcome
-HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
-# A new sequence starts from a running mean over every sequence's outcomes (each weighing
-# this), floored at HEAD_EXPLORE: once the head stops paying on the server's traffic, a new
-# sequence tries it about twice (alone), or (in the hybrid) only where the lookup expects less
-# than this, instead of about six times from HEAD_PRIOR, each first try catching the head up
-# over the whole prompt.
-HEAD_SHARED_RATE = 0.05
-HEAD_EXPLORE = 0.1
-
-
-def head_mean() -> PerSequenceMean:
-    """Per sequence, what asking the head gained (see HEAD_PRIOR .. HEAD_EXPLORE)."""
-    return PerSequenceMean(HEAD_PRIOR, HEAD_RATE, HEAD_EXPLORE, HEAD_SHARED_RATE)
 
 
 class EagleProposer(Proposer):
@@ -180,8 +158,11 @@ class EagleProposer(Proposer):
             return drafts
         with torch.inference_mode():
             states = [self._states[seqs[i].seq_id] for i in rows]
-            self._catch_up(states)
-            chains = self._draft([seqs[i] for i in rows], [ks[i] for i in rows], states)
+            asked, asked_ks = [seqs[i] for i in rows], [ks[i] for i in rows]
+            chains = self._greedy_native(asked, asked_ks, states)
+            if chains is None:
+                self._catch_up(states)
+                chains = self._draft(asked, asked_ks, states)
         for i, draft, state in zip(rows, chains, states, strict=True):
             drafts[i], state.drafted = draft, draft.tokens
         return drafts
@@ -213,26 +194,51 @@ class EagleProposer(Proposer):
         if not todo:
             return
         if self.native is not None:
-            self._catch_up_native(todo, self.native)
+            self._run_native(todo, [0] * len(todo), self.native)
             return
         eagle_padded.catch_up(self.head, self._embed, todo, self.device)
 
-    def _catch_up_native(self, todo: list[HeadState], native: NativeHead) -> None:
-        rows = Rows([], [s.next_pos for s in todo], [len(s.tokens) for s in todo])
-        for s, count in zip(todo, rows.counts, strict=True):
+    def _run_native(
+        self, states: list[HeadState], ks: list[int], native: NativeHead
+    ) -> list[tuple[list[int], list[float]]]:
+        """One native call (NativeHead.chain): every state's pending pairs (their keys kept,
+        `last` updated), then greedy chains of up to ks tokens (none where all are 0)."""
+        assert isinstance(self.vocab_logits, BlockLinear)  # blocks: the native path's
+        rows = Rows([], [s.next_pos for s in states], [len(s.tokens) for s in states])
+        for s, count in zip(states, rows.counts, strict=True):
             s.lane = s.lane or native.lane(s.next_pos)
-            native.make_room(s.lane, s.next_pos, count)
+            # every row runs while any chain drafts on: room for the longest chain in each lane
+            native.make_room(s.lane, s.next_pos, count + max(ks))
             rows.lanes.append(s.lane)
-        feats = torch.cat([f for s in todo for f in s.features])
-        tokens = [t for s in todo for t in s.tokens]
-        out = native.forward(self.head.fuse(feats, self._embed_committed(tokens)), rows)
-        native.commit(rows)
-        end = 0
-        for s, count in zip(todo, rows.counts, strict=True):
-            end += count
-            s.last = out[end - 1]
-            s.next_pos += count
-            s.features, s.tokens = [], []
+        tokens = [t for s in states for t in s.tokens]
+        pending = None
+        if tokens:
+            feats = torch.cat([f for s in states for f in s.features])
+            pending = (feats, self._embed_committed(tokens))
+        blank = torch.zeros(self.head.shape.hidden_size, device=self.device)
+        g = torch.stack([blank if s.last is None else s.last for s in states])
+        above = eagle_state.CONTINUE_ABOVE
+        last, found = native.chain(g, rows, pending, ks, self.vocab_logits, self.vocab_embed, above)
+        for b, (s, count) in enumerate(zip(states, rows.counts, strict=True)):
+            if count:
+                s.last, s.next_pos, s.features, s.tokens = last[b], s.next_pos + count, [], []
+        return found
+
+    def _greedy_native(
+        self, seqs: list[Sequence], ks: list[int], states: list[HeadState]
+    ) -> list[Draft] | None:
+        """Greedy chains on the native head: the pending pairs and the whole chain in one call;
+        None where a chain samples (the Python loop drafts those)."""
+        native, picks = self.native, [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
+        if native is None or not all(c.plain for c in picks):
+            return None
+        ks = [min(k, native.max_chain) for k in ks]
+        if max(len(s.tokens) for s in states) + max(ks) > native.max_chain:
+            self._catch_up(states)  # a lane could not hold both: its pairs go in first
+        for chain, (places, probs) in zip(picks, self._run_native(states, ks, native), strict=True):
+            for place, prob in zip(places, probs, strict=True):
+                chain.add(self._vocab_ids[place], prob)
+        return [c.draft() for c in picks]
 
     def _draft(self, seqs: list[Sequence], ks: list[int], states: list[HeadState]) -> list[Draft]:
         if self.native is not None:
@@ -253,15 +259,6 @@ class EagleProposer(Proposer):
             lanes.append(s.lane)
         g = torch.stack([s.last for s in states if s.last is not None])  # [B, H]
         picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
-        if all(c.plain for c in picks):  # greedy: the whole chain in one native call
-            assert isinstance(self.vocab_logits, BlockLinear)  # blocks: the native path's
-            firsts = [s.next_pos for s in states]
-            above = eagle_state.CONTINUE_ABOVE
-            found = native.chain(g, lanes, firsts, ks, self.vocab_logits, self.vocab_embed, above)
-            for chain, (found_places, probs) in zip(picks, found, strict=True):
-                for place, prob in zip(found_places, probs, strict=True):
-                    chain.add(self._vocab_ids[place], prob)
-            return [c.draft() for c in picks]
         for j in range(max(ks)):
             places = self._pick(g, picks, j)  # [B]
             if all(c.done() for c in picks):
