@@ -34,11 +34,13 @@ def _spread(values: Iterable[float]) -> str:
 
 
 def ledger_lines(runs: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
-    lines = ["| workload | side | speculating / N = 0: median (range) | propose ms when asked |"]
-    lines.append("| --- | --- | --- | --- |")
+    lines = ["| workload | side | speculating / N = 0: median (range) | steps: median (N = 0) "
+             "| propose ms when asked |"]  # fmt: skip
+    lines.append("| --- | --- | --- | --- | --- |")
     for side, by_round in runs.items():
         ratios: dict[tuple[str, str], list[float]] = {}
         propose: dict[tuple[str, str], list[float]] = {}
+        steps: dict[tuple[str, str], list[int]] = {}
         for data in by_round.values():
             cells = data["cells"]
             base = {(c["workload"], c["round"]): c["tok_s"] for c in cells if c["side"] == "N=0"}
@@ -47,12 +49,19 @@ def ledger_lines(runs: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
                     continue
                 key = (c["workload"], c["side"])
                 ratios.setdefault(key, []).append(c["tok_s"] / base[c["workload"], c["round"]])
+                steps.setdefault(key, []).append(c["steps"])
+                steps.setdefault((c["workload"], "N=0"), []).append(
+                    next(x["steps"] for x in cells if x["side"] == "N=0"
+                         and (x["workload"], x["round"]) == (c["workload"], c["round"]))
+                )  # fmt: skip
                 if c.get("propose_ms_when_asked") is not None:
                     propose.setdefault(key, []).append(c["propose_ms_when_asked"])
         for (workload, cell), r in sorted(ratios.items()):
             asked = propose.get((workload, cell), [])
             ms = f"{statistics.median(asked):.2f}" if asked else "-"
-            lines.append(f"| {workload} | {side}: {cell} | {_spread(r)} | {ms} |")
+            n = f"{statistics.median(steps[workload, cell]):.0f} "
+            n += f"({statistics.median(steps[workload, 'N=0']):.0f})"
+            lines.append(f"| {workload} | {side}: {cell} | {_spread(r)} | {n} | {ms} |")
     return lines
 
 

@@ -9,11 +9,11 @@ from specserve.speculation.calibration import PerSequenceMean
 # The head's cost per drafted token, in target tokens (one sequence's share of a decode step),
 # as benchmarks/bench_eagle.py measures it on the Zen 4 with the target's step before each
 # drafting step (as in the engine): 0.11 at batch 1 and 0.07 at 16 with the layer in one native
-# call a token (docs/bench/eagle-calls-1204), 0.060-0.075 at batch 1 and 0.046-0.062 at 16 with
-# a greedy chain in one call (docs/bench/eagle-chain-1204): rounded up. A sequence is drafted
-# for only while the head's drafts there have been gaining tokens: a running mean, per draft,
-# of the tokens verification accepted less drafted x this (a draft the policy does not verify,
-# as under load, gains nothing).
+# call a token (docs/bench/eagle-calls-1204), 0.054-0.060 at batch 1 and 0.050-0.058 at 16 with
+# a greedy drafting step in one call (docs/bench/eagle-step-1204): rounded up. A sequence is
+# drafted for only while the head's drafts there have been gaining tokens: a running mean, per
+# draft, of the tokens verification accepted less drafted x this (a draft the policy does not
+# verify, as under load, gains nothing).
 HEAD_TOKEN_COST = 0.08
 HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before any outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean

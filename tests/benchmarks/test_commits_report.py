@@ -12,8 +12,8 @@ from benchmarks.commits_report import _rounds, eagle_lines, ledger_lines
 def _ledger(path: Path, rounds: list[tuple[float, float]]) -> None:
     cells = []
     for r, (off, on) in enumerate(rounds):
-        cells.append({"workload": "w", "round": r, "side": "N=0", "tok_s": off})
-        cells.append({"workload": "w", "round": r, "side": "x", "tok_s": on,
+        cells.append({"workload": "w", "round": r, "side": "N=0", "tok_s": off, "steps": 64})
+        cells.append({"workload": "w", "round": r, "side": "x", "tok_s": on, "steps": 40 + r,
                       "propose_ms_when_asked": 0.5 + r})  # fmt: skip
     path.write_text(json.dumps({"cells": cells}))
 
@@ -22,8 +22,8 @@ def test_ledger_cells_over_their_own_rounds_n0(tmp_path: Path) -> None:
     _ledger(tmp_path / "L-before-1.json", [(100.0, 110.0), (50.0, 60.0)])
     _ledger(tmp_path / "L-after-1.json", [(200.0, 200.0), (100.0, 130.0)])
     lines = ledger_lines(_rounds(tmp_path, "L"))
-    assert "| w | before: x | 1.150 (1.10-1.20, n=2) | 1.00 |" in lines
-    assert "| w | after: x | 1.150 (1.00-1.30, n=2) | 1.00 |" in lines
+    assert "| w | before: x | 1.150 (1.10-1.20, n=2) | 40 (64) | 1.00 |" in lines
+    assert "| w | after: x | 1.150 (1.00-1.30, n=2) | 40 (64) | 1.00 |" in lines
 
 
 def test_eagle_rounds_after_over_before(tmp_path: Path) -> None:
