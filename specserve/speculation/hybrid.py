@@ -1,8 +1,8 @@
 """`HybridProposer`: per sequence and step, the suffix lookup's draft or the EAGLE head's.
 
 Lookup is nearly free and excellent where the output copies its context; the head costs about
-a tenth of a target step per drafted token (benchmarks/bench_eagle.py) and is the only one with
-something to say on free text. Each source keeps its own online calibration (confidence bucket
+a sixteenth of a target step per drafted token (benchmarks/bench_eagle.py) and is the only one
+with something to say on free text. Each source keeps its own online calibration (confidence bucket
 -> observed acceptance), fed in `sync` by comparing the draft it proposed, served or not, with
 the tokens the target committed (the target's own continuation whichever draft it verified).
 Per sequence the lookup proposes first; the head runs only where the lookup's expected accepted
