@@ -44,8 +44,9 @@ async def reset_prefix_cache(ctx: Ctx) -> dict[str, int]:
 
 
 async def reset_suffix_cache(ctx: Ctx) -> dict[str, bool]:
-    """Forget recent requests' outputs in the proposer's cross-request index (benchmarks reset
-    it between cells so no cell drafts from a replay of another's prompts)."""
+    """Forget recent requests' outputs in the proposer's cross-request index, and what the
+    EAGLE head's gates learned from them (benchmarks reset it between cells so no cell drafts
+    from a replay of another's prompts, or starts from another workload's outcomes)."""
 
     def reset(engine: Engine) -> bool:
         proposer = engine.res.proposer

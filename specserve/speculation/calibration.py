@@ -106,8 +106,13 @@ class PerSequenceMean:
         self, prior: float, rate: float, explore: float = 0.0, shared_rate: float = 0.0
     ) -> None:
         self.rate, self.explore, self.shared_rate = rate, explore, shared_rate
-        self.shared = prior
+        self.prior = self.shared = prior
         self._means: dict[int, float] = {}
+
+    def forget(self) -> None:
+        """Back to the prior for every sequence, as if no outcome had been seen."""
+        self.shared = self.prior
+        self._means.clear()
 
     def mean(self, seq_id: int) -> float:
         return self._means.get(seq_id, max(self.shared, self.explore))

@@ -127,7 +127,11 @@ class HybridProposer(Proposer):
         self.head.release(seq)
 
     def reset(self) -> bool:
-        return self.lookup.reset()
+        """The lookup's index and what asking the head has gained (both learned from earlier
+        requests)."""
+        self.lookup.reset()
+        self.head_gained.forget()
+        return self.head.reset()
 
     def index_stats(self) -> IndexStats | None:
         return self.lookup.index_stats()

@@ -24,7 +24,8 @@ from specserve.speculation.eagle import (
     load_eagle,
     save_eagle,
 )
-from specserve.speculation.eagle_proposer import HEAD_TOKEN_COST, EagleProposer
+from specserve.speculation.eagle_gate import HEAD_PRIOR, HEAD_TOKEN_COST
+from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
 from specserve.training.eagle_data import Batch
@@ -510,3 +511,18 @@ def test_shipped_head_seeded_sampling_is_bit_identical() -> None:
     assert run_all(engine, prompts(), params) == want
     stats = engine.stats.proposer
     assert 0 < stats.accepted_tokens < stats.drafted_tokens
+
+
+def test_reset_forgets_what_the_gates_learned_from_earlier_requests() -> None:
+    """A benchmark cell (and POST /reset_suffix_cache) starts the head's gates from their prior:
+    what earlier requests taught them (here: drafts that never paid) no longer closes the head
+    on the next workload."""
+    eagle = EagleProposer(_head(), _target(), None)
+    hybrid = HybridProposer(_Fixed("suffix", Draft([])), eagle)  # type: ignore[arg-type]
+    for sid in range(40):  # every draft rejected: both shared means fall
+        eagle.gained.record(sid, -1.0)
+        hybrid.head_gained.record(sid, -1.0)
+    assert eagle.gained.mean(99) < HEAD_PRIOR and hybrid.head_gained.mean(99) < HEAD_PRIOR
+    assert hybrid.reset() is True
+    assert eagle.gained.mean(99) == hybrid.head_gained.mean(99) == HEAD_PRIOR
+    assert eagle.gained.mean(0) == HEAD_PRIOR and len(eagle.gained) == 0
