@@ -43,17 +43,15 @@ def ledger_lines(runs: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
         steps: dict[tuple[str, str], list[int]] = {}
         for data in by_round.values():
             cells = data["cells"]
-            base = {(c["workload"], c["round"]): c["tok_s"] for c in cells if c["side"] == "N=0"}
+            base = {(c["workload"], c["round"]): c for c in cells if c["side"] == "N=0"}
             for c in cells:
                 if c["side"] == "N=0":
                     continue
                 key = (c["workload"], c["side"])
-                ratios.setdefault(key, []).append(c["tok_s"] / base[c["workload"], c["round"]])
+                off = base[c["workload"], c["round"]]
+                ratios.setdefault(key, []).append(c["tok_s"] / off["tok_s"])
                 steps.setdefault(key, []).append(c["steps"])
-                steps.setdefault((c["workload"], "N=0"), []).append(
-                    next(x["steps"] for x in cells if x["side"] == "N=0"
-                         and (x["workload"], x["round"]) == (c["workload"], c["round"]))
-                )  # fmt: skip
+                steps.setdefault((c["workload"], "N=0"), []).append(off["steps"])
                 if c.get("propose_ms_when_asked") is not None:
                     propose.setdefault(key, []).append(c["propose_ms_when_asked"])
         for (workload, cell), r in sorted(ratios.items()):

@@ -7,8 +7,8 @@
 //   g      = RMSNorm(x) * w_norm
 // the same kernel calls, with the same arguments, that the Python loop makes (BlockLinear in the
 // q8 numerics, then NativeHead.forward), so scores, places and the layer's outputs equal that
-// loop's bit for bit; p and the final norm round as this file does (float32 sums in another
-// order than torch's: within float tolerance). Before the chain, the same call runs the pairs
+// loop's bit for bit; p and the final norm (the RMSNorm the fused projections apply) round in
+// another float32 summation order than torch's: within float tolerance. Before the chain, the same call runs the pairs
 // (feature, token) verified since the last one (the catch-up: fused input, layer, norm), whose
 // keys join the lanes. What goes away is the ~15 framework calls a chain step and the ~10 a
 // catch-up cost in Python, each several times its warm cost right after the target's forward.
@@ -78,13 +78,7 @@ static int head_rows(const DecoderLayer* layer, const DecoderShape* s, const Eag
     DecoderBatch step = *lanes;
     step.slots = index, step.seq_info = index + T;
     if (decoder_layers(layer, 1, s, &step, x, T, rope, rope + T * D, threads) != 0) return -2;
-    for (int64_t t = 0; t < T; t++) {
-        const float* xr = x + t * H;
-        float sq = 0.0f;
-        for (int64_t i = 0; i < H; i++) sq += xr[i] * xr[i];
-        const float inv = 1.0f / sqrtf(sq / (float)H + c->eps);
-        for (int64_t i = 0; i < H; i++) out[t * H + i] = (xr[i] * inv) * c->norm[i];
-    }
+    for (int64_t t = 0; t < T; t++) prepare_row(x + t * H, out + t * H, H, c->norm, c->eps, 0);
     return 0;
 }
 

@@ -214,7 +214,8 @@ class NativeHead:
     # ----------------------------------------------------------------------------- chain
     def chain(
         self,
-        g: torch.Tensor,  # [B, H] newest verified outputs (rows with pending pairs: any values)
+        g: torch.Tensor,  # [B, H] float32, newest verified outputs (rows with pending pairs:
+        # any values); overwritten: the call's scratch
         rows: Rows,  # per sequence: lane, output position of its first row, its pending pairs
         pending: tuple[torch.Tensor, torch.Tensor] | None,  # [T, H] features, embeddings
         ks: list[int],  # the most tokens each may draft
@@ -250,7 +251,7 @@ class NativeHead:
         assert self._layer is not None
         last, places, probs, counts = decoder.run_chain(
             self._layer, self._shape, spec, batch, seqs, feats.contiguous(), embeds.contiguous(),
-            g.float().contiguous().clone(),
+            g.contiguous(),
         )  # fmt: skip
         self.commit(rows)
         place_rows, prob_rows = places.tolist(), probs.tolist()

@@ -223,7 +223,7 @@ class EagleProposer(Proposer):
             feats = torch.cat([f for s in states for f in s.features])
             pending = (feats, self._embed_committed(tokens))
         blank = torch.zeros(self.head.shape.hidden_size, device=self.device)
-        g = torch.stack([blank if s.last is None else s.last for s in states])
+        g = torch.stack([blank if s.last is None else s.last for s in states])  # new: scratch
         above = eagle_state.CONTINUE_ABOVE
         last, found = native.chain(g, rows, pending, ks, self.vocab_logits, self.vocab_embed, above)
         for b, (s, count) in enumerate(zip(states, rows.counts, strict=True)):
