@@ -1,6 +1,7 @@
 """A step's drafts: each sequence's cap, proposing so that a failing proposer fails only the
-requests it fails for, and the prefix of each draft the policy keeps. Drafts are lists in the
-order of the step's work, None where a sequence has none."""
+requests it fails for, the prefix of each draft the policy keeps, and releasing what the
+proposer keeps for a sequence. Drafts are lists in the order of the step's work, None where a
+sequence has none."""
 
 from __future__ import annotations
 
@@ -78,6 +79,16 @@ def propose(
         elif d.tokens and not w.seq.is_finished:
             out[i] = d
     return out
+
+
+def release(proposer: Proposer | None, seq: Sequence) -> None:
+    """Drop what `proposer` keeps for `seq` (finished, preempted, or its proposer replaced);
+    never raises: it runs where requests end."""
+    try:
+        if proposer is not None:
+            proposer.release(seq)
+    except Exception:
+        logger.exception("proposer release failed for %s", seq.request_id)
 
 
 def force_drafts(work: list[SeqWork], proposed: list[Draft | None]) -> list[Draft | None]:

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from specserve.config import EngineConfig, SpecConfig
+from specserve.engine import drafting
 from specserve.engine.admission import new_live, prepare_request
 from specserve.engine.drafting import force_drafts, keep_prefixes, open_caps, propose, static_caps
 from specserve.engine.live import Live, describe, take_prompt_rows
@@ -132,7 +133,7 @@ class Engine:
         proposer, policy = respeculate(self.res, self.config, spec)
         for live in self._live.values():
             if proposer is not self.res.proposer:
-                self._release_proposer(live.seq)
+                drafting.release(self.res.proposer, live.seq)
         self.res.proposer, self.res.policy = proposer, policy
         self.config = replace(self.config, spec=spec)
 
@@ -153,7 +154,7 @@ class Engine:
         try:
             batch = self.scheduler.schedule(self._draft_caps if self.res.proposer else None)
             for seq in batch.preempted:
-                self._release_proposer(seq)
+                drafting.release(self.res.proposer, seq)
             if not batch.is_empty:
                 self._run_batch(batch)
         except Exception as exc:
@@ -290,13 +291,6 @@ class Engine:
         seq.finish_reason = reason
         self.scheduler.remove(seq)
         self.scheduler.unpark(seq)
-        self._release_proposer(seq)
+        drafting.release(self.res.proposer, seq)
         self._live.pop(seq.request_id, None)
         self._outbox.append(live.output(new_ids or [], True, error, logprobs))
-
-    def _release_proposer(self, seq: Sequence) -> None:
-        try:
-            if self.res.proposer is not None:
-                self.res.proposer.release(seq)
-        except Exception:
-            logger.exception("proposer release failed for %s", seq.request_id)
