@@ -245,26 +245,28 @@ static inline X8_VNNI_TARGET __attribute__((always_inline)) void dot_x8_vnni(
     for (int r = 0; r < rows; r++) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
+// A tile of `rows` activation rows through DOT with the count a constant in each case up to 8:
+// the rows' accumulators then live in registers (a count known only at run time keeps them in
+// memory, a load and a store per row and block). Every case computes each row the same way.
+#define X8_CASE(DOT, KIND, n) case n: DOT(KIND, n, g, a, nb, out); break;
+#define X8_TILES(DOT, KIND, rows)                                                   \
+    switch (rows) {                                                                 \
+        X8_CASE(DOT, KIND, 1) X8_CASE(DOT, KIND, 2) X8_CASE(DOT, KIND, 3)           \
+        X8_CASE(DOT, KIND, 4) X8_CASE(DOT, KIND, 5) X8_CASE(DOT, KIND, 6)           \
+        X8_CASE(DOT, KIND, 7) X8_CASE(DOT, KIND, 8)                                 \
+        default: DOT(KIND, rows, g, a, nb, out); break;                             \
+    }
+
 // x8_tile's VNNI path: the row counts the switch names compile to unrolled tiles.
 static X8_VNNI_TARGET int x8_tile_vnni(int kind, int64_t left, const uint8_t* g,
                                        const block_q8a* a, int64_t nb, float* out) {
     if (kind == KIND_Q8_0_X8) {
         const int rows = left < X8_VNNI_Q8_0_TILE ? (int)left : X8_VNNI_Q8_0_TILE;
-        switch (rows) {
-            case 1: dot_x8_vnni(KIND_Q8_0_X8, 1, g, a, nb, out); break;
-            case 2: dot_x8_vnni(KIND_Q8_0_X8, 2, g, a, nb, out); break;
-            case 3: dot_x8_vnni(KIND_Q8_0_X8, 3, g, a, nb, out); break;
-            case 4: dot_x8_vnni(KIND_Q8_0_X8, 4, g, a, nb, out); break;
-            case 5: dot_x8_vnni(KIND_Q8_0_X8, 5, g, a, nb, out); break;
-            case 6: dot_x8_vnni(KIND_Q8_0_X8, 6, g, a, nb, out); break;
-            case 7: dot_x8_vnni(KIND_Q8_0_X8, 7, g, a, nb, out); break;
-            default: dot_x8_vnni(KIND_Q8_0_X8, 8, g, a, nb, out); break;
-        }
+        X8_TILES(dot_x8_vnni, KIND_Q8_0_X8, rows)
         return rows;
     }
     const int rows = left < X8_MAX_TILE ? (int)left : X8_MAX_TILE;
-    if (rows == 1) dot_x8_vnni(KIND_Q4_1_X8, 1, g, a, nb, out);
-    else dot_x8_vnni(KIND_Q4_1_X8, rows, g, a, nb, out);
+    X8_TILES(dot_x8_vnni, KIND_Q4_1_X8, rows)
     return rows;
 }
 
@@ -288,7 +290,6 @@ static int x8_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a,
         return rows;
     }
     const int rows = left < X8_MAX_TILE ? (int)left : X8_MAX_TILE;
-    if (rows == 1) dot_x8_avx2(KIND_Q4_1_X8, 1, g, a, nb, out);  // decode: all in registers
-    else dot_x8_avx2(KIND_Q4_1_X8, rows, g, a, nb, out);
+    X8_TILES(dot_x8_avx2, KIND_Q4_1_X8, rows)
     return rows;
 }
