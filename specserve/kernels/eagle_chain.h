@@ -37,13 +37,23 @@ static inline int stopped(int64_t count, int64_t k, float reach, float continue_
 }
 
 // The first place of a row's largest score; *total = sum_i e^(s_i - max) (exp256, within 2 ulp
-// of expf), so that the pick's softmax probability is 1 / *total.
+// of expf), so that the pick's softmax probability is 1 / *total. A NaN or infinite score gives
+// a NaN total and the pick 0, as torch's softmax (NaN throughout) and max give the torch path.
 static int64_t pick_row(const float* row, int64_t K, float* total) {
     int64_t i = 0;
-    __m256 vmax = _mm256_set1_ps(row[0]);
-    for (; i + 8 <= K; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(row + i));
+    __m256 vmax = _mm256_set1_ps(row[0]), nan = _mm256_setzero_ps();
+    for (; i + 8 <= K; i += 8) {
+        const __m256 v = _mm256_loadu_ps(row + i);
+        vmax = _mm256_max_ps(vmax, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
     float mx = hmax(vmax);
-    for (; i < K; i++) mx = row[i] > mx ? row[i] : mx;
+    int bad = _mm256_movemask_ps(nan);
+    for (; i < K; i++) bad |= row[i] != row[i], mx = row[i] > mx ? row[i] : mx;
+    if (bad || isinf(mx)) {  // (no score would equal a NaN max: the search would run off the row)
+        *total = NAN;
+        return 0;
+    }
     int64_t best = 0;
     while (row[best] != mx) best++;
     const __m256 m = _mm256_set1_ps(mx);

@@ -5,6 +5,7 @@ through histories longer than a lane, gaps, batches of mixed histories and lanes
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -150,3 +151,19 @@ def test_native_chains_stop_where_the_torch_paths_do(monkeypatch: pytest.MonkeyP
     drafts = native.propose(seqs, [1, 3, 5])
     _same(drafts, plain.propose(seqs, [1, 3, 5]))
     assert [len(d.tokens) for d in drafts] == [1, 2, 2]
+
+
+def test_a_nan_feature_drafts_what_the_torch_path_drafts() -> None:
+    """A NaN feature row makes every score of the head's next row NaN, so no score equals the
+    row's max: the native pick searched past the row for one and crashed the process. Both
+    paths now take the first place with a NaN probability, and the chain runs to its k."""
+    native, plain = _pair(window=16)
+    seq = Sequence(0, "r0", [1, 2], SamplingParams(), output_ids=list(range(3, 12)))
+    feats = torch.randn(9, HIDDEN, generator=torch.Generator().manual_seed(2))
+    feats[-1] = float("nan")
+    for p in (native, plain):
+        p.sync(seq, feats)
+    (a,), (b,) = native.propose([seq], [3]), plain.propose([seq], [3])
+    assert a.tokens == b.tokens and len(a.tokens) == 3
+    assert a.confidence and b.confidence
+    assert all(math.isnan(c) for c in a.confidence + b.confidence)
