@@ -7,7 +7,9 @@ exactly the clean run's tokens; no KV block (target or draft) is left held.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,27 @@ def test_proposer_returning_a_bad_draft(tiny_llama: Path, draft_dir: Path) -> No
     proposer.propose = propose  # type: ignore[method-assign]
     got = collect(engine, PROMPTS, PARAMS)
     assert_only_faulty_failed(got, want, "invalid draft")
+    assert_no_kv_held(engine)
+
+
+def test_proposer_scoring_nan_fails_nothing(tiny_llama: Path, draft_dir: Path) -> None:
+    """A NaN confidence (a head fed NaN features scores NaN) counts as 0: every request ends as
+    in the clean run, and the calibration all requests share records no NaN."""
+    want = clean(tiny_llama, draft_dir)
+    engine = engine_for(tiny_llama, draft_dir, "ngram")
+    proposer, policy = engine.res.proposer, engine.res.policy
+    assert proposer is not None and policy is not None
+    real = proposer.propose
+
+    def propose(seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        return [replace(d, confidence=[math.nan] * len(d.tokens)) for d in real(seqs, ks)]
+
+    proposer.propose = propose  # type: ignore[method-assign]
+    got = collect(engine, PROMPTS, PARAMS)
+    assert [(o.finish_reason, o.tokens) for o in got] == [("length", w) for w in want]
+    calibration = policy.calibration
+    assert sum(calibration.tested) > 0 and calibration.confidence_sum[0] == 0.0
+    assert all(math.isfinite(c) for c in calibration.confidence_sum)
     assert_no_kv_held(engine)
 
 
