@@ -233,6 +233,8 @@ class NativeHead:
         fc, head = _blocks(self.head.fc), self.head
         if not (scores.q8 and fc.q8) or embed.dtype != torch.float32:
             raise ValueError("the native chain runs q8 blocks and float32 embeddings")
+        if embed.shape != (scores.out_features, scores.in_features) or not embed.is_contiguous():
+            raise ValueError("the draft vocabulary's embeddings must match its lm_head rows")
         at = [first - lane.base for lane, first in zip(rows.lanes, rows.firsts, strict=True)]
         slots = [lane.start + a for lane, a in zip(rows.lanes, at, strict=True)]
         seqs = torch.tensor([slots, at, rows.firsts, ks, rows.counts], dtype=torch.int64)

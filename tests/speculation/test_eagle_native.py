@@ -167,3 +167,14 @@ def test_a_nan_feature_drafts_what_the_torch_path_drafts() -> None:
     assert a.tokens == b.tokens and len(a.tokens) == 3
     assert a.confidence and b.confidence
     assert all(math.isnan(c) for c in a.confidence + b.confidence)
+
+
+def test_the_chain_refuses_embeddings_that_do_not_match_the_scores() -> None:
+    """The C chain reads a picked place's embedding row by the scores' count of rows: one row
+    short would read past the tensor, so the call refuses it before running."""
+    native, _ = _pair(window=16)
+    seq = Sequence(0, "r0", [1, 2], SamplingParams(), output_ids=list(range(3, 12)))
+    native.sync(seq, torch.randn(9, HIDDEN, generator=torch.Generator().manual_seed(2)))
+    native.vocab_embed = native.vocab_embed[:-1]
+    with pytest.raises(ValueError, match="must match its lm_head rows"):
+        native.propose([seq], [3])
