@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 
 from specserve.engine.plan import is_decode
 from specserve.grammar import GrammarProcessor
@@ -59,7 +58,7 @@ def propose(
     """Per sequence of `work`: its non-empty draft, if it has draft slots and found one. One
     batched call; if it raises, each sequence proposes alone and those that raise fail. A draft
     longer than its slots or with an id outside the vocabulary fails its request (it would
-    otherwise fail the whole forward pass). A confidence outside [0, 1] counts as 0."""
+    otherwise fail the whole forward pass)."""
     out: list[Draft | None] = [None] * len(work)
     spec = [i for i, w in enumerate(work) if w.max_drafts > 0]
     if proposer is None or not spec:
@@ -78,16 +77,8 @@ def propose(
                 f"for {w.max_drafts} slots, ids must be in [0, {vocab_size})",
             )
         elif d.tokens and not w.seq.is_finished:
-            out[i] = _scored(d)
+            out[i] = d
     return out
-
-
-def _scored(d: Draft) -> Draft:
-    """`d`, its confidences outside [0, 1] as 0: a NaN one (a head fed NaN features) would
-    otherwise enter the calibration every request shares, and its buckets' means for good."""
-    if d.confidence is None or all(0.0 <= c <= 1.0 for c in d.confidence):
-        return d
-    return replace(d, confidence=[c if 0.0 <= c <= 1.0 else 0.0 for c in d.confidence])
 
 
 def release(proposer: Proposer | None, seq: Sequence) -> None:

@@ -9,7 +9,9 @@ bucket b is the Beta-smoothed rate
 
 an optimistic start (a never-tested confidence is given at least an even chance, so a policy
 that trusts the calibration still tries drafts while verification is cheap) that the observed
-rate replaces after a few dozen tests. The table is what `/info` and `/metrics` show.
+rate replaces after a few dozen tests. The table is what `/info` and `/metrics` show. A NaN
+confidence (a head fed NaN features) counts as 0: one would otherwise stay in its bucket's mean
+for good, in a calibration every request shares.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ class Calibration:
         self.confidence_sum = [0.0] * num_buckets
 
     def bucket(self, confidence: float) -> int:
-        return min(max(int(confidence * self.num_buckets), 0), self.num_buckets - 1)
+        c = _number(confidence)
+        return min(max(int(c * self.num_buckets), 0), self.num_buckets - 1)
 
     def probability(self, confidence: float) -> float:
+        confidence = _number(confidence)
         b = self.bucket(confidence)
         prior = (1.0 + min(max(confidence, 0.0), 1.0)) / 2.0
         return (prior * self.w + self.accepted[b]) / (self.w + self.tested[b])
@@ -58,7 +62,7 @@ class Calibration:
     def record(self, confidences: Sequence[float], num_accepted: int) -> None:
         """A verified draft with these confidences had its first `num_accepted` tokens accepted:
         those were tested and accepted, the next one tested and rejected, the rest untested."""
-        for i, c in enumerate(confidences[: num_accepted + 1]):
+        for i, c in enumerate(map(_number, confidences[: num_accepted + 1])):
             b = self.bucket(c)
             self.tested[b] += 1
             self.confidence_sum[b] += c
@@ -127,3 +131,7 @@ class PerSequenceMean:
 
     def __len__(self) -> int:
         return len(self._means)
+
+
+def _number(confidence: float) -> float:
+    return 0.0 if confidence != confidence else confidence  # NaN -> 0
