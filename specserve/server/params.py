@@ -61,7 +61,7 @@ def for_tenant(prep: Prepared, tenant: str | None) -> Prepared:
         return prep
     own = prep.params.cache_salt
     salt = tenant if own is None else f"{tenant}/{own}"
-    return Prepared(prep.prompt_ids, replace(prep.params, cache_salt=salt))
+    return replace(prep, params=replace(prep.params, cache_salt=salt))
 
 
 def tenant_of(request: Request) -> str | None:

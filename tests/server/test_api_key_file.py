@@ -5,6 +5,7 @@ blocks of its own requests only."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def tenant_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     path = key_file(tmp_path_factory.mktemp("keys"), 0o600, "\n".join(TENANTS) + "\n")
     log = tmp_path_factory.mktemp("logs") / "tenant-server.log"
     flags = ["--model", str(tiny_model), *TINY_FLAGS, "--api-key-file", str(path)]
-    server = start_server(flags, log)
+    server = start_server([*flags, "--max-input-tokens", "512"], log)  # room for a tool list
     yield server
     server.stop()
 
@@ -114,3 +115,36 @@ def test_each_key_is_a_tenant_with_its_own_prefix_cache(tenant_server: Server) -
     log = tenant_server.log.read_text()
     assert all(k not in log for k in TENANTS)  # the keys are in no log
     assert tenant_id(TENANTS[0]) != tenant_id(TENANTS[1])
+
+
+def test_a_tenant_gets_its_tool_calls_as_calls(tenant_server: Server) -> None:
+    """Salting a request with its tenant keeps its tools: the reply is a call, not text."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "pick",
+            "parameters": {
+                "type": "object",
+                "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["unit"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    body = {
+        "messages": [{"role": "user", "content": "Pick a unit."}],
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "pick"}},
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+    headers = {"Authorization": f"Bearer {TENANTS[1]}"}
+    got = http.post(
+        tenant_server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    )
+    assert got.status_code == 200, got.text
+    choice = got.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "pick"
+    assert json.loads(call["function"]["arguments"])["unit"] in ("celsius", "fahrenheit")
