@@ -41,18 +41,40 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
-def read_private(path: str | Path, what: str) -> str:
-    """The text of private file `path`. ValueError naming `what`, the file and the fix when it
-    is not a regular file, another user owns it, or group or others may access it."""
+# The most a private file may hold: keys, an address, a token. A larger one is refused, never
+# cut short (a key cut at the boundary would be a valid shorter key).
+MAX_PRIVATE_BYTES = 1 << 20
+
+
+def read_private(path: str | Path, what: str, limit: int = MAX_PRIVATE_BYTES) -> str:
+    """The whole text of private file `path`. ValueError naming `what`, the file and the fix
+    when it is not a regular file, another user owns it, group or others may access it, or it
+    holds more than `limit` bytes."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise ValueError(f"{what} {path}: {exc.strerror}") from exc
     try:
         _check_private(f"{what} {path}", os.fstat(fd))  # the file opened, not what path names
-        return os.read(fd, 1 << 16).decode("utf-8")
+        data = _read_all(fd, limit + 1)
     finally:
         os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{what} {path}: larger than {limit} bytes; refused rather than cut")
+    return data.decode("utf-8")
+
+
+def _read_all(fd: int, most: int) -> bytes:
+    """Up to `most` bytes of `fd`, to its end: os.read may return fewer than asked."""
+    parts: list[bytes] = []
+    got = 0
+    while got < most:
+        part = os.read(fd, min(most - got, 1 << 16))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _check_private(name: str, st: os.stat_result) -> None:

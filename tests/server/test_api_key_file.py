@@ -52,6 +52,16 @@ def test_read_key_file(tmp_path: Path) -> None:
     assert two == {"tenant_keys": ("a", "b")}
 
 
+def test_a_long_key_file_is_read_whole_and_a_huge_one_refused(tmp_path: Path) -> None:
+    """Issue 54 item 7: the file was read with one 64 KiB read, so keys past it got 401 and the
+    key cut at the boundary became a valid shorter key."""
+    keys = [f"tenant-{i:05d}-" + "k" * 40 for i in range(2000)]  # ~110 KB
+    assert read_key_file(str(key_file(tmp_path, 0o600, "\n".join(keys) + "\n"))) == tuple(keys)
+    huge = "x" * 100 + "\n"
+    with pytest.raises(ValueError, match="larger than 1048576 bytes"):
+        read_key_file(str(key_file(tmp_path, 0o600, huge * 11_000)))
+
+
 def test_a_readable_key_file_stops_serve_before_loading(tiny_model: Path, tmp_path: Path) -> None:
     path = key_file(tmp_path, 0o644)
     cmd = [sys.executable, "-m", "specserve.cli", "serve", "--model", str(tiny_model)]
