@@ -13,39 +13,17 @@ from safetensors import safe_open
 from specserve.config import Numerics
 from specserve.kernels import ggml
 from specserve.models.block_linear import attach_blocks
+from specserve.models.families import ARCHITECTURES, model_class  # noqa: F401 (re-exported)
 from specserve.models.gguf_blocks import BLOCKS_FILE, check_matmul, load_blocks
 from specserve.models.llama import LlamaForCausalLM
-from specserve.models.mistral import MistralForCausalLM
 from specserve.models.native_stack import NativeStack
-from specserve.models.qwen2 import Qwen2ForCausalLM
 
 logger = logging.getLogger(__name__)
-
-ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-}
-
 
 def read_config(model_dir: Path) -> dict[str, Any]:
     with open(model_dir / "config.json") as f:
         cfg: dict[str, Any] = json.load(f)
     return cfg
-
-
-def model_class(cfg: dict[str, Any]) -> type[LlamaForCausalLM]:
-    archs = cfg.get("architectures") or []
-    for name in archs:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name]
-    by_type = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}
-    if not archs and cfg.get("model_type") in by_type:
-        return by_type[cfg["model_type"]]
-    raise ValueError(
-        f"unsupported architecture {archs or cfg.get('model_type')!r}; "
-        f"supported: {sorted(ARCHITECTURES)}"
-    )
 
 
 def build_model(
