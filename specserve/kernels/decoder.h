@@ -74,11 +74,14 @@ static void write_kv(const float* qkv, int64_t T, int64_t width, const DecoderSh
 
 // x [T, hidden] (the residual stream, updated in place) through layers[0 .. L), with the RoPE
 // tables cos/sin [T, D] of the rows' positions. 0 on success; -1 when the buffers could not be
-// allocated, -2 - l when layer l failed (an allocation, or shapes the attention kernel refuses).
+// allocated, -2 - l when layer l failed (an allocation, or shapes or indices the attention kernel
+// refuses); -2 too, before any layer, when a new row's slot is outside the pool.
 int decoder_layers(const DecoderLayer* layers, int64_t L, const DecoderShape* s,
                    const DecoderBatch* b, float* x, int64_t T, const float* cos, const float* sin,
                    int threads) {
     const int64_t D = s->D, width = (s->H + 2 * s->Hkv) * D, hidden = s->hidden;
+    for (int64_t t = 0; t < T; t++)  // write_kv writes there, before attention checks its tables
+        if (b->slots[t] < 0 || b->slots[t] >= b->num_slots) return -2;
     float* qkv = malloc(sizeof(float) * T * width);
     float* attn = malloc(sizeof(float) * T * s->H * D);
     float* gate_up = malloc(sizeof(float) * T * 2 * s->inter);

@@ -200,6 +200,22 @@ static int run_task(const Problem* P, const Task* t, float* m, float* l, float* 
     return ok ? 0 : -1;
 }
 
+// Whether sequence b reads only what it was given: its rows after row 0 and no more of them
+// than its context, its context within its table, every block of the table it reads (from its
+// first visible key's chunk) within the pool of `slots` slots. One check per sequence, so that a
+// caller's inconsistent metadata is refused instead of read past the cache.
+static int sequence_in_range(const Problem* P, const int64_t* info, int64_t b) {
+    const int64_t q_start = info[3 * b], q_len = info[3 * b + 1], ctx = info[3 * b + 2];
+    if (q_len < 1) return q_len == 0;  // nothing to attend
+    if (q_start < 0 || q_len > ctx || ctx > P->max_blocks * P->bs) return 0;
+    const int32_t* table = P->tables + b * P->max_blocks;
+    const int64_t pool_blocks = P->slots / P->bs;
+    for (int64_t blk = key_floor(ctx - q_len, P->window) / P->bs; blk < (ctx + P->bs - 1) / P->bs;
+         blk++)
+        if (table[blk] < 0 || table[blk] >= pool_blocks) return 0;
+    return 1;
+}
+
 // Tasks of sequence b into `tasks` (when not NULL), starting at index i; returns the next index.
 // Split tasks get their partial rows' offset in `offset` (advancing *off); query-block tasks -1.
 static int64_t plan_sequence(const Problem* P, const int64_t* info, int64_t b, Task* tasks,
@@ -235,15 +251,19 @@ static int64_t plan_sequence(const Problem* P, const int64_t* info, int64_t b, T
 // (4: float32, 2: fp16). seq_info [B, 3] = (first query row in q/out, q_len, ctx_len); tables
 // [B, max_blocks] int32. out [T, H, D] receives the rows of these sequences only. Returns 0, or -1
 // when the shapes are outside what the kernel handles (D not a multiple of 8 or above MAX_D, H not
-// a multiple of Hkv) or memory runs out; the caller then uses the reference path.
+// a multiple of Hkv), a sequence's indices are out of range (`sequence_in_range`) or memory runs
+// out.
 int paged_attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                     int64_t esize, float* out, const int64_t* seq_info, const int32_t* tables,
                     int64_t max_blocks, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                     int64_t block_size, float scale, int64_t window, int64_t num_slots,
                     int threads) {
     if (D % 8 || D > MAX_D || Hkv < 1 || H % Hkv || B < 1 || (esize != 2 && esize != 4)) return -1;
+    if (block_size < 1 || max_blocks < 0 || num_slots < 0) return -1;
     const Problem P = {q, k_cache, v_cache, tables, q_stride, max_blocks, H, Hkv, D, block_size,
                        window, num_slots, esize, scale};
+    for (int64_t b = 0; b < B; b++)
+        if (!sequence_in_range(&P, seq_info, b)) return -1;
     int64_t n_tasks = 0, n_partial = 0;
     for (int64_t b = 0; b < B; b++)
         n_tasks = plan_sequence(&P, seq_info, b, NULL, NULL, n_tasks, &n_partial);
