@@ -18,6 +18,7 @@ from torch import nn
 from specserve.kernels import attention as attention_kernel
 from specserve.models.arch import ModelArch
 from specserve.models.attention import AttentionMetadata
+from specserve.models.weight_report import WeightReport
 
 
 class RMSNorm(nn.Module):
@@ -174,6 +175,8 @@ class LlamaForCausalLM(nn.Module):
     lm_head: nn.Module
     # Why the GGUF blocks this model has are not used (their start-up check failed); else None.
     block_kernel_fallback: str | None = None
+    # A GGUF's tensors by type and how they run (models/gguf_weights.py); None for a checkpoint.
+    weight_report: WeightReport | None = None
     # The layers in one native call where the weights allow it (set by the loader); else None.
     native_stack: LayerStack | None = None
 
