@@ -124,7 +124,26 @@ def grammar_text(spec: GrammarSpec) -> str:
     if spec.kind == "regex":
         check_regex(spec.source)
         return str(LLMatcher.grammar_from_regex(spec.source))
+    for schema in lark_schemas(spec.source):  # a tool's parameters, under "auto"
+        for pattern in schema_patterns(schema):
+            check_regex(pattern)
     return str(LLMatcher.grammar_from_lark(spec.source))
+
+
+_JSON_RULE = re.compile(r"%json\s*")
+
+
+def lark_schemas(text: str) -> list[object]:
+    """The JSON schemas a Lark grammar embeds (`%json {...}`), as llguidance will read them. A
+    `%json` not followed by valid JSON is left to llguidance to refuse."""
+    decoder = json.JSONDecoder()
+    found = []
+    for match in _JSON_RULE.finditer(text):
+        try:
+            found.append(decoder.raw_decode(text, match.end())[0])
+        except json.JSONDecodeError:
+            continue
+    return found
 
 
 def check_regex(pattern: str) -> None:

@@ -96,6 +96,13 @@ def test_compiled_once_per_spec(grammars: Grammars) -> None:
         (GrammarSpec("regex", "(x{1000}){1000}"), "unrolls to 1000000 positions"),
         (GrammarSpec("json_schema", json.dumps(EXPLODING)), "unrolls to 10001 positions"),
         (GrammarSpec("json_schema", '{"patternProperties": {"(a{99}){999}": {}}}'), "unrolls"),
+        # a schema inside a Lark grammar (a tool's parameters under tool_choice "auto")
+        (
+            GrammarSpec(
+                "lark", f"start: call | text\ncall: %json {json.dumps(EXPLODING)}\ntext: /a+/\n"
+            ),
+            "unrolls to 10001 positions",
+        ),
     ],
 )
 def test_invalid_and_pathological_grammars_are_refused(

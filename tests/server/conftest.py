@@ -155,6 +155,17 @@ def tiny_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 @pytest.fixture(scope="session")
+def wide_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The tiny model with room in its prompts for a tool list."""
+    log = tmp_path_factory.mktemp("logs") / "wide-server.log"
+    server = start_server(
+        ["--model", str(tiny_model), *TINY_FLAGS, "--max-input-tokens", "512"], log
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def smol_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("logs") / "smol-server.log"
     flags = ["--speculate", "4", "--kv-cache-bytes", "100000000", "--max-total-tokens", "2048"]

@@ -158,3 +158,22 @@ def test_huggingface_hub_chat_completion_with_tools(smol_server: Server) -> None
     assert call.function.name == "get_weather"
     arguments = call.function.arguments
     assert "city" in (arguments if isinstance(arguments, dict) else json.loads(arguments))
+
+
+def test_a_tool_parameter_pattern_built_to_explode_is_a_400(wide_server: Server) -> None:
+    """Issue 54 item 1: under tool_choice "auto" the tools' schemas sit in a Lark grammar, whose
+    `%json` schemas reached llguidance without the regex checks json_schema grammars get."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "string", "pattern": "(x{999}){99}"}},
+            },
+        },
+    }
+    body = {"messages": ASK, "tools": [tool], "max_tokens": 4}
+    r = http.post(wide_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "unrolls to 98901 positions" in r.json()["error"]["message"]
