@@ -27,52 +27,85 @@ logger = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 # decoder.h (the stack's layers in one call) brings the paged attention kernel in as well, and
 # eagle_chain.h (the EAGLE head's drafting chain) builds on it.
-_HEADERS = ("simd.h", "q8_dot.h", "x8.h", "q8_matmul.h", "decoder.h", "paged_attention.c",
-            "eagle_chain.h")  # fmt: skip
+_HEADERS = ("simd.h", "subblocks.h", "q8_dot.h", "x8.h", "q8_matmul.h", "decoder.h",
+            "paged_attention.c", "eagle_chain.h")  # fmt: skip
 _ATTENTION_HEADERS = ("attention_simd.h", "rope.h", "mask.h")
 KERNEL = build.KernelSource(
     _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
     tuple(_HERE / h for h in _HEADERS + _ATTENTION_HEADERS),
 )  # fmt: skip
-QK = 32  # weights per block
+QK = 32  # weights per block (and per sub-block of a K-quant, and per Q8A activation block)
+QK_K = 256  # weights per K-quant super-block
 Q8A_BYTES = 40  # a quantised activation block: float32 d, float32 s, 32 int8
 X8_ROWS = 8  # weight rows interleaved together in the *_X8 kinds
 SERIAL_DEQUANT_ROWS = 64  # fewer rows than this are decoded without a parallel region
 
 
 class BlockKind(IntEnum):
-    """GGUF quantisation types the kernels read; the value is the C enum's. The *_X8 kinds are
-    the same blocks with rows interleaved eight at a time (`x8.h`, `repack_x8`), which the q8
-    numerics multiplies with fewer instructions per extra activation row."""
+    """GGUF quantisation types the kernels read; the value is the C enum's (`ggml_blocks.c`,
+    layouts in `subblocks.h`). The *_X8 kinds are Q4_1 and Q8_0 blocks with rows interleaved
+    eight at a time (`x8.h`, `repack_x8`), which the q8 numerics multiplies with fewer
+    instructions per extra activation row; the other kinds have no interleaved form."""
 
     Q4_1 = 0
     Q8_0 = 1
     Q4_1_X8 = 2
     Q8_0_X8 = 3
+    Q4_0 = 4
+    Q5_0 = 5
+    Q5_1 = 6
+    Q4_K = 7
+    Q5_K = 8
+    Q6_K = 9
 
     @property
     def plain(self) -> BlockKind:
         """The GGUF type the blocks hold, whatever their layout."""
-        return BlockKind(self.value - 2) if self.interleaved else self
+        return _PLAIN.get(self, self)
 
     @property
     def interleaved(self) -> bool:
-        return self.value >= 2
+        return self in _PLAIN
+
+    @property
+    def has_x8(self) -> bool:
+        """Whether the kind is interleaved or has an interleaved form (`x8`)."""
+        return self in _X8 or self.interleaved
 
     @property
     def x8(self) -> BlockKind:
-        """The interleaved form of this kind."""
-        return self if self.interleaved else BlockKind(self.value + 2)
+        """The interleaved form of this kind; ValueError for a kind without one (`has_x8`)."""
+        if self.interleaved:
+            return self
+        if self not in _X8:
+            raise ValueError(f"{self.name} blocks have no interleaved form")
+        return _X8[self]
+
+    @property
+    def block_values(self) -> int:
+        """Weights per block: 32, or 256 for the K-quants' super-blocks."""
+        return QK_K if self.plain in _K_QUANTS else QK
 
     @property
     def block_bytes(self) -> int:
-        return 34 if self.plain is BlockKind.Q8_0 else 20
+        return _BLOCK_BYTES[self.plain]
 
     def row_bytes(self, in_features: int) -> int:
-        return in_features // QK * self.block_bytes
+        return in_features // self.block_values * self.block_bytes
 
 
-GGUF_KINDS = (BlockKind.Q4_1, BlockKind.Q8_0)  # the layouts a GGUF file stores
+_X8 = {BlockKind.Q4_1: BlockKind.Q4_1_X8, BlockKind.Q8_0: BlockKind.Q8_0_X8}
+_PLAIN = {x8: plain for plain, x8 in _X8.items()}
+_K_QUANTS = (BlockKind.Q4_K, BlockKind.Q5_K, BlockKind.Q6_K)
+_BLOCK_BYTES = {
+    BlockKind.Q4_1: 20, BlockKind.Q8_0: 34, BlockKind.Q4_0: 18, BlockKind.Q5_0: 22,
+    BlockKind.Q5_1: 24, BlockKind.Q4_K: 144, BlockKind.Q5_K: 176, BlockKind.Q6_K: 210,
+}  # fmt: skip
+# The layouts a GGUF file stores that the kernels read.
+GGUF_KINDS = (
+    BlockKind.Q4_0, BlockKind.Q4_1, BlockKind.Q5_0, BlockKind.Q5_1, BlockKind.Q8_0,
+    BlockKind.Q4_K, BlockKind.Q5_K, BlockKind.Q6_K,
+)  # fmt: skip
 
 
 @cache
@@ -113,8 +146,8 @@ def _require() -> ctypes.CDLL:
 
 def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> None:
     """ValueError unless `blocks` are contiguous CPU uint8 rows of `kind` for `in_features`."""
-    if in_features % QK:
-        raise ValueError(f"in_features {in_features} is not a multiple of {QK}")
+    if in_features % kind.block_values:
+        raise ValueError(f"in_features {in_features} is not a multiple of {kind.block_values}")
     expected = kind.row_bytes(in_features)
     if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != expected:
         raise ValueError(
@@ -133,7 +166,7 @@ def repack_x8(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.
     the same bytes, eight rows side by side, for the q8 numerics' kernel (layout in `x8.h`)."""
     lib = _require()
     check_blocks(blocks, kind, in_features)
-    if kind.interleaved or blocks.shape[0] % X8_ROWS:
+    if kind.interleaved or not kind.has_x8 or blocks.shape[0] % X8_ROWS:
         raise ValueError(f"cannot interleave {kind.name} blocks of {blocks.shape[0]} rows")
     out = torch.empty_like(blocks)
     lib.ggml_repack_x8(kind.x8, blocks.data_ptr(), out.data_ptr(), blocks.shape[0], in_features)
@@ -230,6 +263,8 @@ def matmul_fused(
     )  # fmt: skip
     if rc == -2:
         raise ValueError(f"{kind.name} blocks multiply in the q8 numerics only")
+    if rc == -3:
+        raise ValueError(f"{in_features} values are not whole {kind.name} blocks")
     if rc != 0:
         raise MemoryError("block kernel could not allocate its input buffer")
     return out

@@ -2,12 +2,15 @@
 // "exact" (below: blocks expanded to float32, float32 products) and "q8" (q8_dot.h: activations
 // quantised to 8 bits per 32 values, integer dot products; q8_matmul.h: the driver).
 //
-// A weight matrix W [N, K] is stored as llama.cpp stores it: each row is K/32 blocks.
+// A weight matrix W [N, K] is stored as llama.cpp stores it: each row is K/32 blocks of 32
+// values (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or K/256 super-blocks of 256 (Q4_K, Q5_K, Q6_K);
+// subblocks.h gives every kind's layout and reads any of them 32 values at a time as
+// w[j] = dv[j / 4] * q[j] (+ m). E.g.
 //   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes of nibbles; w[j] = d * q[j] + m, where q[j] is
 //                    the low nibble of byte j for j < 16 and the high nibble of byte j-16 after.
 //   Q8_0 (34 bytes): fp16 d, 32 int8; w[j] = d * q[j].
-// A block is expanded to float32 exactly as gguf-py's dequantisation does it (d * q is exact
-// in float32, so fma(d, q, m) rounds once, like (d * q) + m), then multiplied with float32
+// A block is expanded to float32 exactly as gguf-py's dequantisation does it (dv * q is exact
+// in float32, so fma(dv, q, m) rounds once, like (d * q) + m), then multiplied with float32
 // activations. The results equal a float32 matmul on the dequantised weights up to the order
 // of summation; the gain is that 4.5 (Q4_1) or 8.5 (Q8_0) bits per weight cross the memory
 // bus instead of 32.
@@ -19,11 +22,24 @@
 #include "simd.h"
 
 // *_X8: the same blocks with rows interleaved eight at a time (x8.h), for the q8 numerics only.
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q4_1_X8 = 2, KIND_Q8_0_X8 = 3 };
+enum {
+    KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q4_1_X8 = 2, KIND_Q8_0_X8 = 3,
+    KIND_Q4_0 = 4, KIND_Q5_0 = 5, KIND_Q5_1 = 6, KIND_Q4_K = 7, KIND_Q5_K = 8, KIND_Q6_K = 9,
+    KIND_COUNT
+};
 #define QK 32
 // Bytes ahead of the block being expanded to prefetch: the weights are streamed once per
 // product, and without it the loop waits on memory (3x slower once W leaves the cache).
 #define PREFETCH_AHEAD 2048
+
+// Bytes and values of one block (x8 kinds: the per-row share of an interleaved block, the same).
+static const int64_t kind_block_bytes[KIND_COUNT] = {20, 34, 20, 34, 18, 22, 24, 144, 176, 210};
+static const int64_t kind_block_values[KIND_COUNT] = {32, 32, 32, 32, 32, 32, 32, 256, 256, 256};
+static inline int valid_kind(int kind) { return kind >= 0 && kind < KIND_COUNT; }
+static inline int64_t block_bytes(int kind) { return kind_block_bytes[kind]; }
+static inline int64_t row_bytes(int kind, int64_t K) {
+    return K / kind_block_values[kind] * kind_block_bytes[kind];
+}
 
 // Every fp16 bit pattern as float32, so a block's scales are broadcast by a plain load rather
 // than by conversion and shuffle instructions, which compete with the nibble unpacking.
@@ -39,11 +55,15 @@ static inline __attribute__((always_inline)) __m256 half_to_ps(const uint8_t* p)
     return _mm256_broadcast_ss(&half_table[h]);
 }
 
-// Expand one block into 4 x 8 floats.
-static inline __attribute__((always_inline)) void expand(int kind, const uint8_t* b, __m256 w[4]) {
-    const __m256 d = half_to_ps(b);
+#include "subblocks.h"
+
+// Sub-block blk of a row (32 values) expanded into 4 x 8 floats: Q4_1 and Q8_0 straight from
+// their bytes, the other kinds through subblocks.h's form, each value dv * q (+ m).
+static inline __attribute__((always_inline)) void expand(int kind, const uint8_t* row,
+                                                         int64_t blk, __m256 w[4]) {
+    const uint8_t* b = row + blk * block_bytes(kind);  // Q4_1, Q8_0: one block per 32 values
     if (kind == KIND_Q4_1) {
-        const __m256 m = half_to_ps(b + 2);
+        const __m256 d = half_to_ps(b), m = half_to_ps(b + 2);
         const __m128i q = _mm_loadu_si128((const __m128i*)(b + 4));
         const __m128i mask = _mm_set1_epi8(0x0F);
         const __m128i lo = _mm_and_si128(q, mask);
@@ -52,18 +72,28 @@ static inline __attribute__((always_inline)) void expand(int kind, const uint8_t
         w[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m);
         w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
         w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
-    } else {
-        const uint8_t* q = b + 2;
+        return;
+    }
+    if (kind == KIND_Q8_0) {
+        const __m256 d = half_to_ps(b);
         for (int i = 0; i < 4; i++) {
-            const __m128i q8 = _mm_loadl_epi64((const __m128i*)(q + 8 * i));
+            const __m128i q8 = _mm_loadl_epi64((const __m128i*)(b + 2 + 8 * i));
             w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
         }
+        return;
     }
-}
-
-// Bytes of one plain block (x8 kinds: the per-row share of an interleaved block, the same).
-static inline int64_t block_bytes(int kind) {
-    return kind == KIND_Q4_1 || kind == KIND_Q4_1_X8 ? 20 : 34;
+    subblock_avx2 sub;
+    unpack_avx2(kind, row, blk, &sub);
+    const __m128i q[2] = {_mm256_castsi256_si128(sub.ws), _mm256_extracti128_si256(sub.ws, 1)};
+    const __m256 m = _mm256_set1_ps(sub.m);
+    for (int i = 0; i < 4; i++) {  // values 8i .. 8i+7: lane scales 2i (four), 2i+1 (four)
+        const __m256i at = _mm256_setr_epi32(2 * i, 2 * i, 2 * i, 2 * i, 2 * i + 1, 2 * i + 1,
+                                             2 * i + 1, 2 * i + 1);
+        const __m256 dv = _mm256_permutevar8x32_ps(sub.dv, at);
+        const __m128i q8 = i & 1 ? _mm_srli_si128(q[i / 2], 8) : q[i / 2];
+        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+        w[i] = has_offset(kind) ? _mm256_fmadd_ps(dv, qf, m) : _mm256_mul_ps(dv, qf);
+    }
 }
 
 #include "q8_dot.h"
@@ -90,8 +120,8 @@ static inline void store(float* y, const float* bias, const float* res, int64_t 
         for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();        \
         for (int64_t blk = 0; blk < nb; blk++) {                                           \
             __m256 v[4];                                                                   \
-            __builtin_prefetch(row + blk * bb + PREFETCH_AHEAD);                           \
-            expand(kind, row + blk * bb, v);                                               \
+            __builtin_prefetch(row + blk * bb / per + PREFETCH_AHEAD);                     \
+            expand(kind, row, blk, v);                                                     \
             for (int r = 0; r < ROWS; r++) {                                               \
                 const float* xr = x + (m + r) * K + blk * QK;                              \
                 acc[r][0] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xr), acc[r][0]);         \
@@ -107,10 +137,10 @@ static inline void store(float* y, const float* bias, const float* res, int64_t 
 static inline __attribute__((always_inline)) void matmul_impl(
     int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K,
     int threads, const float* bias, const float* res) {
-    const int64_t nb = K / QK, bb = block_bytes(kind);
+    const int64_t nb = K / QK, bb = block_bytes(kind), per = kind_block_values[kind] / QK;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
-        const uint8_t* row = w + n * nb * bb;
+        const uint8_t* row = w + n * row_bytes(kind, K);
         for (int64_t m = 0; m < M;) {
             const int64_t rows = M - m < MAX_TILE_ROWS ? M - m : MAX_TILE_ROWS;
             switch (rows) {
@@ -128,12 +158,12 @@ static inline __attribute__((always_inline)) void matmul_impl(
 
 static inline __attribute__((always_inline)) void dequantize_impl(
     int kind, const uint8_t* w, float* out, int64_t N, int64_t K, int threads) {
-    const int64_t nb = K / QK, bb = block_bytes(kind);
+    const int64_t nb = K / QK, rb = row_bytes(kind, K);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         for (int64_t blk = 0; blk < nb; blk++) {
             __m256 v[4];
-            expand(kind, w + (n * nb + blk) * bb, v);
+            expand(kind, w + n * rb, blk, v);
             float* o = out + n * K + blk * QK;
             for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
         }
@@ -151,18 +181,39 @@ static void dequantize_x8(int kind, const uint8_t* w, float* out, int64_t N, int
             uint8_t b[34];
             __m256 v[4];
             x8_row_block(kind, g + blk * gb, (int)(n % X8_ROWS), b);
-            expand(plain_kind(kind), b, v);
+            if (kind == KIND_Q4_1_X8) expand(KIND_Q4_1, b, 0, v);
+            else expand(KIND_Q8_0, b, 0, v);
             float* o = out + n * K + blk * QK;
             for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
         }
     }
 }
 
-// y [M, N] = x [M, K] @ W^T. K must be a multiple of 32; x and y are contiguous float32.
+// FN(kind, ...) for a plain kind, with the kind a constant in each call: every kind gets its
+// own inlined kernel.
+#define EACH_PLAIN_KIND(kind, FN, ...)                          \
+    switch (kind) {                                             \
+        case KIND_Q4_1: FN(KIND_Q4_1, __VA_ARGS__); break;      \
+        case KIND_Q8_0: FN(KIND_Q8_0, __VA_ARGS__); break;      \
+        case KIND_Q4_0: FN(KIND_Q4_0, __VA_ARGS__); break;      \
+        case KIND_Q5_0: FN(KIND_Q5_0, __VA_ARGS__); break;      \
+        case KIND_Q5_1: FN(KIND_Q5_1, __VA_ARGS__); break;      \
+        case KIND_Q4_K: FN(KIND_Q4_K, __VA_ARGS__); break;      \
+        case KIND_Q5_K: FN(KIND_Q5_K, __VA_ARGS__); break;      \
+        case KIND_Q6_K: FN(KIND_Q6_K, __VA_ARGS__); break;      \
+        default: break;                                         \
+    }
+
+// Whether W's rows of K values can be read as `kind`: a known kind whose blocks divide K.
+static inline int fits(int kind, int64_t K) {
+    return valid_kind(kind) && K % kind_block_values[kind] == 0;
+}
+
+// y [M, N] = x [M, K] @ W^T. K must be a multiple of the kind's block (32 or 256 values); x
+// and y are contiguous float32; W plain rows.
 void ggml_matmul(int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
                  int64_t K, int threads) {
-    if (kind == KIND_Q4_1) matmul_impl(KIND_Q4_1, x, w, y, M, N, K, threads, 0, 0);
-    else matmul_impl(KIND_Q8_0, x, w, y, M, N, K, threads, 0, 0);
+    if (fits(kind, K)) EACH_PLAIN_KIND(kind, matmul_impl, x, w, y, M, N, K, threads, 0, 0)
 }
 
 #include "q8_matmul.h"
@@ -198,9 +249,12 @@ static void prepare_row(const float* x, float* o, int64_t K, const float* norm_w
 // q8: the input rows are quantised to Q8A and multiplied in integers; else float32.
 // Elementwise steps round as the unfused float32 forms do; the RMSNorm mean and the products
 // are summed in another order (float32 summation-order differences only).
+// Returns 0; -1 when a buffer could not be allocated, -2 for interleaved rows in the exact
+// numerics, -3 for an unknown kind or a K that is not whole blocks of it.
 int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* norm_w, float eps,
                       int swiglu, const float* bias, const float* res, int q8) {
+    if (!fits(kind, K)) return -3;
     if (is_x8(kind) && !q8) return -2;  // interleaved rows run in the q8 numerics only
     float* in = (swiglu || norm_w) ? malloc(sizeof(float) * M * K) : 0;
     block_q8a* a = q8 ? malloc(sizeof(block_q8a) * M * (K / QK)) : 0;
@@ -216,10 +270,8 @@ int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int6
     if (q8) {
         ggml_quantize_q8(src, a, M, K, threads);
         matmul_q8(kind, a, w, y, M, N, K, threads, bias, res);
-    } else if (kind == KIND_Q4_1) {
-        matmul_impl(KIND_Q4_1, src, w, y, M, N, K, threads, bias, res);
     } else {
-        matmul_impl(KIND_Q8_0, src, w, y, M, N, K, threads, bias, res);
+        EACH_PLAIN_KIND(kind, matmul_impl, src, w, y, M, N, K, threads, bias, res)
     }
     free(in);
     free(a);
@@ -228,9 +280,9 @@ int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int6
 
 // out [N, K] = the float32 weights of W.
 void ggml_dequantize(int kind, const uint8_t* w, float* out, int64_t N, int64_t K, int threads) {
+    if (!fits(kind, K)) return;
     if (is_x8(kind)) dequantize_x8(kind, w, out, N, K, threads);
-    else if (kind == KIND_Q4_1) dequantize_impl(KIND_Q4_1, w, out, N, K, threads);
-    else dequantize_impl(KIND_Q8_0, w, out, N, K, threads);
+    else EACH_PLAIN_KIND(kind, dequantize_impl, w, out, N, K, threads)
 }
 
 #include "decoder.h"  // decoder_layers: the stack's layers in one call (with paged attention)

@@ -2,15 +2,18 @@
 // numerics), after llama.cpp's Q8_0/Q8_1 activation formats and its AVX2 vec_dot kernels.
 // Included once, by ggml_blocks.c (which defines QK, the KIND_* enum and half_table).
 //
-// Weight blocks, as GGUF stores them (32 weights each):
-//   Q4_1: w[j] = d * q[j] + m, q[j] = low nibble of qs[j] (j < 16), high nibble of qs[j-16];
-//   Q8_0: w[j] = d * q[j].
+// Weight blocks, as GGUF stores them, each 32 values read as subblocks.h's form
+//   w[j] = dv[j / 4] * q[j] (+ m)     (Q4_1: dv = d, m = m; Q8_0: dv = d, no m; etc.)
 // Activation block, Q8A (our own, float32 scales; llama.cpp keeps them in fp16):
 //   a[j] ~ d * q[j], d = amax / 127, q[j] = round_half_even(a[j] * (127 / amax)) in [-127, 127],
 //   s = d * sum_j q[j]  (llama.cpp's Q8_1 s: what a Q4_1 block's m multiplies).
-// Block product (exact in int32, then scaled):
-//   Q4_1 . Q8A = (d_w * d_a) * sum_j q_w[j] q_a[j] + m_w * s_a
-//   Q8_0 . Q8A = (d_w * d_a) * sum_j q_w[j] q_a[j]
+// Block product (exact in int32 per lane of four values, then scaled):
+//   W . Q8A = sum_l (dv[l] * d_a) * sum_{j in lane l} q_w[j] q_a[j]  (+ m * s_a)
+// Every kind uses Q8A per 32 values, K-quants too: our choice, not llama.cpp's Q8_K per 256
+// with block sums. A K-quant's 32-value sub-blocks then multiply exactly like the 32-value
+// kinds (one activation scale per sub-block, one float FMA per lane), and a row's arithmetic
+// is the same whatever the weight kind around it; the cost is the 8 activation scales per
+// 256 values instead of one.
 //
 // Bit-identity of the AVX2 path with the scalar reference, by construction:
 // - quantising uses the same float ops (|x| max, one multiply, round-half-even) in both;
@@ -18,9 +21,13 @@
 //   (what maddubs + madd leave); each lane is exact (|lane| < 2^17), so both paths hold the
 //   same 8 integers, converted exactly to float;
 // - float work per row is fixed: acc[l] = fma(d_w * d_a, lane[l], acc[l]) block after block,
-//   then hsum's order ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), then + sum_blk fma(m_w, s_a, .)
-//   block after block (Q4_1 only; 0 for Q8_0).
-// No saturation: maddubs pairs at most 15*127*2 (Q4_1) or 128*127*2 (Q8_0, |-128| = 128).
+//   then hsum's order ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), then + sum_blk fma(m, s_a, .)
+//   block after block (kinds with an offset m; 0 for the others).
+// maddubs needs an unsigned operand: unsigned quants (Q4_1, Q5_1, Q4_K, Q5_K) go as they are,
+// signed ones (Q8_0, Q4_0, Q5_0, Q6_K) as |q| with q's sign moved onto the activations.
+// No int16 saturation: maddubs pairs at most 2 * |q|max * 127: 2*15*127 (Q4_1, Q4_K),
+// 2*31*127 (Q5_1, Q5_K), 2*8*127 (Q4_0), 2*16*127 (Q5_0), 2*32*127 (Q6_K), 2*128*127 (Q8_0,
+// |-128| = 128), all under 32767 (|q_a| <= 127).
 // Nothing depends on which other rows are multiplied alongside, so a row's result is the same
 // for every M and every tiling (batch invariance).
 
@@ -30,21 +37,13 @@
 #include <stdint.h>
 
 #include "simd.h"
+#include "subblocks.h"
 
 // The q8 kernels' paths: the scalar reference, AVX2, and AVX512-VNNI for interleaved rows
 // (x8.h; plain rows and quantising take AVX2's there). q8_matmul.h picks one at load.
 enum { Q8_SCALAR = 0, Q8_AVX2 = 1, Q8_VNNI = 2 };
 
-typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;  // 20 bytes
-typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;         // 34 bytes
-typedef struct { float d, s; int8_t qs[QK]; } block_q8a;          // 40 bytes
-_Static_assert(sizeof(block_q4_1) == 20 && sizeof(block_q8_0) == 34, "GGUF block sizes");
-
-static inline float q8_half(const uint8_t* p) {
-    uint16_t h;
-    __builtin_memcpy(&h, p, 2);
-    return half_table[h];
-}
+typedef struct { float d, s; int8_t qs[QK]; } block_q8a;  // 40 bytes
 
 // The scales of one block from its amax: d = amax / 127, and the multiplier 127 / amax.
 static inline void q8_scales(float amax, float* d, float* id) {
@@ -96,65 +95,49 @@ static inline float hsum8(const float a[8]) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-// sum_blk fma(m_w, s_a, .) in block order: the Q4_1 offset term of one output.
-static inline float q4_1_offsets(const uint8_t* wrow, const block_q8a* a, int64_t nb) {
-    float summ = 0.0f;
-    for (int64_t blk = 0; blk < nb; blk++) summ = fmaf(q8_half(wrow + blk * 20 + 2), a[blk].s, summ);
-    return summ;
-}
-
-// Scalar reference: one weight row . one activation row of nb blocks.
+// Scalar reference: one weight row . one activation row of nb blocks (subblocks.h's form):
+//   lane[l] = sum_{j in [4l, 4l+4)} q_w[j] q_a[j]          exact in int32
+//   acc[l]  = fma(dv[l] * d_a, lane[l], acc[l])           block after block
+//   summ    = fma(m, s_a, summ)                           block after block (kinds with m)
+//   out     = hsum8(acc) + summ
 static float dot_q8_scalar(int kind, const uint8_t* wrow, const block_q8a* a, int64_t nb) {
-    float acc[8] = {0};
-    const int64_t bb = kind == KIND_Q4_1 ? 20 : 34;
+    float acc[8] = {0}, summ = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++) {
-        const uint8_t* b = wrow + blk * bb;
+        subblock w;
+        unpack_scalar(kind, wrow, blk, &w);
         int32_t lane[8] = {0};
-        for (int j = 0; j < QK; j++) {
-            const int32_t w = kind == KIND_Q4_1 ? (j < 16 ? b[4 + j] & 0x0F : b[4 + j - 16] >> 4)
-                                                : (int8_t)b[2 + j];
-            lane[j / 4] += w * a[blk].qs[j];
-        }
-        const float d = q8_half(b) * a[blk].d;
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lane[l], acc[l]);
+        for (int j = 0; j < QK; j++) lane[j / 4] += w.q[j] * a[blk].qs[j];
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(w.dv[l] * a[blk].d, (float)lane[l], acc[l]);
+        if (has_offset(kind)) summ = fmaf(w.m, a[blk].s, summ);
     }
-    return hsum8(acc) + (kind == KIND_Q4_1 ? q4_1_offsets(wrow, a, nb) : 0.0f);
+    return hsum8(acc) + summ;
 }
 
-// AVX2: one weight row . ROWS activation rows (a[r * nb + blk]); each weight block is unpacked
-// once for all of them. out[r] as dot_q8_scalar computes it. The row loops are unrolled so the
-// accumulators stay in registers (6 rows: 6 ymm + 6 xmm of the 16).
+// AVX2: one weight row . ROWS activation rows (a[r * nb + blk]); each weight sub-block is
+// unpacked once for all of them. out[r] as dot_q8_scalar computes it. The row loops are
+// unrolled so the accumulators stay in registers (6 rows: 6 ymm + 6 xmm of the 16).
 #define Q8_MAX_TILE_ROWS 6
 static inline __attribute__((always_inline)) void dot_q8_avx2(
     int kind, int rows, const uint8_t* wrow, const block_q8a* a, int64_t nb, float* out) {
     __m256 acc[Q8_MAX_TILE_ROWS];
-    float summ[Q8_MAX_TILE_ROWS];  // the Q4_1 offsets, as q4_1_offsets sums them
+    float summ[Q8_MAX_TILE_ROWS];  // the offsets' sums
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), summ[r] = 0.0f;
-    const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
-    const int64_t bb = kind == KIND_Q4_1 ? 20 : 34;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t per = kind_block_values[kind] / QK, bb = block_bytes(kind);
     for (int64_t blk = 0; blk < nb; blk++) {
-        const uint8_t* b = wrow + blk * bb;
-        __builtin_prefetch(b + PREFETCH_AHEAD);
-        const __m256 dw = _mm256_set1_ps(q8_half(b));
-        __m256i wu, ws = _mm256_setzero_si256();  // unsigned operand; sign source (Q8_0)
-        const float mw = kind == KIND_Q4_1 ? q8_half(b + 2) : 0.0f;
-        if (kind == KIND_Q4_1) {
-            const __m128i q = _mm_loadu_si128((const __m128i*)(b + 4));
-            wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), nibble);
-        } else {
-            ws = _mm256_loadu_si256((const __m256i*)(b + 2));
-            wu = _mm256_sign_epi8(ws, ws);  // |w|
-        }
+        __builtin_prefetch(wrow + blk * bb / per + PREFETCH_AHEAD);
+        subblock_avx2 w;
+        unpack_avx2(kind, wrow, blk, &w);
 #pragma GCC unroll 6
         for (int r = 0; r < rows; r++) {
             const block_q8a* ab = a + r * nb + blk;
             __m256i aq = _mm256_loadu_si256((const __m256i*)ab->qs);
-            if (kind == KIND_Q8_0) aq = _mm256_sign_epi8(aq, ws);  // |w| * (sign(w) a) = w a
-            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, aq), ones);
-            const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ab->d));
+            if (signed_quants(kind)) aq = _mm256_sign_epi8(aq, w.ws);  // |w| * (sign(w) a) = w a
+            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w.wu, aq), ones);
+            const __m256 d = _mm256_mul_ps(w.dv, _mm256_broadcast_ss(&ab->d));
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
-            if (kind == KIND_Q4_1) summ[r] = fmaf(mw, ab->s, summ[r]);
+            if (has_offset(kind)) summ[r] = fmaf(w.m, ab->s, summ[r]);
         }
     }
 #pragma GCC unroll 6

@@ -45,7 +45,7 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
         return 1;
     }
     const int rows = left < Q8_MAX_TILE_ROWS ? (int)left : Q8_MAX_TILE_ROWS;
-#define Q8_ROWS(KIND)                                              \
+#define Q8_ROWS(KIND, _)                                           \
     switch (rows) {                                                \
         case 1: dot_q8_avx2(KIND, 1, row, a, nb, out); break;      \
         case 2: dot_q8_avx2(KIND, 2, row, a, nb, out); break;      \
@@ -54,7 +54,7 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
         case 5: dot_q8_avx2(KIND, 5, row, a, nb, out); break;      \
         default: dot_q8_avx2(KIND, 6, row, a, nb, out); break;     \
     }
-    if (kind == KIND_Q4_1) Q8_ROWS(KIND_Q4_1) else Q8_ROWS(KIND_Q8_0)
+    EACH_PLAIN_KIND(kind, Q8_ROWS, 0)
 #undef Q8_ROWS
     return rows;
 }
@@ -95,7 +95,7 @@ static void matmul_q8(int kind, const block_q8a* a, const uint8_t* w, float* y, 
         matmul_x8(kind, a, w, y, M, N, K, threads, bias, res);
         return;
     }
-    const int64_t nb = K / QK, rb = nb * block_bytes(kind);
+    const int64_t nb = K / QK, rb = row_bytes(kind, K);
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {
         const int64_t m1 = M - m0 < Q8_CHUNK_ROWS ? M : m0 + Q8_CHUNK_ROWS;

@@ -68,16 +68,17 @@ int ggml_repack_x8(int kind, const uint8_t* src, uint8_t* dst, int64_t N, int64_
     return 0;
 }
 
-// Rows ids[0 .. n) of W [N rows, any kind] as plain GGUF rows: out [n, K/32 plain blocks];
+// Rows ids[0 .. n) of W [N rows, any kind] as plain GGUF rows: out [n, row bytes];
 // -1 (out untouched past the bad id) when an id is outside [0, N).
 int ggml_gather_rows(int kind, const uint8_t* w, int64_t N, const int64_t* ids, int64_t n,
                      uint8_t* out, int64_t K) {
     const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind)), gb = x8_block_bytes(kind);
+    const int64_t rb = row_bytes(plain_kind(kind), K);
     for (int64_t r = 0; r < n; r++) {
         if (ids[r] < 0 || ids[r] >= N) return -1;
-        uint8_t* o = out + r * nb * bb;
+        uint8_t* o = out + r * rb;
         if (!is_x8(kind)) {
-            __builtin_memcpy(o, w + ids[r] * nb * bb, nb * bb);
+            __builtin_memcpy(o, w + ids[r] * rb, rb);
             continue;
         }
         const uint8_t* g = w + (ids[r] / X8_ROWS) * nb * gb;
@@ -100,8 +101,8 @@ static float dot_x8_scalar(int kind, const uint8_t* g, int i, const block_q8a* a
                                                    : (int8_t)b[2 + j];
             s += w * a[blk].qs[j];
         }
-        acc = fmaf(q8_half(b) * a[blk].d, (float)s, acc);
-        if (kind == KIND_Q4_1_X8) acc = fmaf(q8_half(b + 2), a[blk].s, acc);
+        acc = fmaf(sub_half(b) * a[blk].d, (float)s, acc);
+        if (kind == KIND_Q4_1_X8) acc = fmaf(sub_half(b + 2), a[blk].s, acc);
     }
     return acc;
 }

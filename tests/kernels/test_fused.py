@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from specserve.kernels import attention, ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models.llama import RMSNorm, apply_rope
+from tests.kernels.blocks import width_for
 from tests.kernels.test_ggml import quantised
 
 pytestmark = pytest.mark.usefixtures("block_kernels", "attention_kernels")
@@ -18,15 +19,16 @@ pytestmark = pytest.mark.usefixtures("block_kernels", "attention_kernels")
 @pytest.mark.parametrize("kind", ggml.GGUF_KINDS)
 @pytest.mark.parametrize("rows", [1, 3, 5, 9])
 def test_norm_bias_residual_fused_equal_the_steps(kind: BlockKind, rows: int) -> None:
-    blocks, weight = quantised(kind, 40, 64)
-    norm = RMSNorm(64, 1e-5)
-    norm.weight.data = torch.rand(64) + 0.5
-    x, bias, residual = torch.randn(rows, 64) * 3, torch.randn(40), torch.randn(rows, 40)
-    got = ggml.matmul_fused(x, blocks, kind, 64, norm=(norm.weight, norm.eps), bias=bias,
+    width = width_for(kind, 64)
+    blocks, weight = quantised(kind, 40, width)
+    norm = RMSNorm(width, 1e-5)
+    norm.weight.data = torch.rand(width) + 0.5
+    x, bias, residual = torch.randn(rows, width) * 3, torch.randn(40), torch.randn(rows, 40)
+    got = ggml.matmul_fused(x, blocks, kind, width, norm=(norm.weight, norm.eps), bias=bias,
                             residual=residual)  # fmt: skip
     want = residual + (F.linear(norm(x), weight) + bias)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    plain = ggml.matmul_fused(x, blocks, kind, 64)
+    plain = ggml.matmul_fused(x, blocks, kind, width)
     assert torch.equal(plain, ggml.matmul(x, blocks, kind))  # nothing fused: the plain product
 
 
@@ -65,13 +67,14 @@ def test_rope_in_place_is_bit_identical_to_apply_rope(head_dim: int) -> None:
 @pytest.mark.parametrize("kind", ggml.GGUF_KINDS)
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kind: BlockKind) -> None:
     """Bit for bit: what a verify step computes for a row is what a decode step computes."""
-    blocks, _ = quantised(kind, 37, 96)  # 37 outputs: every column grouping and remainder
-    x = torch.randn(24, 96)
+    width = width_for(kind, 96)
+    blocks, _ = quantised(kind, 37, width)  # 37 outputs: every column grouping and remainder
+    x = torch.randn(24, width)
     alone = torch.cat([ggml.matmul(x[i : i + 1], blocks, kind) for i in range(24)])
     for rows in (2, 3, 4, 5, 8, 9, 17, 24):
         assert torch.equal(ggml.matmul(x[:rows], blocks, kind), alone[:rows]), rows
-    fused = ggml.matmul_fused(x[:5], blocks, kind, 96, bias=torch.ones(37))
-    assert torch.equal(fused, torch.cat([ggml.matmul_fused(x[i : i + 1], blocks, kind, 96,
+    fused = ggml.matmul_fused(x[:5], blocks, kind, width, bias=torch.ones(37))
+    assert torch.equal(fused, torch.cat([ggml.matmul_fused(x[i : i + 1], blocks, kind, width,
                                          bias=torch.ones(37)) for i in range(5)]))  # fmt: skip
 
 
