@@ -56,7 +56,7 @@ class BlockLinear(nn.Module):
         super().__init__()
         ggml.check_blocks(blocks, kind, in_features)
         eight = blocks.shape[0] % ggml.X8_ROWS == 0
-        if numerics == "q8" and _interleave and not kind.interleaved and eight:
+        if numerics == "q8" and _interleave and kind.has_x8 and not kind.interleaved and eight:
             # every activation row after the first (verify, batches, prefill) costs far fewer
             # instructions on rows interleaved eight at a time (kernels/x8.h)
             blocks, kind = ggml.repack_x8(blocks, kind, in_features), kind.x8
