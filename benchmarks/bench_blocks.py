@@ -23,6 +23,10 @@ framework overhead the native stack removes (outputs are bit-identical either wa
 Usage (repo root, after the default model has been loaded once so its cache exists):
     python -m benchmarks.bench_blocks [--threads 2] [--rows 1,2,3,4,5,6,8,16,24,32,64]
         [--scalar] [--cpu-clock] [--decode 128]
+    python -m benchmarks.bench_blocks --kinds [--threads 2] [--repeats 20]
+--kinds: instead, the q8 product of one matrix per GGUF kind (random blocks with valid scales)
+at M = 1 and 16, shapes N x K = 1536 x 768 and 576 x 1536 (K a multiple of the K-quants' 256),
+against Q4_1 as GGUF stores it and as BlockLinear interleaves it (Q4_1_X8).
 --scalar: the q8 column on the scalar reference instead of the vector path. --cpu-clock: time
 by the process's CPU time instead of the wall clock (on a shared machine, with --threads 1, it
 leaves out the time other processes held the core).
@@ -141,6 +145,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--scalar", action="store_true", help="q8 on the scalar reference")
     p.add_argument("--cpu-clock", action="store_true", help="time by process CPU time")
     p.add_argument("--decode", type=int, default=0, help="tokens of batch-1 decode instead")
+    p.add_argument("--kinds", action="store_true", help="one matrix per GGUF kind instead")
     return p.parse_args()
 
 
@@ -149,6 +154,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.decode:
         print_decode(args)
+        return
+    if args.kinds:
+        print_kinds(args)
         return
     model_dir = resolve_model_dir(None)
     blocks = load_blocks(model_dir)
@@ -207,6 +215,57 @@ def print_projections(
         print(f"| {m} | {t_q:.1f} | {t_p:.1f} | {t_b:.1f} | {t_d:.1f} | {t_f:.1f} | "
               f"{t_q / first[0]:.2f} | {t_p / first[1]:.2f} | {t_b / first[2]:.2f} | "
               f"{t_p / t_q:.2f} | {t_b / t_q:.2f} |{avx2}")  # fmt: skip
+
+
+# Where each kind's fp16 scales lie in its block: (first byte, how many halves).
+_HALVES = {
+    ggml.BlockKind.Q4_0: (0, 1), ggml.BlockKind.Q4_1: (0, 2), ggml.BlockKind.Q5_0: (0, 1),
+    ggml.BlockKind.Q5_1: (0, 2), ggml.BlockKind.Q8_0: (0, 1), ggml.BlockKind.Q4_K: (0, 2),
+    ggml.BlockKind.Q5_K: (0, 2), ggml.BlockKind.Q6_K: (208, 1),
+}  # fmt: skip
+
+
+def random_blocks(kind: ggml.BlockKind, n: int, k: int) -> torch.Tensor:
+    """Random block bytes [n, row_bytes] whose fp16 scales are small finite numbers."""
+    rows = torch.randint(0, 256, (n, k // kind.block_values, kind.block_bytes), dtype=torch.uint8)
+    at, count = _HALVES[kind]
+    halves = (torch.randn(n, k // kind.block_values, count) * 0.01).half()
+    rows[:, :, at : at + 2 * count] = halves.view(torch.uint8)
+    return rows.reshape(n, -1).contiguous()
+
+
+def q8_product(x: torch.Tensor, blocks: torch.Tensor, kind: ggml.BlockKind) -> None:
+    ggml.matmul(x, blocks, kind, q8=True)
+
+
+def print_kinds(args: argparse.Namespace) -> None:
+    """--kinds: the q8 product per GGUF kind at M = 1 and 16, against Q4_1 (plain and x8)."""
+    kinds = [*ggml.GGUF_KINDS, ggml.BlockKind.Q4_1_X8]
+    print(machine_lines(machine_info("benchmarks.bench_blocks", sys.argv[1:])) + "\n")
+    print(f"q8 matmul, {args.threads} threads, q8 path {ggml.q8_path()}, best of "
+          f"{args.repeats} rounds, the kinds in turn (us per product)\n")  # fmt: skip
+    print("| N x K | kind | bits/weight | M=1 us | M=16 us | M=1 / Q4_1 | M=16 / Q4_1 | "
+          "M=1 / Q4_1_X8 | M=16 / Q4_1_X8 |")  # fmt: skip
+    print("|---" * 9 + "|")
+    for n, k in ((1536, 768), (576, 1536)):
+        plain = {kind: random_blocks(kind.plain, n, k) for kind in kinds}
+        weights = {
+            kind: ggml.repack_x8(rows, kind.plain, k) if kind.interleaved else rows
+            for kind, rows in plain.items()
+        }
+        times = {}
+        for m in (1, 16):
+            x = torch.randn(m, k)
+            passes = [partial(q8_product, x, weights[kind], kind) for kind in kinds]
+            best = best_of_turns(passes, args.repeats)
+            times[m] = {kind: 1e6 * t for kind, t in zip(kinds, best, strict=True)}
+        q4_1, x8 = ggml.BlockKind.Q4_1, ggml.BlockKind.Q4_1_X8
+        for kind in kinds:
+            t1, t16 = times[1][kind], times[16][kind]
+            bits = 8 * kind.block_bytes / kind.block_values
+            print(f"| {n} x {k} | {kind.name} | {bits:.2f} | {t1:.0f} | {t16:.0f} | "
+                  f"{t1 / times[1][q4_1]:.2f} | {t16 / times[16][q4_1]:.2f} | "
+                  f"{t1 / times[1][x8]:.2f} | {t16 / times[16][x8]:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
