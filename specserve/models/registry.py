@@ -1,4 +1,4 @@
-"""Map config.json architectures to our modules and build a model from an HF-style directory."""
+"""Build a model from a local model directory: an HF checkpoint, or the GGUF one describes."""
 
 from __future__ import annotations
 
@@ -12,13 +12,23 @@ from safetensors import safe_open
 
 from specserve.config import Numerics
 from specserve.kernels import ggml
+from specserve.kernels.ggml import BlockKind
 from specserve.models.block_linear import attach_blocks
 from specserve.models.families import ARCHITECTURES, model_class  # noqa: F401 (re-exported)
-from specserve.models.gguf_blocks import BLOCKS_FILE, check_matmul, load_blocks
+from specserve.models.gguf_blocks import (
+    BLOCKS_FILE,
+    Reference,
+    check_matmul,
+    checkpoint_rows,
+    load_blocks,
+)
+from specserve.models.gguf_weights import dequantised, read_weights, warn_expanded
 from specserve.models.llama import LlamaForCausalLM
+from specserve.models.loader import gguf_source, open_gguf
 from specserve.models.native_stack import NativeStack
 
 logger = logging.getLogger(__name__)
+
 
 def read_config(model_dir: Path) -> dict[str, Any]:
     with open(model_dir / "config.json") as f:
@@ -33,11 +43,12 @@ def build_model(
     gguf_blocks: bool = True,
     numerics: Numerics = "q8",
 ) -> LlamaForCausalLM:
-    """Instantiate the decoder for `model_dir` and load its safetensors weights.
+    """Instantiate the decoder for `model_dir` and load its weights: a checkpoint's safetensors,
+    or the GGUF the directory describes (read in place, models/gguf_weights.py).
 
-    With `gguf_blocks`, a model converted from GGUF that runs on the CPU in float32 takes its
-    projections and embeddings as the stored Q4_1/Q8_0 blocks when the kernels build; their
-    float32 copies are then never read. The block projections multiply in `numerics`.
+    With `gguf_blocks`, on the CPU in float32 where the kernels build, a GGUF's tensors of a
+    type with a kernel run as block rows, multiplying in `numerics`; everything else (and
+    everything elsewhere) runs as float32 expanded from the file.
     """
     cfg = read_config(model_dir)
     cls = model_class(cfg)
@@ -49,21 +60,60 @@ def build_model(
     model.rotary = type(model.rotary)(arch.head_dim, arch.rope_theta, arch.max_position).to(device)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    blocks_here = gguf_blocks and device.type == "cpu" and dtype == torch.float32
+    blocks_here = blocks_here and ggml.library() is not None
+    source = gguf_source(model_dir)
+    if source is not None:
+        model.load_hf_weights(_gguf_weights(model, source, blocks_here, numerics, dtype))
+        return model.eval()
     covered: set[str] = set()
-    on_cpu_fp32 = device.type == "cpu" and dtype == torch.float32
-    if gguf_blocks and on_cpu_fp32 and ggml.library() is not None:
-        blocks = load_blocks(model_dir)
-        problem = check_matmul(model_dir, blocks, q8=numerics == "q8") if blocks else None
-        if problem is not None:
-            logger.warning("GGUF block kernels off, running float32 weights: %s", problem)
-            model.block_kernel_fallback = problem
-        elif blocks:
-            covered = attach_blocks(model, blocks, numerics)
-            if NativeStack.supports(model):
-                model.native_stack = NativeStack(model)
-            logger.info("%d weight tensors run as GGUF blocks (%s)", len(covered), numerics)
+    blocks = load_blocks(model_dir) if blocks_here else {}
+    if blocks:
+        covered = _attach(model, blocks, checkpoint_rows(model_dir), numerics)
     model.load_hf_weights(_iter_safetensors(model_dir, dtype, skip=covered))
     return model.eval()
+
+
+def _attach(
+    model: LlamaForCausalLM,
+    blocks: dict[str, tuple[BlockKind, torch.Tensor]],
+    reference: Reference,
+    numerics: Numerics,
+) -> set[str]:
+    """Swap block layers in where the start-up product check passes; the names they cover."""
+    problem = check_matmul(reference, blocks, q8=numerics == "q8")
+    if problem is not None:
+        logger.warning("GGUF block kernels off, running float32 weights: %s", problem)
+        model.block_kernel_fallback = problem
+        return set()
+    covered = attach_blocks(model, blocks, numerics)
+    if NativeStack.supports(model):
+        model.native_stack = NativeStack(model)
+    logger.info("%d weight tensors run as GGUF blocks (%s)", len(covered), numerics)
+    return covered
+
+
+def _gguf_weights(
+    model: LlamaForCausalLM, source: Path, blocks_here: bool, numerics: Numerics,
+    dtype: torch.dtype,
+) -> list[tuple[str, torch.Tensor]]:  # fmt: skip
+    """The GGUF's block rows attached to `model` (now, before its weights load); what is
+    left, as float32 (name, tensor)."""
+    arch = model.arch
+    read = read_weights(open_gguf(source), arch.num_heads, arch.num_kv_heads, blocks_here)
+    blocks = read.blocks
+
+    def reference(name: str, n: int) -> torch.Tensor:
+        kind, rows = blocks[name]
+        return dequantised(kind, rows[:n])
+
+    covered = _attach(model, blocks, reference, numerics) if blocks else set()
+    for name in blocks.keys() - covered:  # no block layer takes them: expanded here
+        read.dense[name] = reference(name, blocks[name][1].shape[0])
+        read.expanded[blocks[name][0].name] += 1
+    model.weight_report = read.report(len(covered))
+    warn_expanded(read, source.name)
+    return [(name, tensor.to(dtype)) for name, tensor in read.dense.items()]
 
 
 def weight_files(model_dir: Path) -> list[Path]:

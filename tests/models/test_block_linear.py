@@ -24,13 +24,8 @@ from specserve.models.block_linear import (
     block_kinds,
     block_numerics,
 )
-from specserve.models.gguf_blocks import (
-    BLOCKS_FILE,
-    _f32_bound,
-    _q8_bound,
-    _unpermute_rows,
-    hf_name,
-)
+from specserve.models.gguf_blocks import BLOCKS_FILE, _f32_bound, _q8_bound
+from specserve.models.gguf_weights import hf_name, unpermute_rows
 from specserve.models.llama import RMSNorm, project
 from specserve.models.registry import build_model
 from specserve.request import SamplingParams
@@ -66,12 +61,13 @@ def test_block_linear_equals_linear_on_decoded_weights(rows: int, numerics: Nume
 def test_q8_rows_do_not_depend_on_m_through_the_layer(kind: BlockKind, out: int) -> None:
     """A row's projection, plain and fused (RMSNorm + residual, SwiGLU), bit-identical for every
     M, on both sides of DIRECT_MAX_ROWS: the q8 layer never switches kernels."""
-    blocks, weights = quantised(kind, out, 64)
-    layer = BlockLinear(blocks, kind, 64, torch.randn(out), "q8")
-    assert layer.kind is (kind.x8 if out % 8 == 0 else kind)
+    k = kind.block_values * (2 if kind.block_values == 32 else 1)  # 64, or a K-quant block
+    blocks, weights = quantised(kind, out, k)
+    layer = BlockLinear(blocks, kind, k, torch.randn(out), "q8")
+    assert layer.kind is (kind.x8 if out % 8 == 0 and kind.has_x8 else kind)
     assert torch.equal(layer.weight, weights)  # whatever the layout
-    norm = RMSNorm(64, 1e-5)
-    x, gated = torch.randn(512, 64), torch.randn(512, 128)
+    norm = RMSNorm(k, 1e-5)
+    x, gated = torch.randn(512, k), torch.randn(512, 2 * k)
     residual = torch.randn(512, out)
 
     def forms(rows: torch.Tensor) -> list[torch.Tensor]:
@@ -95,7 +91,7 @@ def test_unpermuting_block_rows_commutes_with_decoding() -> None:
     blocks, weights = quantised(BlockKind.Q4_1, 32, 64)  # 4 heads of head_dim 8
     processor = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 4})
     expected = processor._reverse_permute_weights(weights.numpy(), 4, 4)
-    rows = torch.from_numpy(_unpermute_rows(blocks.numpy(), 4).copy())
+    rows = torch.from_numpy(unpermute_rows(blocks.numpy(), 4).copy())
     assert np.array_equal(ggml.dequantize(rows, BlockKind.Q4_1, 64).numpy(), expected)
 
 
@@ -103,7 +99,12 @@ def test_gguf_names_map_to_transformers_names() -> None:
     assert hf_name("blk.3.attn_k.weight") == "model.layers.3.self_attn.k_proj.weight"
     assert hf_name("blk.0.ffn_down.weight") == "model.layers.0.mlp.down_proj.weight"
     assert hf_name("token_embd.weight") == "model.embed_tokens.weight"
-    assert hf_name("blk.0.attn_norm.weight") is None
+    assert hf_name("blk.0.attn_norm.weight") == "model.layers.0.input_layernorm.weight"
+    assert hf_name("blk.0.ffn_norm.weight", "gemma3") == (
+        "model.layers.0.pre_feedforward_layernorm.weight"
+    )
+    assert hf_name("blk.0.ffn_up.weight", "phi3") == "model.layers.0.mlp.gate_up_proj.weight"
+    assert hf_name("rope_freqs.weight") is None
 
 
 def blockify(model_dir: Path) -> Path:

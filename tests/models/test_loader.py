@@ -1,8 +1,8 @@
 """Tests for specserve.models.loader.
 
-Unit tests fake the GGUF conversion and run in milliseconds. Tests marked `integration` use the
-embedded SmolLM2 GGUF and share its dequantised copy through `default_cache_dir()`
-(`$SPECSERVE_CACHE`), so the ~20 s conversion happens once per machine, not once per run.
+Unit tests fake the GGUF description (config and tokenizer) and run in milliseconds. Tests
+marked `integration` use the embedded SmolLM2 GGUF and share its cached description through
+`default_cache_dir()` (`$SPECSERVE_CACHE`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,15 @@ import torch
 
 from specserve import hashing
 from specserve.models import loader
-from specserve.models.gguf_blocks import REFUSED_FILE
+from specserve.models.gguf_file import GGUFFile
+from specserve.models.gguf_weights import read_weights
 from specserve.models.loader import (
     DEFAULT_MODEL_FILE,
     GGUF_MAGIC,
-    WEIGHTS_FILE,
+    GGUF_SOURCE_FILE,
     ModelLoadError,
     embedded_default_gguf,
+    gguf_source,
     resolve_model_dir,
 )
 from specserve.storage import default_cache_dir
@@ -42,6 +44,15 @@ torch.set_num_threads(1)
 def _write_fake_gguf(path: Path, payload: bytes = b"fake tensors") -> Path:
     path.write_bytes(GGUF_MAGIC + payload)
     return path
+
+
+WEIGHTS_FILE = "tokenizer.json"  # what the fake description writes besides config.json
+
+
+def _target(cache: Path, gguf: Path) -> Path:
+    """The cache directory of `gguf`: its content's digest and its path's."""
+    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]
+    return cache / f"gguf-{digest}-{hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:8]}"
 
 
 def _fake_convert(calls: list[Path]) -> Callable[[Path, Path], None]:
@@ -162,10 +173,13 @@ def test_gguf_converted_once_into_hash_named_dir(
     first = resolve_model_dir(str(gguf), cache)
     second = resolve_model_dir(str(gguf), cache)
 
-    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
-    assert first == second == cache / f"gguf-{digest[:16]}"
+    assert first == second == _target(cache, gguf)
     assert (first / WEIGHTS_FILE).read_bytes() == b"weights"
     assert calls == [gguf.resolve()]
+    assert gguf_source(first) == gguf.resolve()  # the file its weights are read from
+    gguf.write_bytes(GGUF_MAGIC + b"changed")
+    with pytest.raises(ModelLoadError, match="changed since"):
+        gguf_source(first)
 
 
 def test_hash_is_remembered_until_file_changes(
@@ -214,7 +228,7 @@ def test_losing_a_conversion_race_is_harmless(
 ) -> None:
     gguf = _write_fake_gguf(tmp_path / "tiny.gguf")
     cache = tmp_path / "cache"
-    target = cache / f"gguf-{hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]}"
+    target = _target(cache, gguf)
 
     def convert_while_another_process_wins(gguf_path: Path, out_dir: Path) -> None:
         target.mkdir()
@@ -279,7 +293,7 @@ def test_a_planted_directory_is_not_trusted(
     monkeypatch.setattr(loader, "_convert_gguf", _fake_convert(calls))
     gguf = _write_fake_gguf(tmp_path / "tiny.gguf")
     cache = tmp_path / "cache"
-    target = cache / f"gguf-{hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]}"
+    target = _target(cache, gguf)
     target.mkdir(parents=True)
     (target / "config.json").write_text('{"planted": true}')
     (target / WEIGHTS_FILE).write_bytes(b"planted weights")
@@ -287,7 +301,7 @@ def test_a_planted_directory_is_not_trusted(
     assert len(calls) == 1 and (target / WEIGHTS_FILE).read_bytes() == b"weights"
 
 
-# --- the embedded model (real conversion) -----------------------------------------------------
+# --- the embedded model (real description) ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -296,9 +310,12 @@ def default_model_dir() -> Path:
 
 
 @pytest.mark.integration
-def test_default_model_resolves_to_hf_dir(default_model_dir: Path) -> None:
-    for name in ("config.json", WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json"):
+def test_default_model_resolves_to_a_small_description(default_model_dir: Path) -> None:
+    for name in ("config.json", GGUF_SOURCE_FILE, "tokenizer.json", "tokenizer_config.json"):
         assert (default_model_dir / name).is_file(), name
+    assert not list(default_model_dir.glob("*.safetensors"))  # the weights stay in the GGUF
+    cached = sum(p.stat().st_size for p in default_model_dir.iterdir())
+    assert cached < 0.1 * embedded_default_gguf().stat().st_size
     tokenizer_config = json.loads((default_model_dir / "tokenizer_config.json").read_text())
     assert "<|im_start|>assistant" in tokenizer_config["chat_template"]
     config = json.loads((default_model_dir / "config.json").read_text())
@@ -307,30 +324,28 @@ def test_default_model_resolves_to_hf_dir(default_model_dir: Path) -> None:
 
 
 @pytest.mark.integration
-def test_default_weights_are_fp32_with_hf_names(default_model_dir: Path) -> None:
-    from safetensors import safe_open
-
-    with safe_open(str(default_model_dir / WEIGHTS_FILE), framework="pt") as f:
-        names = set(f.keys())
-        q_proj = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
+def test_default_weights_read_as_fp32_with_hf_names() -> None:
+    read = read_weights(GGUFFile(embedded_default_gguf()), 9, 3, keep_blocks=False)
+    q_proj = read.dense["model.layers.0.self_attn.q_proj.weight"]
     assert q_proj.dtype == torch.float32 and q_proj.shape == (576, 576)
-    assert "lm_head.weight" not in names  # tied to model.embed_tokens.weight
-    assert len(names) == 272
+    assert "lm_head.weight" not in read.dense  # tied to model.embed_tokens.weight
+    assert len(read.dense) == 272 and not read.blocks
+    assert read.expanded == {"Q4_1": 210, "Q8_0": 1}  # every quantised tensor, with keep_blocks off
 
 
 @pytest.mark.integration
 def test_second_resolve_reuses_cache(
     default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    weights = default_model_dir / WEIGHTS_FILE
-    mtime = weights.stat().st_mtime_ns
-    monkeypatch.setattr(loader, "_dequantise", _raise)
+    config = default_model_dir / "config.json"
+    mtime = config.stat().st_mtime_ns
+    monkeypatch.setattr(loader, "_convert_gguf", _raise)
     monkeypatch.setattr(hashing, "sha256_file", _raise)
 
-    again = resolve_model_dir(None)  # neither dequantises nor hashes (both raise)
+    again = resolve_model_dir(None)  # neither describes nor hashes (both raise)
 
     assert again == default_model_dir
-    assert weights.stat().st_mtime_ns == mtime
+    assert config.stat().st_mtime_ns == mtime
 
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -343,78 +358,52 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 @pytest.mark.integration
-def test_cached_q_k_are_in_hf_layout(default_model_dir: Path) -> None:
-    # Independent of transformers: permuting the cached HF weight the way llama.cpp does on
+def test_read_q_k_are_in_hf_layout() -> None:
+    # Independent of transformers: permuting the weight as read the way llama.cpp does on
     # export must reproduce the GGUF tensor bit for bit.
     from gguf import GGUFReader, dequantize
-    from safetensors import safe_open
 
     reader = GGUFReader(embedded_default_gguf())
     raw = {t.name: dequantize(t.data, t.tensor_type) for t in reader.tensors if "blk.3." in t.name}
-    with safe_open(str(default_model_dir / WEIGHTS_FILE), framework="np") as f:
-        q = f.get_tensor("model.layers.3.self_attn.q_proj.weight")
-        k = f.get_tensor("model.layers.3.self_attn.k_proj.weight")
+    read = read_weights(GGUFFile(embedded_default_gguf()), 9, 3, keep_blocks=False)
+    q = read.dense["model.layers.3.self_attn.q_proj.weight"].numpy()
+    k = read.dense["model.layers.3.self_attn.k_proj.weight"].numpy()
     np.testing.assert_array_equal(_llama_cpp_permute(q, n_head=9), raw["blk.3.attn_q.weight"])
     np.testing.assert_array_equal(_llama_cpp_permute(k, n_head=3), raw["blk.3.attn_k.weight"])
     assert not np.array_equal(q, raw["blk.3.attn_q.weight"])
 
 
 @pytest.mark.integration
-def test_cached_model_matches_direct_gguf_load(
+def test_model_matches_transformers_gguf_load(
     default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import importlib.util
-
+    """Our decoder on the GGUF read in place (float32, exact numerics) = transformers' own load
+    of the same file; and the description's tokenizer and chat template answer sensibly."""
     import transformers.modeling_utils
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if importlib.util.find_spec("accelerate") is None:
-        # from_pretrained(gguf_file=...) refuses without accelerate but does not use it for a
-        # dequantised llama load; lift the gate so the reference can be built anyway.
-        monkeypatch.setattr(transformers.modeling_utils, "is_accelerate_available", lambda: True)
+    from specserve.models.registry import build_model
+    from specserve.runner.model_runner import ModelRunner, RunItem
+
+    # from_pretrained(gguf_file=...) asks for accelerate but does not use it on the CPU
+    monkeypatch.setattr(transformers.modeling_utils, "is_accelerate_available", lambda: True)
     gguf = embedded_default_gguf()
     reference = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     ).eval()
-    cached = AutoModelForCausalLM.from_pretrained(str(default_model_dir)).eval()
-    tokens = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173]])  # [1, seq]
+    ours = build_model(default_model_dir, torch.device("cpu"), gguf_blocks=False, numerics="exact")
+    tokens = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173]
     with torch.no_grad():
-        expected = reference(tokens).logits  # [1, seq, vocab]
-        actual = cached(tokens).logits  # [1, seq, vocab]
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
-
-
-@pytest.mark.integration
-def test_cached_model_answers_sensibly(default_model_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+        expected = reference(torch.tensor([tokens])).logits[0]  # [seq, vocab]
+    runner = ModelRunner(ours, 4, 16, torch.device("cpu"))
+    actual = runner.run([RunItem(tokens, 0, [0], num_logits=len(tokens))]).logits
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(default_model_dir)).eval()
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = torch.tensor([tokenizer.encode(prompt)])  # [1, prompt_len]
     assert ids[0, 0].item() == tokenizer.bos_token_id  # from the template, not add_bos
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=10, do_sample=False)  # [1, prompt_len + new]
+        out = reference.generate(ids, max_new_tokens=10, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
-
-
-def test_blocks_that_cannot_be_written_are_not_retried_every_start(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(loader, "_convert_gguf", _fake_convert([]))
-    tries: list[Path] = []
-
-    def refuse(gguf_path: Path, model_dir: Path) -> bool:
-        tries.append(gguf_path)
-        raise ValueError("blk.0 does not decode exactly")
-
-    monkeypatch.setattr(loader, "write_blocks", refuse)
-    gguf = _write_fake_gguf(tmp_path / "tiny.gguf")
-    with caplog.at_level("WARNING", logger="specserve.models.loader"):
-        target = resolve_model_dir(str(gguf), tmp_path / "cache")
-        resolve_model_dir(str(gguf), tmp_path / "cache")
-    assert len(tries) == 1
-    assert "not keeping GGUF blocks" in caplog.text
-    assert "running float32 weights, not the GGUF blocks" in caplog.text  # the second start
-    assert "does not decode exactly" in (target / REFUSED_FILE).read_text()
