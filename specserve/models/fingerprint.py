@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from specserve.hashing import cached_sha256
-from specserve.models.registry import weight_files
+from specserve.models.registry import source_files
 from specserve.storage import default_cache_dir
 
 Fingerprint = dict[str, Any]
 
 
 def target_fingerprint(model_dir: Path, cache_dir: Path | None = None) -> Fingerprint:
-    """Hashes of the target's config.json and its own weights (Medusa heads excluded)."""
-    files = weight_files(model_dir)
+    """Hashes of the target's config.json and its own weights (Medusa heads excluded): the
+    GGUF's bytes, or the checkpoint's safetensors files'."""
+    files = source_files(model_dir)
     return {
         "config_sha256": config_sha256(model_dir / "config.json"),
         "weights_sha256": files_sha256(files, cache_dir),

@@ -122,6 +122,13 @@ def weight_files(model_dir: Path) -> list[Path]:
     return [p for p in files if not p.name.startswith("medusa_") and p.name != BLOCKS_FILE]
 
 
+def source_files(model_dir: Path) -> list[Path]:
+    """The files a model's weights are read from: the GGUF a directory describes, or the
+    checkpoint's own safetensors."""
+    source = gguf_source(model_dir)
+    return [source] if source is not None else weight_files(model_dir)
+
+
 def _iter_safetensors(model_dir: Path, dtype: torch.dtype, skip: set[str] | None = None) -> Any:
     files = weight_files(model_dir)
     if not files:

@@ -139,3 +139,15 @@ def test_an_unsupported_architecture_is_refused_from_its_header(
     with pytest.raises(ModelLoadError, match="unsupported architecture"):
         resolve_model_dir(str(gguf), cache)
     assert not any(p.name.startswith(("gguf-", ".tmp-gguf-")) for p in cache.iterdir())
+
+
+def test_a_gguf_is_fingerprinted_by_its_bytes(tiny_hf: Path, tmp_path: Path) -> None:
+    """A speculation profile's target fingerprint covers the GGUF a directory describes."""
+    from specserve.models.fingerprint import files_sha256, target_fingerprint
+
+    cache = tmp_path / "cache"
+    a = write_gguf(tiny_hf, tmp_path / "a.gguf", mix)
+    b = write_gguf(tiny_hf, tmp_path / "b.gguf", lambda _: T.Q8_0)
+    fa = target_fingerprint(resolve_model_dir(str(a), cache), cache)
+    fb = target_fingerprint(resolve_model_dir(str(b), cache), cache)
+    assert fa["weights_sha256"] == files_sha256([a], cache) != fb["weights_sha256"]
