@@ -34,6 +34,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -170,38 +172,57 @@ def schema_patterns(node: object) -> list[str]:
 
 class Grammars:
     """Compiled grammars of one tokenizer, shared by the threads that prepare requests and the
-    engine's thread (every method takes the lock)."""
+    engine's thread.
+
+    A compile runs in the thread that asks for it, outside any lock: `_lock` guards only the
+    cache of futures (one per spec, so a spec asked for twice at once compiles once, and
+    distinct specs compile side by side). The compiled grammar goes back inside the spec
+    (`GrammarSpec.compiled`) and travels with the request, so `processor`, on the engine's
+    thread, only copies it: no compile there, and no wait for one elsewhere."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
         self._hf = tokenizer
         self.vocab_size = vocab_size
         self.eos_ids = sorted(eos_ids)
         self._ll: Any = None  # llguidance's tokenizer, built on first use (~1 s)
-        self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        self._ll_lock = threading.Lock()
+        self._compiled: OrderedDict[GrammarSpec, Future[Any]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def compile(self, spec: GrammarSpec) -> None:
-        """Compile `spec` (cached). ValueError naming the problem if it is invalid or exceeds
-        the parser's limits."""
+    def compile(self, spec: GrammarSpec) -> GrammarSpec:
+        """`spec` with its compiled grammar (cached per spec). ValueError naming the problem if
+        it is invalid or exceeds the parser's limits (not cached: a later request tries again)."""
+        if spec.compiled is not None:
+            return spec
         with self._lock:
-            self._matcher(spec)
+            future = self._compiled.get(spec)
+            mine = future is None
+            if future is None:
+                future = self._compiled[spec] = Future()
+                if len(self._compiled) > CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+            else:
+                self._compiled.move_to_end(spec)
+        if mine:
+            try:
+                future.set_result(self._build(spec))
+            except BaseException as exc:
+                future.set_exception(exc)
+                with self._lock:
+                    if self._compiled.get(spec) is future:
+                        del self._compiled[spec]
+        return replace(spec, compiled=future.result())
 
     def processor(self, spec: GrammarSpec, prompt_len: int) -> GrammarProcessor:
-        """A fresh constraint for one sequence whose output starts after `prompt_len` tokens."""
-        with self._lock:
-            matcher = self._matcher(spec).deep_copy()
-            return GrammarProcessor(
-                matcher, prompt_len, self.eos_ids, self._tokenizer(), self.vocab_size
-            )
+        """A fresh constraint for one sequence whose output starts after `prompt_len` tokens. A
+        compiled spec (what `compile` returns, as the engine gets it) is only copied."""
+        matcher = self.compile(spec).compiled.deep_copy()
+        return GrammarProcessor(
+            matcher, prompt_len, self.eos_ids, self._tokenizer(), self.vocab_size
+        )
 
-    def _matcher(self, spec: GrammarSpec) -> Any:
-        from llguidance import LLMatcher
-
-        cached = self._compiled.get(spec)
-        if cached is not None:
-            self._compiled.move_to_end(spec)
-            return cached
-        from llguidance import LLParserLimits
+    def _build(self, spec: GrammarSpec) -> Any:
+        from llguidance import LLMatcher, LLParserLimits
 
         text = grammar_text(spec)
         limits = LLParserLimits(
@@ -224,18 +245,17 @@ class Grammars:
                 )
         if matcher.is_error():
             raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error()}")
-        self._compiled[spec] = matcher
-        if len(self._compiled) > CACHE_SIZE:
-            self._compiled.popitem(last=False)
         return matcher
 
     def _tokenizer(self) -> Any:
         if self._ll is None:
-            import llguidance.hf
+            with self._ll_lock:
+                if self._ll is None:
+                    import llguidance.hf
 
-            self._ll = llguidance.hf.from_tokenizer(
-                self._hf, n_vocab=self.vocab_size, eos_token=self.eos_ids
-            )
+                    self._ll = llguidance.hf.from_tokenizer(
+                        self._hf, n_vocab=self.vocab_size, eos_token=self.eos_ids
+                    )
         return self._ll
 
 

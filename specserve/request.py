@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +30,10 @@ class GrammarSpec:
 
     kind: str  # "json_schema" (source: the schema as JSON text), "regex" or "lark"
     source: str
+    # The compiled grammar, set by `Grammars.compile` where the request is prepared: it travels
+    # with the request, so the engine's thread copies it and never compiles. Not part of what
+    # the spec is (equality, hash, repr).
+    compiled: Any = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:

@@ -4,6 +4,7 @@ pathological grammars refused, and a processor whose mask is a function of the h
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,76 @@ def test_forced_text_is_drafted_as_its_tokens(grammars: Grammars) -> None:
     after = encode(grammars, '{"ok": true')
     assert grammars._hf.decode(proc.forced(after, 16)) == ', "colour": "'
     assert proc.forced(after, 0) == []
+
+
+def blocking_compile(
+    monkeypatch: pytest.MonkeyPatch, slow: GrammarSpec
+) -> tuple[threading.Event, threading.Event, list[GrammarSpec]]:
+    """Compiling `slow` stops, once entered, until released: (entered, release, every spec
+    that reached the compiler)."""
+    import specserve.grammar
+
+    entered, release = threading.Event(), threading.Event()
+    built: list[GrammarSpec] = []
+    real = specserve.grammar.grammar_text
+
+    def held(spec: GrammarSpec) -> str:
+        built.append(spec)
+        if spec == slow:
+            entered.set()
+            release.wait()
+        return real(spec)
+
+    monkeypatch.setattr(specserve.grammar, "grammar_text", held)
+    return entered, release, built
+
+
+def test_a_compile_holds_up_nothing_else(
+    grammars: Grammars, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54 item 2: a compile held the one lock the engine's thread takes to build a
+    sequence's constraint, so every stream waited for any client's schema. Now a compile in
+    progress blocks only those waiting for that same spec, which compiles once."""
+    ready = grammars.compile(PHONE)
+    slow = GrammarSpec("regex", "[a-z]{3}-[0-9]{2}")
+    entered, release, built = blocking_compile(monkeypatch, slow)
+    first = threading.Thread(target=grammars.compile, args=(slow,))
+    first.start()
+    assert entered.wait(60)
+    again: list[GrammarSpec] = []
+    second = threading.Thread(target=lambda: again.append(grammars.compile(slow)))
+    second.start()
+    done = threading.Event()
+
+    def others() -> None:
+        grammars.processor(ready, 0)  # as the engine's thread builds a constraint
+        grammars.compile(GrammarSpec("regex", "[0-9]{2}"))  # another spec, side by side
+        done.set()
+
+    threading.Thread(target=others, daemon=True).start()
+    unblocked = done.wait(60)  # a bound on failure only: it is immediate when it passes
+    release.set()
+    first.join()
+    second.join()
+    assert unblocked, "a compile in progress held up another spec and the engine's copy"
+    assert built.count(slow) == 1 and again[0].compiled is grammars._compiled[slow].result()
+
+
+def test_a_compiled_spec_is_copied_never_compiled_again(
+    grammars: Grammars, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled grammar travels with the spec: evicted from the cache, it is not
+    recompiled where the constraint is built (the engine's thread)."""
+    import specserve.grammar
+
+    ready = grammars.compile(GrammarSpec("regex", "[0-9]{4}"))
+    assert ready.compiled is not None and ready == GrammarSpec("regex", "[0-9]{4}")
+    grammars._compiled.clear()
+
+    def refuse(spec: GrammarSpec) -> str:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(specserve.grammar, "grammar_text", refuse)
+    proc = grammars.processor(ready, 0)
+    first = allowed(proc, [], grammars.vocab_size)
+    assert first and all(grammars._hf.decode([t])[0].isdigit() for t in first)

@@ -29,8 +29,8 @@ def prepare_request(
         max_model_len=res.max_model_len,
         kv_capacity=alloc.num_blocks * alloc.block_size,
     )
-    if params.grammar is not None:
-        grammars.compile(params.grammar)  # ValueError: invalid or over the limits
+    if params.grammar is not None:  # ValueError: invalid or over the limits
+        params = replace(params, grammar=grammars.compile(params.grammar))  # compiled, carried
     if not params.greedy and params.seed is None:
         params = replace(params, seed=random.getrandbits(63))
     return ids, params
@@ -45,7 +45,7 @@ def new_live(
     tokenizer: Any,
 ) -> Live:
     """A prepared request's sequence and live state; its grammar's constraint (if any) is its
-    first logits processor."""
+    first logits processor, a copy of the grammar `prepare_request` compiled."""
     seq = Sequence(seq_id=seq_id, request_id=request_id, prompt_ids=ids, params=params)
     if params.grammar is not None:
         seq.logits_processors = (grammars.processor(params.grammar, len(ids)),)

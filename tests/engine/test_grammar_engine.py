@@ -169,3 +169,31 @@ def test_forced_text_is_drafted_where_the_payoff_stopped_proposing(tiny_llama: P
     assert policy.stats.unpaid_steps > 0
     # every forced span drafted as with the static policy (the payoff gates proposing only)
     assert engine.stats.forced.drafted_tokens == static.stats.forced.drafted_tokens > 0
+
+
+def test_the_engine_thread_never_compiles(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54 item 2: a grammar evicted from the cache (LRU) between a request's prepare and
+    its admission was compiled again on the step thread, under the engine's lock. The compiled
+    grammar now travels with the request's parameters."""
+    import specserve.grammar
+
+    p = constrained(GREEDY, PHONE)
+    [want] = run_all(make_engine(tiny_llama), [PROMPTS[0]], p)
+    engine = make_engine(tiny_llama)
+    ids, prepared = engine.prepare(PROMPTS[0], p)
+    engine.grammars._compiled.clear()
+
+    def refuse(spec: GrammarSpec) -> str:
+        raise AssertionError("compiled on the engine's thread")
+
+    monkeypatch.setattr(specserve.grammar, "grammar_text", refuse)
+    rid = engine.add_prepared(ids, prepared)
+    tokens: list[int] = []
+    while engine.has_work():
+        for out in engine.step():
+            assert out.request_id == rid and out.error is None, out.error
+            tokens += out.new_token_ids
+    assert tokens == want
+    assert_no_kv_held(engine)
