@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,8 +48,11 @@ def make_model_dir(
     layers: int = 2,
     with_tokenizer: bool = True,
     tied: bool = False,
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors for a tiny random model of the given family."""
+    """Write config.json + model.safetensors for a tiny random model of the given family
+    (`FAMILY_CONFIG` adds what each needs to be tiny and to show its features; `config`
+    overrides any field)."""
     import transformers
 
     common = dict(
@@ -68,11 +73,15 @@ def make_model_dir(
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[arch]
     extra = {"sliding_window": 24} if arch == "mistral" else {}
-    config = cfg_cls(**common, **extra)
+    fields = {**common, **extra, **FAMILY_CONFIG.get(arch, {}), **(config or {})}
+    hf_config = cfg_cls(**copy.deepcopy(fields))  # transformers fills nested dicts in
     torch.manual_seed(seed)
-    model = model_cls(config).float()
+    model = model_cls(hf_config).float()
     # Random init gives near-uniform logits; a larger output projection gives clear argmax
     # margins and varied, partly repetitive text (a tied model would just echo its input).
     if not tied:
@@ -83,6 +92,27 @@ def make_model_dir(
     if with_tokenizer:
         make_tokenizer(out_dir, vocab_size)
     return out_dir
+
+
+# What each newer family needs on top of the common tiny shapes: head_dim where its default is
+# not hidden / heads; for Gemma 3 a window (8) shorter than the parity tests' 30 tokens, one
+# sliding and one full layer, each with its RoPE (the full one linearly scaled, as Gemma 3 4B+
+# is), and an attention scale that is not head_dim's; for Phi-3 partial rotary.
+FAMILY_CONFIG: dict[str, dict[str, Any]] = {
+    "qwen3": {"head_dim": 16},
+    "gemma3": {
+        "head_dim": 16,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 24,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        },
+        "pad_token_id": 0,
+    },
+    "phi3": {"partial_rotary_factor": 0.5, "pad_token_id": 0},
+}
 
 
 def noisy_copy(model_dir: Path, out: Path, noise: float = 0.1, seed: int = 1) -> Path:

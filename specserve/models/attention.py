@@ -4,7 +4,7 @@ Layout: each layer's cache is `[kv_heads, num_slots, head_dim]` for K and for V 
 where slot = block * block_size + offset, in float32 or fp16. A step feeds T new tokens from B
 sequences; sequence b feeds q_len[b] tokens at absolute positions ctx_len[b] - q_len[b] ..
 ctx_len[b] - 1 and attends to its first ctx_len[b] cached positions (within the sliding window,
-if any). The metadata serves every layer, so it is built once per step.
+if any, in the layers that slide). The metadata serves every layer, so it is built once per step.
 
 Every row of the step, decode, verify or prefill, goes through one call of the C kernel
 (`kernels/paged_attention.c`) after the step's K/V are written: each row reads its keys from the
@@ -39,8 +39,11 @@ class AttentionMetadata(Protocol):
         k_cache: torch.Tensor,  # [Hkv, num_slots, D]
         v_cache: torch.Tensor,
         scale: float,
+        full: bool = False,
     ) -> torch.Tensor:  # [T, H * D]
-        """Write the new K/V into their slots, then attend each query row to its sequence."""
+        """Write the new K/V into their slots, then attend each query row to its sequence:
+        within the step's sliding window, if any, unless `full` (a layer that attends to its
+        whole context in a model whose other layers slide, as five in six of Gemma 3's)."""
         ...
 
 
@@ -60,13 +63,15 @@ class RaggedMetadata:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
+        full: bool = False,
     ) -> torch.Tensor:
         # A float16 cache holds K/V rounded to nearest even (torch's float -> half conversion).
         k_cache.index_copy_(1, self.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
         v_cache.index_copy_(1, self.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
         out = q.new_empty(q.shape)  # [T, H, D]
+        window = None if full else self.window
         kernel.paged_attention(
-            q, k_cache, v_cache, out, self.seqs, self.tables, self.block_size, scale, self.window
+            q, k_cache, v_cache, out, self.seqs, self.tables, self.block_size, scale, window
         )
         return out.flatten(1)
 

@@ -26,6 +26,8 @@ class ReferenceMetadata:
     q_index: torch.Tensor  # [B, Qmax] int64: row of the flat token array per padded query
     out_index: torch.Tensor  # [T] int64: row of the flat [B*Qmax] output per new token
     mask: torch.Tensor | None  # [B, 1, Qmax, Lmax] bool: True where query may attend key
+    full_mask: torch.Tensor | None  # the same without the sliding window, where there is one
+    window: int | None
     single: bool  # one sequence: padding gathers are identities and skipped
 
     def attend(
@@ -36,8 +38,11 @@ class ReferenceMetadata:
         k_cache: torch.Tensor,  # [Hkv, num_slots, D]
         v_cache: torch.Tensor,
         scale: float,
+        full: bool = False,
     ) -> torch.Tensor:  # [T, H * D]
-        return reference_attention(q, k, v, k_cache, v_cache, self, scale)
+        """As `AttentionMetadata.attend`: `full` ignores the sliding window."""
+        mask = self.full_mask if full and self.window is not None else self.mask
+        return reference_attention(q, k, v, k_cache, v_cache, self, scale, mask)
 
 
 def build_metadata(
@@ -68,20 +73,29 @@ def build_metadata(
     out_index = (torch.arange(bsz)[:, None] * q_max + q_off[None, :])[q_valid]  # [T]
 
     q_pos = starts[:, None] + q_off[None, :]  # [B, Qmax]
-    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & kv_valid[:, None, :]
-    if sliding_window is not None:
-        mask &= k_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+    full = (k_pos[None, None, :] <= q_pos[:, :, None]) & kv_valid[:, None, :]
     # Padded query rows attend to key 0 only, so softmax stays finite; their output is dropped.
-    mask[:, :, 0] |= ~q_valid
+    full[:, :, 0] |= ~q_valid
+    mask = full
+    if sliding_window is not None:
+        mask = full & (k_pos[None, None, :] > q_pos[:, :, None] - sliding_window)
+        mask[:, :, 0] |= ~q_valid
     return ReferenceMetadata(
         slot_mapping=slot_mapping.to(device),
         kv_index=kv_index.to(device),
         q_index=q_index.to(device),
         out_index=out_index.to(device),
-        # One sequence decoding one token attends to all of its cache: no mask needed.
-        mask=None if bsz == 1 and q_max == 1 and bool(mask.all()) else mask.unsqueeze(1).to(device),
+        mask=_or_none(mask, device),
+        full_mask=None if sliding_window is None else _or_none(full, device),
+        window=sliding_window,
         single=bsz == 1,
     )
+
+
+def _or_none(mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """[B, 1, Qmax, Lmax] on `device`; None where every query attends every key (as one
+    sequence decoding one token, outside any window, does)."""
+    return None if bool(mask.all()) else mask.unsqueeze(1).to(device)
 
 
 def reference_attention(
@@ -92,6 +106,7 @@ def reference_attention(
     v_cache: torch.Tensor,  # [Hkv, num_slots, D]
     meta: ReferenceMetadata,
     scale: float,
+    mask: torch.Tensor | None,  # [B, 1, Qmax, Lmax] (meta.mask or meta.full_mask)
 ) -> torch.Tensor:  # [T, H * D]
     """Write the new K/V into their slots, then attend each query to its sequence's cache."""
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
@@ -109,7 +124,7 @@ def reference_attention(
         queries = q.index_select(0, meta.q_index.view(-1)).view(bsz, q_max, *q.shape[1:])
         queries = queries.transpose(1, 2)  # [B, H, Qmax, D]
     out = F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=meta.mask, scale=scale, enable_gqa=True
+        queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )  # [B, H, Qmax, D]
     out = out.transpose(1, 2).flatten(2)  # [B, Qmax, H*D]
     return out[0] if meta.single else out.flatten(0, 1).index_select(0, meta.out_index)

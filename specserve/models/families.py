@@ -1,29 +1,18 @@
-"""Which decoder serves a config.json: its `architectures` (or `model_type`) looked up."""
+"""Which decoder serves a config.json: every family we serve (models/hf_config.py) is one
+`DecoderLM` reading its description; what we cannot serve is refused here, from the config."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from specserve.models.llama import LlamaForCausalLM
-from specserve.models.mistral import MistralForCausalLM
-from specserve.models.qwen2 import Qwen2ForCausalLM
+from specserve.models.hf_config import FAMILIES, arch_from_hf
+from specserve.models.llama import DecoderLM
 
-ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-}
+ARCHITECTURES: dict[str, type[DecoderLM]] = {name: DecoderLM for name in FAMILIES}
 
 
-def model_class(cfg: dict[str, Any]) -> type[LlamaForCausalLM]:
-    archs = cfg.get("architectures") or []
-    for name in archs:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name]
-    by_type = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}
-    if not archs and cfg.get("model_type") in by_type:
-        return by_type[cfg["model_type"]]
-    raise ValueError(
-        f"unsupported architecture {archs or cfg.get('model_type')!r}; "
-        f"supported: {sorted(ARCHITECTURES)}"
-    )
+def model_class(cfg: dict[str, Any]) -> type[DecoderLM]:
+    """The decoder class for config.json `cfg`, once its whole description reads (ValueError
+    naming what is supported otherwise: an architecture, a RoPE type, an activation, ...)."""
+    arch_from_hf(cfg)
+    return DecoderLM

@@ -7,6 +7,8 @@ kernel calls with the same arguments, so every output is bit-identical to the Py
 (tests/models/test_native_stack.py holds it to that). Where it cannot run (a projection that is
 not blocks, exact numerics on more rows than the block kernel takes, the padded reference
 attention, a non-float32 model, no kernel library) `run` returns False and the Python loop runs.
+A model whose description asks for what the C layer does not do (`refusal`: Gemma's norms,
+q/k norm, GELU, per-layer windows or RoPE, ...) is refused when the loader asks `supports`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from specserve.kernels import decoder
+from specserve.models.arch import ModelArch
 from specserve.models.attention import AttentionMetadata, RaggedMetadata
 from specserve.models.block_linear import BlockLinear
 from specserve.models.llama import ROPE_KERNEL_WIDTH, DecoderLayer, LlamaForCausalLM
@@ -43,6 +46,43 @@ def _projections(layer: DecoderLayer) -> list[BlockLinear] | None:
     return blocks if len(blocks) == len(found) else None
 
 
+def refusal(arch: ModelArch) -> str | None:
+    """What in `arch` the native decoder does not implement; None where it runs it all.
+
+    It runs plain Llama layers: RMSNorm pre-norms, fused q/k/v (with or without their biases),
+    one RoPE over whole heads (any scaling: the tables come from Python), the same attention
+    window on every layer or none, any attention scale, a SiLU-gated MLP. The embedding scale,
+    the final norm and the logits (soft-cap included) stay in Python either way."""
+    missing = [
+        what
+        for what, differs in (
+            ("(1 + w) RMSNorm", arch.norm != "rms"),
+            ("post-attention/post-MLP norms", arch.sandwich_norms),
+            ("q/k norm", arch.qk_norm),
+            (f"{arch.activation} MLP", arch.activation != "silu"),
+            ("sliding and full attention layers", bool(arch.layer_types)),
+            ("RoPE per layer kind", arch.local_rope is not None),
+            ("partial rotary", arch.full_rope.rotary_dim != arch.head_dim),
+            ("output projection or MLP biases", arch.o_bias or arch.mlp_bias),
+        )
+        if differs
+    ]
+    if not missing:
+        return None
+    return f"{arch.architecture}: the native decoder does not implement {', '.join(missing)}"
+
+
+def _weights_refusal(model: LlamaForCausalLM) -> str | None:
+    layers = [_projections(layer) for layer in model.layers]  # type: ignore[arg-type]
+    if any(p is None for p in layers) or layers[0] is None:
+        return "not every projection runs as GGUF blocks"
+    if layers[0][0].out_features % ROPE_KERNEL_WIDTH:
+        return f"q/k/v width {layers[0][0].out_features} is not a multiple of {ROPE_KERNEL_WIDTH}"
+    if len({p.numerics for ps in layers for p in ps or ()}) != 1:
+        return "projections in more than one numerics"
+    return None
+
+
 class NativeStack:
     """Runs `model`'s layers through `decoder_layers` (see the module docstring)."""
 
@@ -54,16 +94,11 @@ class NativeStack:
 
     @staticmethod
     def supports(model: LlamaForCausalLM) -> bool:
-        """Whether every layer's projections are blocks of one numerics, in a shape whose RoPE
-        the Python layer also runs in place (`ROPE_KERNEL_WIDTH`)."""
-        layers = [_projections(layer) for layer in model.layers]  # type: ignore[arg-type]
-        if any(p is None for p in layers) or layers[0] is None:
-            return False
-        width = layers[0][0].out_features
-        return (
-            width % ROPE_KERNEL_WIDTH == 0
-            and len({p.numerics for ps in layers for p in ps or ()}) == 1
-        )
+        """Whether this runs `model`: its description is one `refusal` accepts, and every
+        layer's projections are blocks of one numerics, in a shape whose RoPE the Python layer
+        also runs in place (`ROPE_KERNEL_WIDTH`). Why not is kept in `model.native_refusal`."""
+        model.native_refusal = refusal(model.arch) or _weights_refusal(model)
+        return model.native_refusal is None
 
     def run(
         self,

@@ -26,7 +26,7 @@ import functools
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -193,14 +193,14 @@ def save_medusa(
 def fingerprint(model_dir: Path) -> Fingerprint:
     """What decides a base checkpoint's hidden states, hashed (sha256, 16 hex digits each).
 
-    config: the architecture as our decoder reads it (class + ModelArch fields), so formatting
-    and bookkeeping keys (transformers_version, dtype, ...) do not count. weights: every tensor's
-    name, dtype, shape and bytes in name order, so sharding and file metadata do not count.
+    config: the architecture as our decoder reads it (`ModelArch.identity`: class + fields), so
+    formatting and bookkeeping keys (transformers_version, dtype, ...) do not count. weights:
+    every tensor's name, dtype, shape and bytes in name order, so sharding and file metadata do
+    not count.
     Medusa files and GGUF blocks beside the weights are excluded.
     """
     cfg = read_config(model_dir)
-    cls = model_class(cfg)
-    arch = {"class": cls.__name__, **asdict(cls.arch_from_hf(cfg))}
+    arch = model_class(cfg).arch_from_hf(cfg).identity()
     config = hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()
     files = weight_files(model_dir)
     stamps = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files)

@@ -1,0 +1,127 @@
+"""config.json -> the model's description, in transformers' current form and the older one on
+the Hub; what we cannot serve refused from the config alone, naming what is supported; the
+native decoder refusing what it does not implement; plain Llama fingerprints unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from specserve.models.arch import RopeSpec
+from specserve.models.families import model_class
+from specserve.models.hf_config import arch_from_hf
+from specserve.models.native_stack import refusal
+
+SHAPES: dict[str, Any] = {
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+
+
+def config(architecture: str, **fields: Any) -> dict[str, Any]:
+    return {"architectures": [architecture], **SHAPES, **fields}
+
+
+def test_gemma3_hub_form_reads_as_the_current_form() -> None:
+    """A Gemma 3 config.json as published (top-level RoPE keys, sliding_window_pattern)."""
+    hub = config(
+        "Gemma3ForCausalLM", head_dim=16, sliding_window=512, sliding_window_pattern=6,
+        rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8},
+    )  # fmt: skip
+    layer_types = ["sliding_attention"] * 5 + ["full_attention"]
+    current = config(
+        "Gemma3ForCausalLM", head_dim=16, sliding_window=512, layer_types=layer_types,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )  # fmt: skip
+    arch = arch_from_hf(hub)
+    assert arch == arch_from_hf(current)
+    assert [arch.window(i) for i in range(6)] == [512] * 5 + [None]
+    assert arch.layer_rope(5) == RopeSpec(1e6, 16, "linear", factor=8.0)
+    assert arch.layer_rope(0) == RopeSpec(1e4, 16)
+    assert arch.attention_scale == 256**-0.5  # query_pre_attn_scalar's default
+    assert arch.tie_word_embeddings and arch.embed_scale == 8.0
+
+
+def test_llama31_hub_form_keeps_its_rope_scaling() -> None:
+    """Refused before (models/arch.py); from a GGUF it may have been dropped silently."""
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    arch = arch_from_hf(config("LlamaForCausalLM", rope_theta=500000.0, rope_scaling=scaling))
+    assert arch.full_rope == RopeSpec(
+        500000.0, 16, "llama3", factor=32.0, high_freq_factor=4.0, original_max_position=8192
+    )
+    assert refusal(arch) is None  # its tables come from Python: the native decoder runs it
+
+
+def test_qwen_windows_only_from_max_window_layers() -> None:
+    cfg = config(
+        "Qwen2ForCausalLM", use_sliding_window=True, sliding_window=32, max_window_layers=4
+    )
+    arch = arch_from_hf(cfg)
+    assert [arch.window(i) for i in range(6)] == [None] * 4 + [32] * 2
+    assert arch_from_hf({**cfg, "use_sliding_window": False}).sliding_window is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"architectures": ["GPTNeoXForCausalLM"]}, "Gemma3ForCausalLM"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'llama3'"),
+        ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "'yarn'"),
+        ({"hidden_act": "relu"}, "'gelu_pytorch_tanh'"),
+        ({"layer_types": ["chunked_attention"] * 6}, "sliding_attention"),
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ],
+)
+def test_refused_from_the_config_naming_what_is_supported(
+    fields: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match="supported") as err:
+        model_class({**config("LlamaForCausalLM"), **fields})
+    assert named in str(err.value)
+
+
+def test_plain_llama_identity_is_the_one_fingerprints_recorded() -> None:
+    """Medusa heads record a hash of it (speculation/medusa.py): a plain Llama's must not move
+    with the fields the families added (this digest is the one before they existed)."""
+    cfg = config("LlamaForCausalLM", rope_theta=100000.0, tie_word_embeddings=True)
+    identity = arch_from_hf(cfg).identity()
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    assert digest == "daaa5f9cd3a2f509"
+    qwen3 = arch_from_hf(config("Qwen3ForCausalLM")).identity()
+    assert qwen3["class"] == "Qwen3ForCausalLM" and qwen3["qk_norm"] is True
+
+
+@pytest.mark.parametrize(
+    ("architecture", "fields", "missing"),
+    [
+        ("LlamaForCausalLM", {}, None),
+        ("MistralForCausalLM", {"sliding_window": 64}, None),
+        ("Qwen2ForCausalLM", {}, None),
+        ("Qwen3ForCausalLM", {}, "q/k norm"),
+        ("Gemma3ForCausalLM", {"head_dim": 16}, "(1 + w) RMSNorm"),
+        ("Gemma3ForCausalLM", {"head_dim": 16}, "gelu_tanh MLP"),
+        ("Gemma3ForCausalLM", {"head_dim": 16}, "sliding and full attention layers"),
+        ("Phi3ForCausalLM", {"partial_rotary_factor": 0.75}, "partial rotary"),
+        ("LlamaForCausalLM", {"mlp_bias": True}, "MLP biases"),
+    ],
+)
+def test_native_decoder_refuses_what_it_does_not_implement(
+    architecture: str, fields: dict[str, Any], missing: str | None
+) -> None:
+    reason = refusal(arch_from_hf(config(architecture, **fields)))
+    if missing is None:
+        assert reason is None
+    else:
+        assert reason is not None and missing in reason and architecture in reason
