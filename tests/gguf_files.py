@@ -44,13 +44,17 @@ def gguf_name(hf: str) -> str:
 
 
 def random_k_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Valid K-quant blocks [rows, bytes]: random bytes, then each fp16 scale set to a small
-    positive value (any code of the other bytes is a valid quant or sub-block scale)."""
+    """Valid K-quant blocks [rows, bytes]: random bytes (any code of a quant or sub-block scale
+    is valid), then each fp16 d set to a small positive value, and each dmin to the d that
+    centres the weights (w = d sc q - dmin mn with random sc, q, mn: dmin = d mean(q)), so that
+    the matrix is not dominated by its offsets."""
     block, size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     out = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    for at in _K_HALVES[qtype]:
-        halves = rng.uniform(1e-4, 2e-3, (rows, cols // block)).astype(np.float16)
+    d = rng.uniform(1e-3, 4e-3, (rows, cols // block))
+    mean_q = {T.Q2_K: 1.5, T.Q4_K: 7.5, T.Q5_K: 15.5}.get(qtype, 0.0)
+    for at, value in zip(_K_HALVES[qtype], (d, d * mean_q), strict=False):
+        halves = value.astype(np.float16)
         out[:, :, at : at + 2] = halves.view(np.uint8).reshape(rows, cols // block, 2)
     return out.reshape(rows, -1)
 

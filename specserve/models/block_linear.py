@@ -172,14 +172,68 @@ class BlockEmbedding(nn.Module):
         return ggml.dequantize(rows, self.kind.plain, self.embedding_dim).view(*ids.shape, -1)
 
 
-def _fused(
+class PartsLinear(nn.Module):
+    """A fused projection (q/k/v, gate/up) whose parts are blocks of different kinds, as a
+    Q4_K_M file mixes Q4_K and Q6_K: each part its own BlockLinear on the same input, the
+    outputs side by side, then the bias. Every output is its part's, so rows stay
+    batch-invariant."""
+
+    def __init__(self, parts: list[BlockLinear], bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        )
+
+    def _biased(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.cat([p.weight for p in self.parts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._biased(torch.cat([p(x) for p in self.parts], dim=-1))
+
+    def fused(
+        self,
+        x: torch.Tensor,  # [M, in] (or [M, 2 in] with swiglu)
+        norm: RMSNorm | None,
+        swiglu: bool,
+        residual: torch.Tensor | None,  # [M, out]
+    ) -> torch.Tensor | None:
+        outs, start = [], 0
+        for part in self.parts:
+            end = start + part.out_features
+            res = None if residual is None else residual[:, start:end]
+            y = part.fused(x, norm, swiglu, res)
+            if y is None:
+                return None
+            outs.append(y)
+            start = end
+        return self._biased(torch.cat(outs, dim=-1))
+
+
+def _parts(
     blocks: dict[str, tuple[BlockKind, torch.Tensor]], names: list[str]
-) -> tuple[BlockKind, torch.Tensor] | None:
+) -> list[tuple[BlockKind, torch.Tensor]] | None:
+    """The blocks of `names` (one projection's parts), or of their fused name where the file
+    holds them fused (Phi-3's qkv_proj, gate_up_proj); None unless all are there."""
+    fused_name = _FUSED_NAMES.get(tuple(n.rsplit(".", 2)[-2] for n in names))
+    if fused_name is not None:
+        whole = names[0].rsplit(".", 2)[0] + f".{fused_name}.weight"
+        if whole in blocks:
+            names[:] = [whole]
     parts = [blocks[n] for n in names if n in blocks]
-    if len(parts) != len(names) or len({kind for kind, _ in parts}) != 1:
-        return None
-    rows = parts[0][1] if len(parts) == 1 else torch.cat([r for _, r in parts])
-    return parts[0][0], rows
+    return parts if len(parts) == len(names) else None
+
+
+_FUSED_NAMES = {
+    ("q_proj", "k_proj", "v_proj"): "qkv_proj",
+    ("gate_proj", "up_proj"): "gate_up_proj",
+}
 
 
 def attach_blocks(
@@ -188,20 +242,32 @@ def attach_blocks(
     numerics: Numerics = "q8",
 ) -> set[str]:
     """Swap in block layers (multiplying in `numerics`) wherever all of a layer's weights have
-    blocks of one kind, all of them then in one allocation (`huge_pages`). Called before the
-    float32 weights load; returns the checkpoint names covered, which the loader then skips."""
+    blocks (`PartsLinear` where they are of several kinds), all of them then in one allocation
+    (`huge_pages`). Called before the float32 weights load; returns the checkpoint names
+    covered, which the loader then skips."""
     covered: set[str] = set()
 
     def swap(owner: nn.Module, attr: str, names: list[str]) -> None:
-        found = _fused(blocks, names)
+        found = _parts(blocks, names)
         linear = getattr(owner, attr)
         if found is None or not isinstance(linear, nn.Linear):
             return
-        kind, rows = found
-        shape = (linear.out_features, kind.row_bytes(linear.in_features))
-        if tuple(rows.shape) != shape:
+        if len({kind for kind, _ in found}) == 1:  # one kind: one layer over all the rows
+            kind = found[0][0]
+            found = [
+                (kind, torch.cat([rows for _, rows in found]) if len(found) > 1 else found[0][1])
+            ]
+        layers, start = [], 0
+        bias = linear.bias if len(found) == 1 else None  # else the PartsLinear's own
+        for kind, rows in found:
+            start += rows.shape[0]
+            if rows.shape[1] != kind.row_bytes(linear.in_features) or start > linear.out_features:
+                raise ValueError(f"GGUF blocks for {names[0]} do not match the layer's shape")
+            layers.append(BlockLinear(rows, kind, linear.in_features, bias, numerics))
+        if start != linear.out_features:
             raise ValueError(f"GGUF blocks for {names[0]} do not match the layer's shape")
-        setattr(owner, attr, BlockLinear(rows, kind, linear.in_features, linear.bias, numerics))
+        parts = layers[0] if len(layers) == 1 else PartsLinear(layers, linear.bias)
+        setattr(owner, attr, parts)
         covered.update(names)
 
     for i, layer in enumerate(model.layers):

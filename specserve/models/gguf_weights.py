@@ -89,6 +89,39 @@ class GGUFWeights:
         )
 
 
+def q4_0_as_q4_1(rows: np.ndarray) -> np.ndarray | None:
+    """Q4_0 blocks (d, 16 bytes of nibbles; w = d (q - 8)) as Q4_1 blocks (d, m = -8 d, the same
+    nibbles; w = d q + m): the same float32 weights (d q and 8 d are exact, and so is their
+    difference), in a layout with interleaved kernels. None if some -8 d overflows fp16."""
+    blocks = rows.reshape(rows.shape[0], -1, 18)
+    d = blocks[..., :2].copy().view(np.float16)  # [rows, nb, 1]
+    with np.errstate(over="ignore"):
+        m = (d * np.float16(-8)).astype(np.float16)
+    if not np.isfinite(m).all():
+        return None
+    out = np.concatenate([blocks[..., :2], m.view(np.uint8), blocks[..., 2:]], axis=-1)
+    return out.reshape(rows.shape[0], -1)
+
+
+def q5_0_as_q8_0(rows: np.ndarray) -> np.ndarray:
+    """Q5_0 blocks (d, 32 high bits, 16 bytes of nibbles; w = d (q - 16), q of 5 bits) as Q8_0
+    blocks (d, 32 int8 q - 16): the same weights, in a layout with interleaved kernels."""
+    blocks = rows.reshape(rows.shape[0], -1, 22)
+    high = blocks[..., 2:6].copy().view("<u4")  # [rows, nb, 1]: bit j is q[j]'s fifth bit
+    bits = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+    nibbles = np.concatenate([blocks[..., 6:] & 15, blocks[..., 6:] >> 4], axis=-1)
+    q = ((nibbles | bits).astype(np.int16) - 16).astype(np.int8)
+    return np.concatenate([blocks[..., :2], q.view(np.uint8)], axis=-1).reshape(rows.shape[0], -1)
+
+
+# GGUF types held as another type's blocks: the same weights, in a layout whose interleaved
+# kernel (kernels/x8.h) multiplies a step's rows at a fraction of the plain rows' cost.
+TRANSCODED = {
+    GGMLQuantizationType.Q4_0: (BlockKind.Q4_1, q4_0_as_q4_1),
+    GGMLQuantizationType.Q5_0: (BlockKind.Q8_0, q5_0_as_q8_0),
+}
+
+
 def kernel_kind(qtype: GGMLQuantizationType) -> BlockKind | None:
     """The block kind a kernel runs for this GGUF type here; None: float32."""
     kind = BlockKind.__members__.get(qtype.name)
@@ -108,6 +141,11 @@ def read_weights(gguf: GGUFFile, heads: int, kv_heads: int, keep_blocks: bool) -
             continue
         rows = _unpermuted(gguf.array(info.name), info, arch, heads, kv_heads)
         kind = kernel_kind(info.type) if keep_blocks and len(info.dims) == 2 else None
+        if kind is not None and info.type in TRANSCODED:
+            target, transcode = TRANSCODED[info.type]
+            held = transcode(rows)
+            if held is not None:
+                kind, rows = target, held
         if kind is not None:
             with warnings.catch_warnings():  # read-only: nothing writes weights
                 warnings.simplefilter("ignore", UserWarning)
