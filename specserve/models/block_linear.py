@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -181,21 +182,24 @@ class PartsLinear(nn.Module):
     def __init__(self, parts: list[BlockLinear], bias: torch.Tensor | None) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
-        self.in_features = parts[0].in_features
-        self.out_features = sum(p.out_features for p in parts)
+        self.in_features: int = parts[0].in_features
+        self.out_features: int = sum(p.out_features for p in parts)
         self.bias = (
             None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         )
+
+    def each(self) -> list[BlockLinear]:
+        return [cast(BlockLinear, p) for p in self.parts]
 
     def _biased(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
 
     @property
     def weight(self) -> torch.Tensor:
-        return torch.cat([p.weight for p in self.parts])
+        return torch.cat([p.weight for p in self.each()])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._biased(torch.cat([p(x) for p in self.parts], dim=-1))
+        return self._biased(torch.cat([p(x) for p in self.each()], dim=-1))
 
     def fused(
         self,
@@ -205,7 +209,7 @@ class PartsLinear(nn.Module):
         residual: torch.Tensor | None,  # [M, out]
     ) -> torch.Tensor | None:
         outs, start = [], 0
-        for part in self.parts:
+        for part in self.each():
             end = start + part.out_features
             res = None if residual is None else residual[:, start:end]
             y = part.fused(x, norm, swiglu, res)
