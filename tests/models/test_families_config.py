@@ -125,3 +125,19 @@ def test_native_decoder_refuses_what_it_does_not_implement(
         assert reason is None
     else:
         assert reason is not None and missing in reason and architecture in reason
+
+
+def test_supports_keeps_why_it_refuses() -> None:
+    """The loader asks `supports`; the model keeps the reason for the loader's log and /info."""
+    import torch
+
+    from specserve.models.llama import DecoderLM
+    from specserve.models.native_stack import NativeStack
+
+    with torch.device("meta"):
+        gemma = DecoderLM(arch_from_hf(config("Gemma3ForCausalLM", head_dim=16)))
+        llama = DecoderLM(arch_from_hf(config("LlamaForCausalLM")))
+    assert not NativeStack.supports(gemma)
+    assert gemma.native_refusal is not None and "q/k norm" in gemma.native_refusal
+    assert not NativeStack.supports(llama)  # its description would do: its weights are not blocks
+    assert llama.native_refusal == "not every projection runs as GGUF blocks"
