@@ -163,25 +163,10 @@ static inline __m256i bits32(const uint8_t* p, int shift, int mask) {
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
 }
 
-static inline __attribute__((always_inline)) void unpack_avx2(int kind, const uint8_t* row,
-                                                              int64_t sb, subblock_avx2* o) {
-    int s;
-    const uint8_t* b = sub_block(kind, row, sb, &s);
+// The quants of sub-block s of block b into o->ws (signed kinds' q) and o->wu (|q|, or q).
+static inline __attribute__((always_inline)) void sub_quants_avx2(int kind, const uint8_t* b,
+                                                                  int s, subblock_avx2* o) {
     __m256i q;
-    o->m = 0.0f;
-    if (kind == KIND_Q6_K) {
-        const float d = sub_half(b + 208);
-        o->dv = _mm256_set_m128(_mm_set1_ps(d * (float)(int8_t)b[193 + 2 * s]),
-                                _mm_set1_ps(d * (float)(int8_t)b[192 + 2 * s]));
-    } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
-        int sc, mn;
-        kscale_min(b + 4, s, &sc, &mn);
-        o->dv = _mm256_set1_ps(sub_half(b) * (float)sc);
-        o->m = -(sub_half(b + 2) * (float)mn);
-    } else {
-        o->dv = _mm256_set1_ps(sub_half(b));
-        if (kind == KIND_Q4_1 || kind == KIND_Q5_1) o->m = sub_half(b + 2);
-    }
     switch (kind) {
         case KIND_Q8_0: q = _mm256_loadu_si256((const __m256i*)(b + 2)); break;
         case KIND_Q4_1: q = nibbles16(b + 4); break;
@@ -205,4 +190,63 @@ static inline __attribute__((always_inline)) void unpack_avx2(int kind, const ui
     }
     o->ws = q;
     o->wu = signed_quants(kind) ? _mm256_sign_epi8(q, q) : q;  // |q|: -128 reads as 128
+}
+
+// Sub-block sb of a row on its own (the exact numerics' expansion), its scales read as the
+// scalar reference reads them.
+static inline __attribute__((always_inline)) void unpack_avx2(int kind, const uint8_t* row,
+                                                              int64_t sb, subblock_avx2* o) {
+    int s;
+    const uint8_t* b = sub_block(kind, row, sb, &s);
+    float dv[8];
+    sub_scales(kind, b, s, dv, &o->m);
+    o->dv = _mm256_loadu_ps(dv);
+    sub_quants_avx2(kind, b, s, o);
+}
+
+// The q8 kernel reads a block's scales once for all its sub-blocks (a K-quant's packed 6-bit
+// scales once per 256 values): dv, one per sub-block (Q6_K: one per 16 values), and m, one per
+// sub-block; the same float products as sub_scales.
+typedef struct {
+    float dv[16];
+    float m[8];
+} block_scales;
+
+static inline __attribute__((always_inline)) void read_block_scales(int kind, const uint8_t* b,
+                                                                    block_scales* o) {
+    if (kind == KIND_Q6_K) {
+        const __m256 d = _mm256_set1_ps(sub_half(b + 208));
+        const __m128i sc = _mm_loadu_si128((const __m128i*)(b + 192));
+        _mm256_storeu_ps(o->dv, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_storeu_ps(o->dv + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                         _mm_srli_si128(sc, 8)))));
+    } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
+        // kscale_min for all eight at once (ggml's utmp shuffle): u[0..1] the scales' bytes,
+        // u[2..3] the mins'
+        uint32_t u[4];
+        __builtin_memcpy(u, b + 4, 12);
+        const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+        u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+        const uint32_t mins_0_3 = u[1] & low6;
+        u[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+        u[2] = mins_0_3;
+        u[0] &= low6;
+        const __m128i codes = _mm_loadu_si128((const __m128i*)u);
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
+        const __m256 d = _mm256_set1_ps(sub_half(b));
+        const __m256 dmin = _mm256_set1_ps(sub_half(b + 2));
+        _mm256_storeu_ps(o->dv, _mm256_mul_ps(d, sc));
+        _mm256_storeu_ps(o->m, _mm256_xor_ps(_mm256_mul_ps(dmin, mn), _mm256_set1_ps(-0.0f)));
+    } else {
+        o->dv[0] = sub_half(b);
+        o->m[0] = kind == KIND_Q4_1 || kind == KIND_Q5_1 ? sub_half(b + 2) : 0.0f;
+    }
+}
+
+// The lane scales of sub-block s from its block's scales.
+static inline __attribute__((always_inline)) __m256 sub_dv(int kind, const block_scales* sc,
+                                                           int s) {
+    if (kind != KIND_Q6_K) return _mm256_broadcast_ss(&sc->dv[s]);
+    return _mm256_set_m128(_mm_broadcast_ss(&sc->dv[2 * s + 1]), _mm_broadcast_ss(&sc->dv[2 * s]));
 }

@@ -23,11 +23,14 @@ def test_norm_bias_residual_fused_equal_the_steps(kind: BlockKind, rows: int) ->
     blocks, weight = quantised(kind, 40, width)
     norm = RMSNorm(width, 1e-5)
     norm.weight.data = torch.rand(width) + 0.5
-    x, bias, residual = torch.randn(rows, width) * 3, torch.randn(40), torch.randn(rows, 40)
+    gen = torch.Generator().manual_seed(rows)
+    x, bias = torch.randn(rows, width, generator=gen) * 3, torch.randn(40, generator=gen)
+    residual = torch.randn(rows, 40, generator=gen)
     got = ggml.matmul_fused(x, blocks, kind, width, norm=(norm.weight, norm.eps), bias=bias,
                             residual=residual)  # fmt: skip
     want = residual + (F.linear(norm(x), weight) + bias)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # float32 sums in two orders: the tolerance grows with the width (256 for the K-quants)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * width / 64)
     plain = ggml.matmul_fused(x, blocks, kind, width)
     assert torch.equal(plain, ggml.matmul(x, blocks, kind))  # nothing fused: the plain product
 
