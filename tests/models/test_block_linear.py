@@ -74,7 +74,7 @@ def test_q8_rows_do_not_depend_on_m_through_the_layer(kind: BlockKind, out: int)
         return [
             layer(x[rows]),
             project(layer, x[rows], norm=norm, residual=residual[rows]),
-            project(layer, gated[rows], swiglu=True),
+            project(layer, gated[rows], glu="silu"),
         ]
 
     each = [forms(torch.tensor([i])) for i in range(512)]
