@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 import pytest
@@ -141,3 +142,66 @@ def test_supports_keeps_why_it_refuses() -> None:
     assert gemma.native_refusal is not None and "q/k norm" in gemma.native_refusal
     assert not NativeStack.supports(llama)  # its description would do: its weights are not blocks
     assert llama.native_refusal == "not every projection runs as GGUF blocks"
+
+
+# config.json as published for the small models people start with (abridged: bookkeeping keys
+# left out; Phi-4-mini's 48 LongRoPE factors replaced by ones)
+PUBLISHED: dict[str, dict[str, Any]] = {
+    "Llama-3.2-1B-Instruct": {
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0, "tie_word_embeddings": True, "vocab_size": 128256,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    },
+    "Qwen3-0.6B": {
+        "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000, "rope_scaling": None, "sliding_window": None,
+        "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": True,
+        "vocab_size": 151936, "hidden_act": "silu", "attention_bias": False,
+    },
+    "gemma-3-270m-it": {
+        "architectures": ["Gemma3ForCausalLM"], "_sliding_window_pattern": 6,
+        "attention_bias": False, "attn_logit_softcapping": None,
+        "final_logit_softcapping": None, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640,
+        "intermediate_size": 2048, "max_position_embeddings": 32768,
+        "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 18,
+        "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
+        "sliding_window": 512, "use_bidirectional_attention": False, "vocab_size": 262144,
+    },
+    "Phi-4-mini-instruct": {
+        "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+        "partial_rotary_factor": 0.75, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48,
+                         "short_factor": [1.0] * 48},
+        "sliding_window": 262144, "tie_word_embeddings": True, "vocab_size": 200064,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "lm_head_bias": False,
+    },
+}  # fmt: skip
+
+
+def test_published_configs_read() -> None:
+    llama = arch_from_hf(PUBLISHED["Llama-3.2-1B-Instruct"])
+    assert llama.full_rope.kind == "llama3" and llama.max_position == 131072
+    assert refusal(llama) is None
+    qwen = arch_from_hf(PUBLISHED["Qwen3-0.6B"])
+    assert qwen.qk_norm and qwen.sliding_window is None and qwen.full_rope.theta == 1e6
+    gemma = arch_from_hf(PUBLISHED["gemma-3-270m-it"])
+    assert [gemma.layer_type(i) for i in range(6)] == ["sliding"] * 5 + ["full"]
+    assert gemma.layer_type(17) == "full" and gemma.sliding_window == 512
+    assert (gemma.layer_rope(0).theta, gemma.layer_rope(5).theta) == (1e4, 1e6)
+    assert gemma.embed_scale == 640**0.5 and gemma.attention_scale == 1 / 16
+    phi = arch_from_hf(PUBLISHED["Phi-4-mini-instruct"])
+    assert phi.full_rope.kind == "longrope" and phi.full_rope.rotary_dim == 96
+    assert phi.max_position == 4096  # its short factors serve up to there
+    assert phi.full_rope.attention_factor == pytest.approx(
+        (1 + math.log(32) / math.log(4096)) ** 0.5
+    )
