@@ -15,7 +15,7 @@ import torch
 from specserve.config import EngineConfig
 from specserve.engine.cost_probe import measure_step_cost
 from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
 from specserve.models.tokenizer import load_tokenizer
@@ -35,7 +35,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 @dataclass
 class EngineResources:
     model_dir: Path
-    model: LlamaForCausalLM
+    model: DecoderLM
     tokenizer: Any  # transformers PreTrainedTokenizerFast
     runner: ModelRunner
     allocator: BlockAllocator
@@ -115,16 +115,14 @@ def load_resources(config: EngineConfig) -> EngineResources:
     )
 
 
-def target_kv_bytes_per_token(
-    config: EngineConfig, model: LlamaForCausalLM, device: torch.device
-) -> int:
+def target_kv_bytes_per_token(config: EngineConfig, model: DecoderLM, device: torch.device) -> int:
     """K/V bytes per token of the target's cache, at its element size (fp16: half of float32,
     so the same bytes hold twice the blocks)."""
     dtype = kv_cache_dtype(model, device, config.attention, config.cache.kv_dtype)
     return model.arch.kv_bytes(dtype.itemsize)
 
 
-def param_bytes(model: LlamaForCausalLM) -> int:
+def param_bytes(model: DecoderLM) -> int:
     """Bytes of the weights, GGUF blocks (buffers) included."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -140,10 +138,10 @@ def largest_step(config: EngineConfig) -> int:
 
 def plan_memory(
     config: EngineConfig,
-    model: LlamaForCausalLM,
+    model: DecoderLM,
     device: torch.device,
     weight_bytes: int,
-    draft: LlamaForCausalLM | None = None,
+    draft: DecoderLM | None = None,
 ) -> MemoryBudget:
     """Measure the largest steps' peak activation on a scratch KV pool and size the rest."""
     bs = config.cache.block_size
@@ -175,7 +173,7 @@ def plan_memory(
     return budget
 
 
-def draft_peak(draft: LlamaForCausalLM, tokens: int, bs: int, device: torch.device) -> int:
+def draft_peak(draft: DecoderLM, tokens: int, bs: int, device: torch.device) -> int:
     tokens = min(tokens, draft.arch.max_position)
     scratch = ModelRunner(draft, blocks_for(tokens, bs), bs, device)
     table = list(range(blocks_for(tokens, bs)))

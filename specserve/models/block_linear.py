@@ -14,7 +14,7 @@ from specserve.config import Numerics
 from specserve.kernels import ggml
 from specserve.kernels.ggml import BlockKind
 from specserve.models.huge_pages import pack_blocks
-from specserve.models.llama import LlamaForCausalLM, RMSNorm
+from specserve.models.llama import DecoderLM, RMSNorm
 
 # Exact numerics only: above this many rows (a prefill chunk, a large batch) decoding the weights
 # once and calling the dense GEMM beats re-expanding every block per group of rows:
@@ -241,7 +241,7 @@ _FUSED_NAMES = {
 
 
 def attach_blocks(
-    model: LlamaForCausalLM,
+    model: DecoderLM,
     blocks: dict[str, tuple[BlockKind, torch.Tensor]],
     numerics: Numerics = "q8",
 ) -> set[str]:

@@ -25,7 +25,7 @@ from specserve.kernels import decoder
 from specserve.models.arch import ModelArch
 from specserve.models.attention import AttentionMetadata, RaggedMetadata
 from specserve.models.block_linear import BlockLinear
-from specserve.models.llama import ROPE_KERNEL_WIDTH, DecoderLayer, LlamaForCausalLM
+from specserve.models.llama import ROPE_KERNEL_WIDTH, DecoderLayer, DecoderLM
 
 _python_layers = threading.local()
 
@@ -72,7 +72,7 @@ def refusal(arch: ModelArch) -> str | None:
     return f"{arch.architecture}: the native decoder does not implement {', '.join(missing)}"
 
 
-def _weights_refusal(model: LlamaForCausalLM) -> str | None:
+def _weights_refusal(model: DecoderLM) -> str | None:
     layers = [_projections(layer) for layer in model.layers]  # type: ignore[arg-type]
     if any(p is None for p in layers) or layers[0] is None:
         return "not every projection runs as GGUF blocks"
@@ -86,14 +86,14 @@ def _weights_refusal(model: LlamaForCausalLM) -> str | None:
 class NativeStack:
     """Runs `model`'s layers through `decoder_layers` (see the module docstring)."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: DecoderLM) -> None:
         self.model = model
         self._key: tuple[int, ...] = ()
         self._layers: ctypes.Array[decoder.Layer] | None = None
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @staticmethod
-    def supports(model: LlamaForCausalLM) -> bool:
+    def supports(model: DecoderLM) -> bool:
         """Whether this runs `model`: its description is one `refusal` accepts, and every
         layer's projections are blocks of one numerics, in a shape whose RoPE the Python layer
         also runs in place (`ROPE_KERNEL_WIDTH`). Why not is kept in `model.native_refusal`."""

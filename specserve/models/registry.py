@@ -23,7 +23,7 @@ from specserve.models.gguf_blocks import (
     load_blocks,
 )
 from specserve.models.gguf_weights import dequantised, read_weights, warn_expanded
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.models.loader import gguf_source, open_gguf
 from specserve.models.native_stack import NativeStack
 
@@ -42,7 +42,7 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     gguf_blocks: bool = True,
     numerics: Numerics = "q8",
-) -> LlamaForCausalLM:
+) -> DecoderLM:
     """Instantiate the decoder for `model_dir` and load its weights: a checkpoint's safetensors,
     or the GGUF the directory describes (read in place, models/gguf_weights.py).
 
@@ -75,7 +75,7 @@ def build_model(
 
 
 def _attach(
-    model: LlamaForCausalLM,
+    model: DecoderLM,
     blocks: dict[str, tuple[BlockKind, torch.Tensor]],
     reference: Reference,
     numerics: Numerics,
@@ -94,7 +94,7 @@ def _attach(
 
 
 def _gguf_weights(
-    model: LlamaForCausalLM, source: Path, blocks_here: bool, numerics: Numerics,
+    model: DecoderLM, source: Path, blocks_here: bool, numerics: Numerics,
     dtype: torch.dtype,
 ) -> list[tuple[str, torch.Tensor]]:  # fmt: skip
     """The GGUF's block rows attached to `model` (now, before its weights load); what is

@@ -14,7 +14,7 @@ from specserve.config import AttentionImpl, KvDtype
 from specserve.models import huge_pages
 from specserve.models.attention import build_ragged_metadata, kernel_usable
 from specserve.models.attention_reference import build_metadata
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class RunOutput:
     hidden_only: torch.Tensor | None = None  # [sum(hidden_rows), hidden]; None: none asked
 
 
-def uses_ragged(model: LlamaForCausalLM, device: torch.device, attention: AttentionImpl) -> bool:
+def uses_ragged(model: DecoderLM, device: torch.device, attention: AttentionImpl) -> bool:
     """The ragged path where its kernel runs (CPU float32), else the padded reference."""
     arch = model.arch
     dtype = next(model.parameters()).dtype
@@ -46,7 +46,7 @@ def uses_ragged(model: LlamaForCausalLM, device: torch.device, attention: Attent
 
 
 def kv_cache_dtype(
-    model: LlamaForCausalLM, device: torch.device, attention: AttentionImpl, kv_dtype: KvDtype
+    model: DecoderLM, device: torch.device, attention: AttentionImpl, kv_dtype: KvDtype
 ) -> torch.dtype:
     """`kv_dtype` where the paged kernel reads the cache; elsewhere the model's own dtype."""
     if uses_ragged(model, device, attention):
@@ -61,7 +61,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: DecoderLM,
         num_blocks: int,
         block_size: int,
         device: torch.device,

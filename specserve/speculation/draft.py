@@ -31,7 +31,7 @@ import torch
 
 from specserve.config import EngineConfig
 from specserve.models.fingerprint import Fingerprint, target_fingerprint
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.models.loader import resolve_model_dir
 from specserve.request import SamplingParams, Sequence
 from specserve.runner.model_runner import ModelRunner, RunItem
@@ -82,7 +82,7 @@ class DraftModelProposer(Proposer):
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: DecoderLM,
         num_blocks: int,
         block_size: int,
         device: torch.device,
@@ -235,7 +235,7 @@ def _draft_generator(seed: int, out_pos: int, device: torch.device) -> torch.Gen
 
 
 # ------------------------------------------------------------------------ registration
-def _load(config: EngineConfig, target: Target) -> LlamaForCausalLM | None:
+def _load(config: EngineConfig, target: Target) -> DecoderLM | None:
     """The draft model when one is given (`--proposer draft`, or `auto` with `--draft-model`);
     ValueError naming what differs if it cannot pair with the target."""
     path = config.spec.draft_model

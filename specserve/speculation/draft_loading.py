@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from specserve.config import Numerics
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, model_class, read_config
 from specserve.models.tokenizer import load_tokenizer
@@ -23,7 +23,7 @@ def load_draft_model(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     numerics: Numerics = "q8",
-) -> LlamaForCausalLM:
+) -> DecoderLM:
     """Resolve, check against the target, then build the draft model (GGUF blocks multiplying
     in the target's `numerics`)."""
     draft_dir = resolve_model_dir(draft_path)

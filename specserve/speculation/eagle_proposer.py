@@ -26,7 +26,7 @@ from torch import nn
 
 from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.request import Sequence
 from specserve.speculation import eagle_padded, eagle_state
 from specserve.speculation.eagle import EagleHead, check_base, load_eagle
@@ -44,7 +44,7 @@ class EagleProposer(Proposer):
     def __init__(
         self,
         head: EagleHead,
-        target: LlamaForCausalLM,
+        target: DecoderLM,
         head_dir: Path | None,
         blocks: bool = False,
     ) -> None:
@@ -91,7 +91,7 @@ class EagleProposer(Proposer):
 
     @classmethod
     def load(
-        cls, head_dir: Path, target: LlamaForCausalLM, base_dir: Path, force: bool = False
+        cls, head_dir: Path, target: DecoderLM, base_dir: Path, force: bool = False
     ) -> EagleProposer:
         head, cfg = load_eagle(head_dir)
         arch = target.arch
@@ -292,7 +292,7 @@ class EagleProposer(Proposer):
         return torch.tensor(places, device=self.device)
 
 
-def _device(target: LlamaForCausalLM) -> torch.device:
+def _device(target: DecoderLM) -> torch.device:
     """Where the target computes (its token embeddings, which the head reads, live there)."""
     embed = target.embed_tokens  # nn.Embedding, or GGUF blocks (a buffer, no weight)
     return next(itertools.chain(embed.parameters(), embed.buffers())).device

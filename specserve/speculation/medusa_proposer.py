@@ -13,7 +13,7 @@ from torch import nn
 from specserve.config import SpecConfig
 from specserve.models.block_linear import linear_weight
 from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.request import Sequence
 from specserve.speculation.medusa import MedusaHeads, check_fingerprint, load_medusa
 from specserve.speculation.medusa_resolve import resolve_medusa
@@ -51,7 +51,7 @@ class MedusaProposer(Proposer):
 
     @classmethod
     def load(
-        cls, heads_dir: Path, base: LlamaForCausalLM, base_dir: Path, force: bool = False
+        cls, heads_dir: Path, base: DecoderLM, base_dir: Path, force: bool = False
     ) -> MedusaProposer:
         heads, cfg = load_medusa(heads_dir)
         arch = base.arch
@@ -110,7 +110,7 @@ class MedusaProposer(Proposer):
 
 def medusa_proposer(
     model_dir: Path,
-    base: LlamaForCausalLM,
+    base: DecoderLM,
     proposer: str,
     speculate: int,
     medusa: str | None = None,

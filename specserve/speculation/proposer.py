@@ -13,7 +13,7 @@ import torch
 
 from specserve.config import EngineConfig, SpecConfig
 from specserve.models.fingerprint import Fingerprint
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.request import Sequence
 
 UNSCORED = 0.5  # the confidence assumed for a token whose proposer gave none
@@ -144,7 +144,7 @@ class HiddenRows(Enum):
 class Target:
     """The loaded target model a proposer pairs with."""
 
-    model: LlamaForCausalLM
+    model: DecoderLM
     model_dir: Path
     tokenizer: Any  # transformers PreTrainedTokenizerFast
     device: torch.device
@@ -157,7 +157,7 @@ class Loaded:
 
     config: EngineConfig
     target: Target | None = None  # None: a proposer that needs the target does not apply
-    own_model: LlamaForCausalLM | None = None  # what the kind's `load_model` returned
+    own_model: DecoderLM | None = None  # what the kind's `load_model` returned
     num_blocks: int = 0  # blocks of the target's KV pool
 
 
@@ -186,7 +186,7 @@ class Registration:
     auto: bool = False  # `--proposer auto` tries it (in the registry's order)
     # A model of its own, loaded before the KV pool is sized: its weights, KV bytes per token
     # and largest step share the memory budget with the target's.
-    load_model: Callable[[EngineConfig, Target], LlamaForCausalLM | None] | None = None
+    load_model: Callable[[EngineConfig, Target], DecoderLM | None] | None = None
     # Where its artifact lives, from the speculation settings (SpecConfig's fields, or /info's
     # `speculation`), the target's directory and the live proposer when there is one.
     artifact_dir: Callable[[Mapping[str, Any], Path, Proposer | None], Path | None] = _no_artifact

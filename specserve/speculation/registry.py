@@ -16,7 +16,7 @@ from typing import Any
 
 from specserve.config import EngineConfig, SpecConfig
 from specserve.models.fingerprint import Fingerprint
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.speculation import draft, eagle_resolve, hybrid, medusa_proposer, ngram, suffix
 from specserve.speculation.proposer import HiddenRows, Loaded, Proposer, Registration, Target
 
@@ -60,7 +60,7 @@ class Registry:
         return any(k.loads for k in self.candidates(proposer))
 
     # ------------------------------------------------------------------------------ build
-    def load_model(self, config: EngineConfig, target: Target) -> LlamaForCausalLM | None:
+    def load_model(self, config: EngineConfig, target: Target) -> DecoderLM | None:
         """The proposer's own model, loaded before the KV pool is sized (see `Registration`)."""
         if config.spec.speculate == 0:
             return None

@@ -10,7 +10,7 @@ import torch
 
 from specserve.models.block_linear import BlockEmbedding, BlockLinear
 from specserve.models.huge_pages import ALIGN, HUGE_PAGE, arena, small_pages, thp_mode, zeros
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where exp
 CPU = torch.device("cpu")
 
 
-def block_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+def block_tensors(model: DecoderLM) -> dict[str, torch.Tensor]:
     return {
         name: module._buffers["blocks"]
         for name, module in model.named_modules()
@@ -29,7 +29,7 @@ def block_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     }
 
 
-def logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
+def logits(model: DecoderLM, prompt: list[int]) -> torch.Tensor:
     """Prefill `prompt`, then one 3-row verify step after it: the logits of both passes."""
     runner = ModelRunner(model, 8, 16, CPU, kv_dtype="float16")
     table: list[int] = []

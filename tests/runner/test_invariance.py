@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.config import KvDtype
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from tests.tiny import make_tiny_model
@@ -41,7 +41,7 @@ def row_by_row(linear: nn.Linear) -> LinearForward:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> LlamaForCausalLM:
+def model(tmp_path_factory: pytest.TempPathFactory) -> DecoderLM:
     model = build_model(make_tiny_model(tmp_path_factory.mktemp("tiny")), CPU)
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -68,9 +68,7 @@ KV_DTYPES: list[KvDtype] = ["float16", "float32"]
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
-def test_prefill_logits_equal_whatever_the_chunking(
-    model: LlamaForCausalLM, kv_dtype: KvDtype
-) -> None:
+def test_prefill_logits_equal_whatever_the_chunking(model: DecoderLM, kv_dtype: KvDtype) -> None:
     ids, table = tokens(300, seed=1), list(range(19))[::-1]
     runner = ModelRunner(model, 64, BLOCK, CPU, kv_dtype=kv_dtype)
     assert runner.kv.dtype == getattr(torch, kv_dtype)
@@ -82,7 +80,7 @@ def test_prefill_logits_equal_whatever_the_chunking(
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_logits_equal_with_the_prefix_from_the_prefix_cache(
-    model: LlamaForCausalLM, kv_dtype: KvDtype
+    model: DecoderLM, kv_dtype: KvDtype
 ) -> None:
     """B starts with A's first 256 tokens and takes A's 16 blocks for them, as the prefix cache
     hands them out; its later rows equal B computed from scratch."""
@@ -97,7 +95,7 @@ def test_logits_equal_with_the_prefix_from_the_prefix_cache(
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_decode_logits_equal_alone_batched_and_verified(
-    model: LlamaForCausalLM, kv_dtype: KvDtype
+    model: DecoderLM, kv_dtype: KvDtype
 ) -> None:
     ids, more = tokens(300, seed=4), tokens(8, seed=5)
     table, other, third = list(range(20)), list(range(20, 40)), list(range(40, 48))

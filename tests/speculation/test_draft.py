@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.models.llama import LlamaForCausalLM
+from specserve.models.llama import DecoderLM
 from specserve.models.registry import build_model
 from specserve.models.tokenizer import load_tokenizer
 from specserve.request import SamplingParams, Sequence
@@ -54,13 +54,11 @@ def noisy_draft(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture(scope="module")
-def draft_model(other_draft: Path) -> LlamaForCausalLM:
+def draft_model(other_draft: Path) -> DecoderLM:
     return build_model(other_draft, CPU)
 
 
-def new_proposer(
-    model: LlamaForCausalLM, num_blocks: int = 64, block_size: int = 4
-) -> DraftModelProposer:
+def new_proposer(model: DecoderLM, num_blocks: int = 64, block_size: int = 4) -> DraftModelProposer:
     return DraftModelProposer(model, num_blocks, block_size, CPU)
 
 
@@ -79,14 +77,14 @@ def commit(seq: Sequence, tokens: list[int]) -> None:
     seq.num_computed = seq.num_tokens - 1
 
 
-def last_logits(model: LlamaForCausalLM, tokens: list[int]) -> torch.Tensor:  # [vocab]
+def last_logits(model: DecoderLM, tokens: list[int]) -> torch.Tensor:  # [vocab]
     """Logits after `tokens`, recomputed from scratch in a fresh runner (no shared KV)."""
     n_blocks = blocks_for(len(tokens), 16)
     runner = ModelRunner(model, n_blocks, 16, CPU)
     return runner.run([RunItem(tokens, 0, list(range(n_blocks)), 1)]).logits[0]
 
 
-def reference_greedy(model: LlamaForCausalLM, seq: Sequence, k: int) -> list[int]:
+def reference_greedy(model: DecoderLM, seq: Sequence, k: int) -> list[int]:
     """The draft model's own greedy continuation of `seq` (penalties applied per position)."""
     context = seq.token_ids
     for i in range(k):
@@ -96,7 +94,7 @@ def reference_greedy(model: LlamaForCausalLM, seq: Sequence, k: int) -> list[int
 
 
 # ------------------------------------------------------------------------------ drafting
-def test_greedy_drafts_equal_independent_continuation(draft_model: LlamaForCausalLM) -> None:
+def test_greedy_drafts_equal_independent_continuation(draft_model: DecoderLM) -> None:
     proposer = new_proposer(draft_model)
     seqs = [decoding_seq(i, p) for i, p in enumerate(mixed_prompts(3, seed=4))]
     ks = [5, 1, 3]
@@ -115,14 +113,14 @@ def test_greedy_drafts_equal_independent_continuation(draft_model: LlamaForCausa
     assert proposer.num_blocks - proposer.num_free_blocks == used
 
 
-def test_greedy_drafts_apply_repetition_penalty(draft_model: LlamaForCausalLM) -> None:
+def test_greedy_drafts_apply_repetition_penalty(draft_model: DecoderLM) -> None:
     params = SamplingParams(max_new_tokens=24, repetition_penalty=1.5)
     seq = decoding_seq(0, [5, 9, 5, 9, 5, 9, 5], params, output=(9,))
     [draft] = new_proposer(draft_model).propose([seq], [6])
     assert draft.tokens == reference_greedy(draft_model, seq, 6)
 
 
-def test_sampled_drafts_return_q_and_are_seeded(draft_model: LlamaForCausalLM) -> None:
+def test_sampled_drafts_return_q_and_are_seeded(draft_model: DecoderLM) -> None:
     params = SamplingParams(max_new_tokens=24, temperature=0.8, top_k=40, seed=11)
     seq = decoding_seq(0, [7, 8, 9, 10, 11], params, output=(12,))
     [draft] = new_proposer(draft_model).propose([seq], [4])
@@ -143,7 +141,7 @@ def test_sampled_drafts_return_q_and_are_seeded(draft_model: LlamaForCausalLM) -
     assert again.tokens == draft.tokens  # a pure function of (seed, position)
 
 
-def test_sampled_drafts_differ_across_seeds(draft_model: LlamaForCausalLM) -> None:
+def test_sampled_drafts_differ_across_seeds(draft_model: DecoderLM) -> None:
     outs = set()
     for seed in range(6):
         params = SamplingParams(max_new_tokens=24, temperature=8.0, seed=seed)
@@ -152,7 +150,7 @@ def test_sampled_drafts_differ_across_seeds(draft_model: LlamaForCausalLM) -> No
     assert len(outs) > 1
 
 
-def test_sampled_drafts_follow_q(draft_model: LlamaForCausalLM) -> None:
+def test_sampled_drafts_follow_q(draft_model: DecoderLM) -> None:
     """Over many seeds, d_1 is distributed as the q row returned with it."""
     n = 4000
     params = [SamplingParams(temperature=0.02, top_k=6, seed=seed) for seed in range(n)]
@@ -165,7 +163,7 @@ def test_sampled_drafts_follow_q(draft_model: LlamaForCausalLM) -> None:
 
 
 # ------------------------------------------------------------------------------ KV sync
-def test_sync_after_rejection_then_catch_up(draft_model: LlamaForCausalLM) -> None:
+def test_sync_after_rejection_then_catch_up(draft_model: DecoderLM) -> None:
     proposer = new_proposer(draft_model)
     seq = decoding_seq(0, [20, 21, 22, 23, 24, 25])
     other = decoding_seq(1, [40, 41, 42])
@@ -185,7 +183,7 @@ def test_sync_after_rejection_then_catch_up(draft_model: LlamaForCausalLM) -> No
     assert again.tokens == reference_greedy(draft_model, seq, 5)
 
 
-def test_sync_truncates_draft_blocks(draft_model: LlamaForCausalLM) -> None:
+def test_sync_truncates_draft_blocks(draft_model: DecoderLM) -> None:
     proposer = new_proposer(draft_model, block_size=2)
     seq = decoding_seq(0, [3, 4, 5, 6, 7])
     d = proposer.propose([seq], [5])[0].tokens  # draft KV: 5 + 4 = 9 positions, 5 blocks
@@ -195,7 +193,7 @@ def test_sync_truncates_draft_blocks(draft_model: LlamaForCausalLM) -> None:
     assert proposer.num_blocks - proposer.num_free_blocks == blocks_for(5, 2)
 
 
-def test_release_frees_every_draft_block(draft_model: LlamaForCausalLM) -> None:
+def test_release_frees_every_draft_block(draft_model: DecoderLM) -> None:
     proposer = new_proposer(draft_model)
     seqs = [decoding_seq(i, p) for i, p in enumerate(mixed_prompts(4, seed=5))]
     proposer.propose(seqs, [3, 1, 4, 2])
@@ -211,7 +209,7 @@ def test_release_frees_every_draft_block(draft_model: LlamaForCausalLM) -> None:
 
 # -------------------------------------------------------------------------------- limits
 def test_long_catch_up_is_fed_in_bounded_forwards(
-    draft_model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
+    draft_model: DecoderLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proposer = DraftModelProposer(draft_model, 64, 4, CPU, max_step_tokens=8)
     fed: list[int] = []  # tokens per draft forward
@@ -235,7 +233,7 @@ def test_long_catch_up_is_fed_in_bounded_forwards(
     assert fed == [2, 1, 1]
 
 
-def test_no_room_proposes_nothing_for_that_sequence(draft_model: LlamaForCausalLM) -> None:
+def test_no_room_proposes_nothing_for_that_sequence(draft_model: DecoderLM) -> None:
     proposer = new_proposer(draft_model, num_blocks=2, block_size=4)  # 8 slots
     short, long = decoding_seq(0, [3, 4, 5]), decoding_seq(1, list(range(3, 23)))
     drafts = proposer.propose([short, long], [2, 3])
@@ -243,14 +241,14 @@ def test_no_room_proposes_nothing_for_that_sequence(draft_model: LlamaForCausalL
     assert drafts[1].tokens == [] and drafts[1].probs is None
 
 
-def test_drafts_shrink_to_the_free_slots(draft_model: LlamaForCausalLM) -> None:
+def test_drafts_shrink_to_the_free_slots(draft_model: DecoderLM) -> None:
     proposer = new_proposer(draft_model, num_blocks=2, block_size=4)
     seq = decoding_seq(0, [3, 4, 5, 6, 7, 8, 9])
     [draft] = proposer.propose([seq], [5])  # 7 tokens + d_1 fit in 8 slots: 2 drafts
     assert draft.tokens == reference_greedy(draft_model, seq, 2)
 
 
-def test_drafts_stay_within_max_position(draft_model: LlamaForCausalLM) -> None:
+def test_drafts_stay_within_max_position(draft_model: DecoderLM) -> None:
     max_pos = draft_model.arch.max_position
     proposer = new_proposer(draft_model, num_blocks=70, block_size=16)
     seqs = [decoding_seq(n, [3 + j % 50 for j in range(n)]) for n in (max_pos - 2, max_pos)]
@@ -412,7 +410,7 @@ class RecomputeProposer(Proposer):
 
     name = "recompute"
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: DecoderLM) -> None:
         self.model = model
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
