@@ -33,12 +33,25 @@ enum {
 #define PREFETCH_AHEAD 2048
 
 // Bytes and values of one block (x8 kinds: the per-row share of an interleaved block, the same).
-static const int64_t kind_block_bytes[KIND_COUNT] = {20, 34, 20, 34, 18, 22, 24, 144, 176, 210};
-static const int64_t kind_block_values[KIND_COUNT] = {32, 32, 32, 32, 32, 32, 32, 256, 256, 256};
+// Switches rather than tables, so that a kernel inlined for one kind folds them to constants.
 static inline int valid_kind(int kind) { return kind >= 0 && kind < KIND_COUNT; }
-static inline int64_t block_bytes(int kind) { return kind_block_bytes[kind]; }
+static inline int64_t block_bytes(int kind) {
+    switch (kind) {
+        case KIND_Q4_1: case KIND_Q4_1_X8: return 20;
+        case KIND_Q8_0: case KIND_Q8_0_X8: return 34;
+        case KIND_Q4_0: return 18;
+        case KIND_Q5_0: return 22;
+        case KIND_Q5_1: return 24;
+        case KIND_Q4_K: return 144;
+        case KIND_Q5_K: return 176;
+        default: return 210;  // Q6_K
+    }
+}
+static inline int64_t block_values(int kind) {
+    return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K ? 256 : 32;
+}
 static inline int64_t row_bytes(int kind, int64_t K) {
-    return K / kind_block_values[kind] * kind_block_bytes[kind];
+    return K / block_values(kind) * block_bytes(kind);
 }
 
 // Every fp16 bit pattern as float32, so a block's scales are broadcast by a plain load rather
@@ -58,10 +71,12 @@ static inline __attribute__((always_inline)) __m256 half_to_ps(const uint8_t* p)
 #include "subblocks.h"
 
 // Sub-block blk of a row (32 values) expanded into 4 x 8 floats: Q4_1 and Q8_0 straight from
-// their bytes, the other kinds through subblocks.h's form, each value dv * q (+ m).
+// their bytes, the other kinds through subblocks.h's form, each value dv * q (+ m). sc: the
+// scales of blk's block (K-quants: read once per 256 values by the caller), else unused.
 static inline __attribute__((always_inline)) void expand(int kind, const uint8_t* row,
-                                                         int64_t blk, __m256 w[4]) {
-    const uint8_t* b = row + blk * block_bytes(kind);  // Q4_1, Q8_0: one block per 32 values
+                                                         int64_t blk, const block_scales* sc,
+                                                         __m256 w[4]) {
+    const uint8_t* b = row + blk * block_bytes(kind);  // 32-value kinds: one block per blk
     if (kind == KIND_Q4_1) {
         const __m256 d = half_to_ps(b), m = half_to_ps(b + 2);
         const __m128i q = _mm_loadu_si128((const __m128i*)(b + 4));
@@ -82,18 +97,34 @@ static inline __attribute__((always_inline)) void expand(int kind, const uint8_t
         }
         return;
     }
-    subblock_avx2 sub;
-    unpack_avx2(kind, row, blk, &sub);
-    const __m128i q[2] = {_mm256_castsi256_si128(sub.ws), _mm256_extracti128_si256(sub.ws, 1)};
-    const __m256 m = _mm256_set1_ps(sub.m);
-    for (int i = 0; i < 4; i++) {  // values 8i .. 8i+7: lane scales 2i (four), 2i+1 (four)
-        const __m256i at = _mm256_setr_epi32(2 * i, 2 * i, 2 * i, 2 * i, 2 * i + 1, 2 * i + 1,
-                                             2 * i + 1, 2 * i + 1);
-        const __m256 dv = _mm256_permutevar8x32_ps(sub.dv, at);
-        const __m128i q8 = i & 1 ? _mm_srli_si128(q[i / 2], 8) : q[i / 2];
-        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-        w[i] = has_offset(kind) ? _mm256_fmadd_ps(dv, qf, m) : _mm256_mul_ps(dv, qf);
+    int s = 0;
+    __m256 d_lo, d_hi, m;  // the scale of values 0-15 and 16-31 (they differ in Q6_K only)
+    if (is_kquant(kind)) {
+        s = (int)(blk % (QK_K / QK));
+        b = row + blk / (QK_K / QK) * block_bytes(kind);
+        const int lo = kind == KIND_Q6_K ? 2 * s : s, hi = kind == KIND_Q6_K ? 2 * s + 1 : s;
+        d_lo = _mm256_set1_ps(sc->dv[lo]);
+        d_hi = _mm256_set1_ps(sc->dv[hi]);
+        m = _mm256_set1_ps(kind == KIND_Q6_K ? 0.0f : sc->m[s]);
+    } else {
+        d_lo = d_hi = half_to_ps(b);
+        m = has_offset(kind) ? half_to_ps(b + 2) : _mm256_setzero_ps();
     }
+    subblock_avx2 sub;
+    sub_quants_avx2(kind, b, s, &sub);
+    const __m128i q[2] = {_mm256_castsi256_si128(sub.ws), _mm256_extracti128_si256(sub.ws, 1)};
+    for (int i = 0; i < 4; i++) {  // values 8i .. 8i+7
+        const __m128i q8 = i & 1 ? _mm_srli_si128(q[i / 2], 8) : q[i / 2];
+        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d = i < 2 ? d_lo : d_hi;
+        w[i] = has_offset(kind) ? _mm256_fmadd_ps(d, qf, m) : _mm256_mul_ps(d, qf);
+    }
+}
+
+// The scales of blk's block, read when blk starts a K-quant block (see expand).
+static inline __attribute__((always_inline)) void next_scales(int kind, const uint8_t* row,
+                                                              int64_t blk, block_scales* sc) {
+    if (is_kquant(kind) && blk % (QK_K / QK) == 0)
+        read_block_scales(kind, row + blk / (QK_K / QK) * block_bytes(kind), sc);
 }
 
 #include "q8_dot.h"
@@ -118,10 +149,12 @@ static inline void store(float* y, const float* bias, const float* res, int64_t 
     do {                                                                                   \
         __m256 acc[ROWS][2];                                                               \
         for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();        \
+        block_scales sc;                                                                   \
         for (int64_t blk = 0; blk < nb; blk++) {                                           \
             __m256 v[4];                                                                   \
-            __builtin_prefetch(row + blk * bb / per + PREFETCH_AHEAD);                     \
-            expand(kind, row, blk, v);                                                     \
+            __builtin_prefetch(row + blk * step + PREFETCH_AHEAD);                         \
+            next_scales(kind, row, blk, &sc);                                              \
+            expand(kind, row, blk, &sc, v);                                                \
             for (int r = 0; r < ROWS; r++) {                                               \
                 const float* xr = x + (m + r) * K + blk * QK;                              \
                 acc[r][0] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xr), acc[r][0]);         \
@@ -137,7 +170,7 @@ static inline void store(float* y, const float* bias, const float* res, int64_t 
 static inline __attribute__((always_inline)) void matmul_impl(
     int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K,
     int threads, const float* bias, const float* res) {
-    const int64_t nb = K / QK, bb = block_bytes(kind), per = kind_block_values[kind] / QK;
+    const int64_t nb = K / QK, step = block_bytes(kind) / (block_values(kind) / QK);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t* row = w + n * row_bytes(kind, K);
@@ -161,9 +194,11 @@ static inline __attribute__((always_inline)) void dequantize_impl(
     const int64_t nb = K / QK, rb = row_bytes(kind, K);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
+        block_scales sc;
         for (int64_t blk = 0; blk < nb; blk++) {
             __m256 v[4];
-            expand(kind, w + n * rb, blk, v);
+            next_scales(kind, w + n * rb, blk, &sc);
+            expand(kind, w + n * rb, blk, &sc, v);
             float* o = out + n * K + blk * QK;
             for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
         }
@@ -181,8 +216,8 @@ static void dequantize_x8(int kind, const uint8_t* w, float* out, int64_t N, int
             uint8_t b[34];
             __m256 v[4];
             x8_row_block(kind, g + blk * gb, (int)(n % X8_ROWS), b);
-            if (kind == KIND_Q4_1_X8) expand(KIND_Q4_1, b, 0, v);
-            else expand(KIND_Q8_0, b, 0, v);
+            if (kind == KIND_Q4_1_X8) expand(KIND_Q4_1, b, 0, NULL, v);
+            else expand(KIND_Q8_0, b, 0, NULL, v);
             float* o = out + n * K + blk * QK;
             for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
         }
@@ -206,7 +241,7 @@ static void dequantize_x8(int kind, const uint8_t* w, float* out, int64_t N, int
 
 // Whether W's rows of K values can be read as `kind`: a known kind whose blocks divide K.
 static inline int fits(int kind, int64_t K) {
-    return valid_kind(kind) && K % kind_block_values[kind] == 0;
+    return valid_kind(kind) && K % block_values(kind) == 0;
 }
 
 // y [M, N] = x [M, K] @ W^T. K must be a multiple of the kind's block (32 or 256 values); x

@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void dot_q8_avx2(
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), summ[r] = 0.0f;
     const __m256i ones = _mm256_set1_epi16(1);
-    const int per = (int)(kind_block_values[kind] / QK);  // sub-blocks per block: 1 or 8
+    const int per = (int)(block_values(kind) / QK);  // sub-blocks per block: 1 or 8
     const int64_t bb = block_bytes(kind);
     for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
         const uint8_t* b = wrow + blk0 / per * bb;

@@ -131,11 +131,9 @@ static void unpack_scalar(int kind, const uint8_t* row, int64_t sb, subblock* o)
     }
 }
 
-// AVX2: the same sub-block as vectors. wu: the quants as unsigned bytes (|q| for signed kinds,
-// whose q is ws); dv: the lane scales; m: the offset.
+// AVX2: a sub-block's quants as vectors (its scales: block_scales below). ws: q as signed
+// bytes; wu: the unsigned operand of maddubs, |q| for signed kinds, else q itself.
 typedef struct {
-    __m256 dv;
-    float m;
     __m256i wu, ws;
 } subblock_avx2;
 
@@ -192,21 +190,9 @@ static inline __attribute__((always_inline)) void sub_quants_avx2(int kind, cons
     o->wu = signed_quants(kind) ? _mm256_sign_epi8(q, q) : q;  // |q|: -128 reads as 128
 }
 
-// Sub-block sb of a row on its own (the exact numerics' expansion), its scales read as the
-// scalar reference reads them.
-static inline __attribute__((always_inline)) void unpack_avx2(int kind, const uint8_t* row,
-                                                              int64_t sb, subblock_avx2* o) {
-    int s;
-    const uint8_t* b = sub_block(kind, row, sb, &s);
-    float dv[8];
-    sub_scales(kind, b, s, dv, &o->m);
-    o->dv = _mm256_loadu_ps(dv);
-    sub_quants_avx2(kind, b, s, o);
-}
-
-// The q8 kernel reads a block's scales once for all its sub-blocks (a K-quant's packed 6-bit
-// scales once per 256 values): dv, one per sub-block (Q6_K: one per 16 values), and m, one per
-// sub-block; the same float products as sub_scales.
+// The vector kernels read a block's scales once for all its sub-blocks (a K-quant's packed
+// 6-bit scales once per 256 values): dv, one per sub-block (Q6_K: one per 16 values), and m,
+// one per sub-block; the same float products as sub_scales.
 typedef struct {
     float dv[16];
     float m[8];
