@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,3 +206,16 @@ def test_published_configs_read() -> None:
     assert phi.full_rope.attention_factor == pytest.approx(
         (1 + math.log(32) / math.log(4096)) ** 0.5
     )
+
+
+def test_build_refuses_before_reading_weights(tmp_path: Path) -> None:
+    """The weights file here is not even safetensors: the config is refused first."""
+    import torch
+
+    from specserve.models.registry import build_model
+
+    cfg = config("LlamaForCausalLM", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"unsupported rope type 'dynamic'.*supported: "):
+        build_model(tmp_path, torch.device("cpu"))
