@@ -36,6 +36,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specserve.hashing import cached_sha256
+from specserve.models.loader import gguf_source
 from specserve.models.registry import model_class, read_config, weight_files
 
 logger = logging.getLogger(__name__)
@@ -195,13 +197,16 @@ def fingerprint(model_dir: Path) -> Fingerprint:
 
     config: the architecture as our decoder reads it (`ModelArch.identity`: class + fields), so
     formatting and bookkeeping keys (transformers_version, dtype, ...) do not count. weights:
-    every tensor's name, dtype, shape and bytes in name order, so sharding and file metadata do
-    not count.
+    a GGUF's bytes; for a checkpoint, every tensor's name, dtype, shape and bytes in name order,
+    so sharding and file metadata do not count.
     Medusa files and GGUF blocks beside the weights are excluded.
     """
     cfg = read_config(model_dir)
     arch = model_class(cfg).arch_from_hf(cfg).identity()
     config = hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()
+    source = gguf_source(model_dir)
+    if source is not None:  # a GGUF read in place: its bytes
+        return {"config": config[:16], "weights": cached_sha256(source, model_dir.parent)[:16]}
     files = weight_files(model_dir)
     stamps = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     return {"config": config[:16], "weights": _tensors_sha256(stamps)[:16]}
