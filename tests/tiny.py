@@ -115,6 +115,44 @@ FAMILY_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
+def make_gemma3_multimodal_dir(out_dir: Path, seed: int = 0, with_tokenizer: bool = True) -> Path:
+    """A tiny Gemma3ForConditionalGeneration (a one-layer vision tower beside FAMILY_CONFIG's
+    text model, weights under language_model.*), as Gemma 3 4B and up are published."""
+    import transformers
+
+    text = {
+        "vocab_size": 320,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "eos_token_id": 2,
+        "bos_token_id": 1,
+        **copy.deepcopy(FAMILY_CONFIG["gemma3"]),
+    }
+    vision = {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 28,
+        "patch_size": 14,
+    }
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4
+    )
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).float()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    if with_tokenizer:
+        make_tokenizer(out_dir, 320)
+    return out_dir
+
+
 def noisy_copy(model_dir: Path, out: Path, noise: float = 0.1, seed: int = 1) -> Path:
     """`model_dir` copied to `out` with `noise` x std Gaussian noise on every matrix: a draft
     that agrees with its target often, not always."""

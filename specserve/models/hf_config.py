@@ -39,9 +39,40 @@ class Family:
     qk_norm: bool = False
     scaled_embeddings: bool = False  # embeddings times sqrt(hidden_size)
     local_rope_base: bool = False  # sliding layers' RoPE base is rope_local_base_freq (old form)
+    # a multimodal checkpoint served as text: the decoder's config is config.json's text_config
+    text_config: bool = False
+    renames: tuple[tuple[str, str], ...] = ()  # checkpoint name prefix -> transformers' own
+    ignored: tuple[str, ...] = ()  # checkpoint name prefixes of what is not served (vision)
 
 
 _LLAMA_DEFAULTS = (("rope_theta", 10000.0), ("rms_norm_eps", 1e-6), ("hidden_act", "silu"))
+# Gemma3TextConfig's defaults: a multimodal checkpoint's text_config often lists only a few keys
+_GEMMA3_DEFAULTS = (
+    ("vocab_size", 262_208),
+    ("hidden_size", 2304),
+    ("intermediate_size", 9216),
+    ("num_hidden_layers", 26),
+    ("num_attention_heads", 8),
+    ("num_key_value_heads", 4),
+    ("head_dim", 256),
+    ("max_position_embeddings", 131_072),
+    ("rope_theta", 1_000_000.0),
+    ("rope_local_base_freq", 10_000.0),
+    ("rms_norm_eps", 1e-6),
+    ("hidden_activation", "gelu_pytorch_tanh"),
+    ("sliding_window", 4096),
+    ("sliding_window_pattern", 6),
+    ("query_pre_attn_scalar", 256),
+    ("tie_word_embeddings", True),
+)
+_GEMMA3: dict[str, Any] = dict(
+    windows="gemma",
+    norm="rms_plus_one",
+    sandwich_norms=True,
+    qk_norm=True,
+    scaled_embeddings=True,
+    local_rope_base=True,
+)
 
 FAMILIES: dict[str, Family] = {
     f.architecture: f
@@ -50,26 +81,24 @@ FAMILIES: dict[str, Family] = {
         Family("MistralForCausalLM", "mistral", _LLAMA_DEFAULTS, qkv_bias=False, o_bias=False),
         Family("Qwen2ForCausalLM", "qwen2", _LLAMA_DEFAULTS, "qwen", qkv_bias=True, o_bias=False),
         Family("Qwen3ForCausalLM", "qwen3", _LLAMA_DEFAULTS, "qwen", qk_norm=True),
+        Family("Gemma3ForCausalLM", "gemma3_text", _GEMMA3_DEFAULTS, **_GEMMA3),
         Family(
-            "Gemma3ForCausalLM",
-            "gemma3_text",
-            (
-                ("rope_theta", 1_000_000.0),
-                ("rope_local_base_freq", 10_000.0),
-                ("rms_norm_eps", 1e-6),
-                ("hidden_activation", "gelu_pytorch_tanh"),
-                ("head_dim", 256),
-                ("sliding_window", 4096),
-                ("sliding_window_pattern", 6),
-                ("query_pre_attn_scalar", 256),
-                ("tie_word_embeddings", True),
+            "Gemma3ForConditionalGeneration",  # Gemma 3 4B and up as published: text only
+            "gemma3",
+            _GEMMA3_DEFAULTS,
+            **_GEMMA3,
+            text_config=True,
+            renames=(
+                ("language_model.model.", "model."),
+                ("model.language_model.", "model."),
+                ("language_model.lm_head.", "lm_head."),
             ),
-            "gemma",
-            norm="rms_plus_one",
-            sandwich_norms=True,
-            qk_norm=True,
-            scaled_embeddings=True,
-            local_rope_base=True,
+            ignored=(
+                "vision_tower.",
+                "multi_modal_projector.",
+                "model.vision_tower.",
+                "model.multi_modal_projector.",
+            ),
         ),
         Family(
             "Phi3ForCausalLM",
@@ -109,6 +138,9 @@ def family_of(cfg: dict[str, Any]) -> Family:
 def arch_from_hf(cfg: dict[str, Any]) -> ModelArch:
     """The description of the model config.json describes (ValueError where we cannot)."""
     family = family_of(cfg)
+    if family.text_config:  # the top level's tie_word_embeddings is the one transformers ties by
+        tied = {"tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
+        cfg = {**(cfg.get("text_config") or {}), **tied}
     cfg = {**dict(family.defaults), **{k: v for k, v in cfg.items() if v is not None}}
     _refuse_unsupported(cfg)
     num_heads = cfg["num_attention_heads"]
@@ -149,6 +181,20 @@ def arch_from_hf(cfg: dict[str, Any]) -> ModelArch:
         query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
         final_logit_softcap=cfg.get("final_logit_softcapping"),
     )
+
+
+def checkpoint_name(arch: ModelArch, name: str) -> str | None:
+    """A checkpoint tensor's name as transformers' text model spells it (`model.layers...`);
+    None for a tensor of what is not served."""
+    family = FAMILIES.get(arch.architecture)
+    if family is None:
+        return name
+    if name.startswith(family.ignored):
+        return None
+    for theirs, ours in family.renames:
+        if name.startswith(theirs):
+            return ours + name.removeprefix(theirs)
+    return name
 
 
 def _refuse_unsupported(cfg: dict[str, Any]) -> None:
@@ -194,4 +240,4 @@ def _layer_types(cfg: dict[str, Any], family: Family) -> tuple[LayerType, ...]:
     return types
 
 
-__all__ = ["FAMILIES", "Family", "RopeSpec", "arch_from_hf", "family_of"]
+__all__ = ["FAMILIES", "Family", "RopeSpec", "arch_from_hf", "checkpoint_name", "family_of"]

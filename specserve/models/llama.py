@@ -16,7 +16,7 @@ from torch import nn
 
 from specserve.models.arch import ModelArch, RopeSpec
 from specserve.models.attention import AttentionMetadata
-from specserve.models.hf_config import arch_from_hf
+from specserve.models.hf_config import arch_from_hf, checkpoint_name
 from specserve.models.layer import (  # noqa: F401 (re-exported)
     ROPE_KERNEL_WIDTH,
     DecoderLayer,
@@ -110,7 +110,10 @@ class DecoderLM(nn.Module):
         expected = {f"{n}:{s}" for n in params for s in self._shards_of(n)}
         loaded: set[str] = set()
         for hf_name, tensor in weights:
-            name = hf_name.removeprefix("model.").replace(".self_attn.", ".").replace(".mlp.", ".")
+            served = checkpoint_name(self.arch, hf_name)
+            if served is None:
+                continue
+            name = served.removeprefix("model.").replace(".self_attn.", ".").replace(".mlp.", ".")
             if "rotary_emb" in name or (name == "lm_head.weight" and self.arch.tie_word_embeddings):
                 continue
             prefix, proj, kind = ([*name.rsplit(".", 2), "", ""])[:3]

@@ -13,7 +13,7 @@ from specserve.config import AttentionImpl
 from specserve.models.families import model_class
 from specserve.models.registry import read_config
 from tests.models.test_parity import assert_matches_hf
-from tests.tiny import make_model_dir
+from tests.tiny import make_gemma3_multimodal_dir, make_model_dir
 
 TABLE = [5, 2, 9, 0, 7, 11, 3, 1, 4, 6, 8, 10]  # scattered blocks on purpose
 
@@ -93,3 +93,11 @@ def test_described_as_the_family(tmp_path: Path) -> None:
     assert phi.full_rope.rotary_dim == 8 and phi.window(0) is None
     qwen = model_class(cfgs["qwen3"]).arch_from_hf(cfgs["qwen3"])
     assert qwen.qk_norm and not qwen.sandwich_norms and qwen.activation == "silu"
+
+
+def test_gemma3_multimodal_checkpoint_served_as_text(tmp_path: Path) -> None:
+    """Gemma 3 4B and up are published as Gemma3ForConditionalGeneration: its text model's
+    logits (no image in the prompt), the vision tower's tensors left unread."""
+    model_dir = make_gemma3_multimodal_dir(tmp_path, seed=3, with_tokenizer=False)
+    assert read_config(model_dir)["architectures"] == ["Gemma3ForConditionalGeneration"]
+    assert_matches_hf(model_dir, 320, TABLE, block_size=4)

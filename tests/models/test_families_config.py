@@ -186,6 +186,15 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         "sliding_window": 262144, "tie_word_embeddings": True, "vocab_size": 200064,
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "lm_head_bias": False,
     },
+    "gemma-3-4b-it": {
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                        "model_type": "gemma3_text", "num_hidden_layers": 34,
+                        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+        "image_token_index": 262144, "mm_tokens_per_image": 256,
+    },
 }  # fmt: skip
 
 
