@@ -12,6 +12,7 @@ from specserve import __version__
 from specserve.engine.engine import Engine
 from specserve.kernels import ggml
 from specserve.models.block_linear import block_kinds, block_numerics
+from specserve.models.weight_report import WeightReport
 from specserve.runner.cost import LiveCost
 from specserve.server.context import Ctx
 from specserve.server.info_schemas import (
@@ -23,6 +24,7 @@ from specserve.server.info_schemas import (
     LiveCostCell,
     LiveCostInfo,
     MemoryInfo,
+    ModelWeightsInfo,
     PayoffClass,
     ProfileInfo,
     SpeculationInfo,
@@ -64,6 +66,17 @@ async def info(ctx: Ctx) -> Info:
     return await asyncio.to_thread(ctx.async_engine.run_locked, read)
 
 
+def weights_info(report: WeightReport | None) -> ModelWeightsInfo | None:
+    if report is None:
+        return None
+    return ModelWeightsInfo(
+        bytes_by_type=report.bytes_by_type,
+        block_tensors=report.block_tensors,
+        float32_tensors=report.float32_tensors,
+        expanded_types=report.expanded,
+    )
+
+
 def engine_info(
     engine: Engine, s: ServerSettings, limits: Limits, provenance: Provenance | None
 ) -> Info:
@@ -77,6 +90,7 @@ def engine_info(
         model_numerics=numerics,
         model_q8_kernels=ggml.q8_path() if numerics == "q8" else None,
         model_block_kernel_fallback=res.model.block_kernel_fallback,
+        model_weights=weights_info(res.model.weight_report),
         attention="ragged" if res.runner.ragged else "reference",
         model_device_type=res.device.type,
         max_concurrent_requests=s.max_concurrent_requests,

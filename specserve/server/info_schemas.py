@@ -160,6 +160,13 @@ class MemoryInfo(BaseModel):
     )
 
 
+class ModelWeightsInfo(BaseModel):
+    bytes_by_type: dict[str, int]
+    block_tensors: int
+    float32_tensors: int
+    expanded_types: dict[str, int] = Field(description="GGUF type -> tensors run as float32")
+
+
 class Info(BaseModel):
     model_id: str
     model_sha: str | None = None
@@ -186,6 +193,12 @@ class Info(BaseModel):
         default=None,
         description="why the model's GGUF blocks are not used (the block kernels failed their "
         "start-up product check against the float32 weights); null when they are, or none exist",
+    )
+    model_weights: ModelWeightsInfo | None = Field(
+        default=None,
+        description="a GGUF's tensors: bytes per GGUF type in the file, how many run as block "
+        "rows and as float32, and the quantised types expanded to float32 for lack of a kernel "
+        "here (slower, 4-8x their memory); null for a checkpoint",
     )
     attention: Literal["ragged", "reference"] = Field(
         description="ragged: decode/verify rows read the paged KV cache in place (CPU kernel), "
