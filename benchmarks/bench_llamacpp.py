@@ -27,8 +27,13 @@ llama-cpp-python sdist's vendored source with
 is built on, as in the 2026-12-03 runs of docs/benchmarks.md).
 Without one, the script says so and exits 0.
 
+The model is the embedded Q4_1 GGUF, or `--gguf FILE`, or `--quant TYPE`: the embedded model
+requantised by llama.cpp's own `llama-quantize --allow-requantize` (built beside llama-server by
+scripts/build_llama_server.sh; the file is kept in $SPECSERVE_CACHE/requantised/), so that both
+servers serve the same file of that type (Q4_0, Q5_0, Q4_K_M, Q6_K, Q8_0, ...).
+
 Usage (repo root): python -m benchmarks.bench_llamacpp [--threads 2] [--numerics q8,exact]
-    [--concurrency 16] [--verify-ks 0,1,2,3,4,5,6,7,8] [--json FILE]
+    [--concurrency 16] [--verify-ks 0,1,2,3,4,5,6,7,8] [--quant TYPE | --gguf FILE] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,7 +60,7 @@ from benchmarks.verify_cost import Point
 from specserve.bench.workloads import build_workload
 from specserve.config import Numerics
 from specserve.engine.resources import load_tokenizer
-from specserve.models.loader import embedded_default_gguf, resolve_model_dir
+from specserve.models.loader import DEFAULT_MODEL_FILE, embedded_default_gguf, resolve_model_dir
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,9 @@ def prompts(tokenizer: Any, n: int) -> dict[str, list[list[int]]]:
     return out
 
 
-def hf_greedy(model_dir: Path, ids: list[int]) -> list[int]:
-    """HF transformers' float32 greedy continuation, EOS ignored."""
-    model = _hf_model(model_dir)
+def hf_greedy(gguf: Path, ids: list[int]) -> list[int]:
+    """HF transformers' float32 greedy continuation of the GGUF's weights, EOS ignored."""
+    model = _hf_model(gguf)
     with torch.no_grad():
         out = model(torch.tensor([ids]), use_cache=True)
         tokens: list[int] = []
@@ -100,13 +106,32 @@ def hf_greedy(model_dir: Path, ids: list[int]) -> list[int]:
 _HF: dict[Path, Any] = {}
 
 
-def _hf_model(model_dir: Path) -> Any:
-    if model_dir not in _HF:
+def _hf_model(gguf: Path) -> Any:
+    if gguf not in _HF:
         import transformers
+        import transformers.modeling_utils
 
+        # from_pretrained(gguf_file=...) asks for accelerate but does not use it on the CPU
+        transformers.modeling_utils.is_accelerate_available = lambda: True
         load = transformers.AutoModelForCausalLM.from_pretrained
-        _HF[model_dir] = load(str(model_dir), dtype=torch.float32).eval()
-    return _HF[model_dir]
+        model = load(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        _HF[gguf] = model.eval()
+    return _HF[gguf]
+
+
+def requantised(llama_server: str, qtype: str) -> Path:
+    """The embedded GGUF requantised to `qtype` by llama-quantize (next to llama-server), once."""
+    from specserve.storage import default_cache_dir, private_dir
+
+    out_dir = private_dir(default_cache_dir() / "requantised")
+    out = out_dir / DEFAULT_MODEL_FILE.replace("Q4_1", qtype)
+    if not out.is_file():
+        quantize = Path(llama_server).parent / "llama-quantize"
+        staged = out.with_suffix(".tmp")
+        cmd = [str(quantize), "--allow-requantize", str(embedded_default_gguf()), str(staged)]
+        subprocess.run([*cmd, qtype], check=True, capture_output=True)
+        staged.rename(out)
+    return out
 
 
 def run_side(
@@ -144,23 +169,23 @@ def run_side(
     return results
 
 
-def llama_cmd(binary: str, threads: int, slots: int = 1) -> list[str]:
-    """llama-server on the embedded GGUF: `slots` slots of 2048 tokens each (at least 4096 in
-    all: the longest ~1k-token prompt and its 128 new tokens fit a slot), the same threads for
-    prompt and decode."""
+def llama_cmd(binary: str, gguf: Path, threads: int, slots: int = 1) -> list[str]:
+    """llama-server on the GGUF: `slots` slots of 2048 tokens each (at least 4096 in all: the
+    longest ~1k-token prompt and its 128 new tokens fit a slot), the same threads for prompt
+    and decode."""
     return [
-        binary, "-m", str(embedded_default_gguf()), "--port", "8391", "--host", "127.0.0.1",
+        binary, "-m", str(gguf), "--port", "8391", "--host", "127.0.0.1",
         "-t", str(threads), "-tb", str(threads), "-np", str(slots),
         "-c", str(max(4096, 2048 * slots)), "--no-webui",
     ]  # fmt: skip
 
 
-def specserve_cmd(threads: int, numerics: Numerics = "q8") -> list[str]:
-    """`specserve serve` on the same GGUF (the embedded default), speculation off, and no prefix
-    cache: each prompt is sent twice (a warm-up, then the measured one), and llama.cpp runs with
-    `cache_prompt: false`."""
+def specserve_cmd(gguf: Path, threads: int, numerics: Numerics = "q8") -> list[str]:
+    """`specserve serve` on the same GGUF, speculation off, and no prefix cache: each prompt is
+    sent twice (a warm-up, then the measured one), and llama.cpp runs with `cache_prompt:
+    false`."""
     return [
-        sys.executable, "-m", "specserve.cli", "serve", "--port", "8392",
+        sys.executable, "-m", "specserve.cli", "serve", "--port", "8392", "--model", str(gguf),
         "--num-threads", str(threads), "--speculate", "0", "--no-prefix-caching",
         "--numerics", numerics,
     ]  # fmt: skip
@@ -175,11 +200,11 @@ def load_part(
     """`--concurrency` requests of each length at once, llama-server (`-np`) then specserve q8."""
     crowd = {label: ids[: args.concurrency] for label, ids in every.items()}
     logs, (llama_url, ours_url) = Path(args.logs), urls
-    llama = llama_cmd(args.llama_server, args.threads, args.concurrency)
+    llama = llama_cmd(args.llama_server, args.gguf, args.threads, args.concurrency)
     load = load_side(
         "llama.cpp", llama, llama_url, crowd, tokenizer, logs / "load-llama.log", NEW_TOKENS
     )
-    ours = specserve_cmd(args.threads)
+    ours = specserve_cmd(args.gguf, args.threads)
     load += load_side(
         "specserve q8", ours, ours_url, crowd, tokenizer, logs / "load-ours.log", NEW_TOKENS
     )
@@ -199,6 +224,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--verify-ks", default="0,1,2,3,4,5,6,7,8", help="verify cost ('': skip)")
     p.add_argument("--json", default=None)
     p.add_argument("--logs", default="/tmp", help="where the servers' logs go")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--gguf", type=Path, default=None, help="serve this GGUF on both sides")
+    which.add_argument(
+        "--quant", default=None, help="the embedded model requantised to this type (Q4_K_M, ...)"
+    )
     return p.parse_args()
 
 
@@ -211,19 +241,25 @@ def main() -> None:
         )
         return
     torch.set_num_threads(args.threads)
+    if args.quant:
+        args.gguf = requantised(args.llama_server, args.quant)
+    args.gguf = (args.gguf or embedded_default_gguf()).resolve()
     info = machine_info("benchmarks.bench_llamacpp", sys.argv[1:])
+    info["gguf"] = f"{args.gguf.name} ({args.gguf.stat().st_size} bytes)"
     modes: list[Numerics] = [m for m in ("q8", "exact") if m in args.numerics.split(",")]
-    model_dir = resolve_model_dir(None)
+    model_dir = resolve_model_dir(str(args.gguf))
     tokenizer = load_tokenizer(model_dir)
     every = prompts(tokenizer, max(args.prompts, args.concurrency))
     work = {label: ids[: args.prompts] for label, ids in every.items()}
     for ids in (i for group in every.values() for i in group):  # specserve gets the text
         assert list(tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False)) == ids
-    hf = {tuple(ids): hf_greedy(model_dir, ids) for group in work.values() for ids in group}
+    hf = {tuple(ids): hf_greedy(args.gguf, ids) for group in work.values() for ids in group}
     _HF.clear()
     logs, llama_url, ours_url = Path(args.logs), "http://127.0.0.1:8391", "http://127.0.0.1:8392"
-    sides = [("llama.cpp", llama_cmd(args.llama_server, args.threads), llama_url)]
-    sides += [(f"specserve {m}", specserve_cmd(args.threads, m), ours_url) for m in modes]
+    sides = [("llama.cpp", llama_cmd(args.llama_server, args.gguf, args.threads), llama_url)]
+    sides += [
+        (f"specserve {m}", specserve_cmd(args.gguf, args.threads, m), ours_url) for m in modes
+    ]
     results = [
         r
         for name, cmd, url in sides
