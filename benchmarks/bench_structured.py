@@ -123,7 +123,7 @@ def mask_cost(engine: Any, concurrency: int) -> dict[str, float]:
     spent = [0.0, 0]
     call = GrammarProcessor.__call__
 
-    def timed(self: GrammarProcessor, history: list[int], logits: Any) -> Any:
+    def timed(self: GrammarProcessor, history: Any, logits: Any) -> Any:
         started = time.perf_counter()
         try:
             return call(self, history, logits)

@@ -16,7 +16,10 @@ of request.py, applied to every row scored for the sequence, draft rows included
 
 The processor is a function of the row's history alone. It remembers the output tokens its
 matcher has consumed; each call rolls the matcher back to the longest common prefix with the
-row's output tokens and consumes the rest. So rows of a draft consume the drafted tokens before
+row's output tokens and consumes the rest. Given the engine's `History` (a view of the sequence
+and the row's drafts), it compares only what follows the committed tokens it has already
+checked, since committed output never changes: a row costs O(new tokens + drafts), not
+O(output). So rows of a draft consume the drafted tokens before
 them, drafts rejected in one step are undone in the next, and a preempted sequence that is
 recomputed replays the same states: the mask of a row never depends on what else ran. A draft
 token the grammar forbids cannot be consumed; the rows after it are left unmasked and never
@@ -33,7 +36,7 @@ import json
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, abc
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -41,7 +44,7 @@ from typing import Any
 import torch
 
 from specserve.kernels.attention import mask_logits
-from specserve.request import GrammarSpec
+from specserve.request import GrammarSpec, History
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_SIZE = 128  # compiled grammars kept (each a few hundred KB at most)
@@ -270,6 +273,11 @@ class GrammarProcessor:
         self.eos_ids = eos_ids
         self.tokenizer = tokenizer  # llguidance's, for the forced text
         self.consumed: list[int] = []  # output tokens the matcher has taken, in order
+        # The sequence's committed output (learnt from the first `History`): it only grows, so
+        # consumed[:stable] == committed[:stable] stays true once checked, and each call
+        # compares only what came after (O(new tokens + drafts), not O(output)).
+        self.committed: list[int] | None = None
+        self.stable = 0
         self.bits = torch.empty((vocab_size + 31) // 32, dtype=torch.int32)
         self.slow = 0  # masks in a row that took over SLOW_MASK_S
 
@@ -278,7 +286,8 @@ class GrammarProcessor:
         tokens): the forced bytes' own tokenization, cut where the grammar would refuse it. A
         forced string is not a forced tokenization (the model may split it otherwise), so these
         are a draft for verification to decide, not tokens to commit."""
-        if limit <= 0 or not self.advance(output):
+        done = self._follow([]) if output is self.committed else self.advance(output)
+        if limit <= 0 or not done:
             return []
         text = self.matcher.compute_ff_bytes()
         if not text:
@@ -286,8 +295,13 @@ class GrammarProcessor:
         tokens = list(self.tokenizer.tokenize_bytes(text))[:limit]
         return tokens[: self.matcher.validate_tokens(tokens)]
 
-    def __call__(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
-        if not self.advance(history[self.prompt_len :]):
+    def __call__(self, history: abc.Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        if isinstance(history, History) and len(history.seq.prompt_ids) == self.prompt_len:
+            self.committed = history.seq.output_ids
+            done = self._follow(history.drafts)
+        else:
+            done = self.advance(list(history[self.prompt_len :]))
+        if not done:
             return logits  # after a forbidden draft token: a row verification never uses
         started = time.thread_time()
         bits = self.bits  # a bit per token, llguidance's layout: 1 allowed
@@ -312,16 +326,36 @@ class GrammarProcessor:
 
     def advance(self, output: list[int]) -> bool:
         """Bring the matcher to the state after `output`; False if the grammar forbids one of
-        its tokens (the matcher then stands after the longest allowed prefix)."""
+        its tokens (the matcher then stands after the longest allowed prefix). Compares the
+        whole of `output`: the engine's rows take `_follow` instead."""
         keep = 0
         for a, b in zip(self.consumed, output, strict=False):
             if a != b:
                 break
             keep += 1
+        self.stable = min(self.stable, keep)
+        return self._consume(keep, output[keep:])
+
+    def _follow(self, drafts: list[int]) -> bool:
+        """`advance` to the committed output and then `drafts`, comparing only past `stable`."""
+        committed = self.committed
+        assert committed is not None
+        n, keep = len(committed), self.stable
+        while keep < len(self.consumed) and keep < n + len(drafts):
+            want = committed[keep] if keep < n else drafts[keep - n]
+            if self.consumed[keep] != want:
+                break
+            keep += 1
+        rest = committed[keep:] + drafts[max(0, keep - n) :]
+        done = self._consume(keep, rest)
+        self.stable = min(len(self.consumed), n)
+        return done
+
+    def _consume(self, keep: int, rest: list[int]) -> bool:
+        """Roll the matcher back to its first `keep` tokens, then consume `rest`."""
         if keep < len(self.consumed):
             self.matcher.rollback(len(self.consumed) - keep)
             del self.consumed[keep:]
-        rest = output[keep:]
         if not rest:
             return True
         taken = self.matcher.try_consume_tokens(rest)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import enum
 import math
 import time
+from collections import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
 
 if TYPE_CHECKING:
     import torch
@@ -16,9 +19,10 @@ if TYPE_CHECKING:
 FinishReason = str  # "length" | "eos" | "stop" | "abort" | "error"
 
 # A per-request logits processor: (the token ids before the row's position, prompt and drafts
-# before it included; the row's logits [vocab] float32) -> the logits to sample from [vocab]. It
-# may write the row in place. Grammars (specserve/grammar.py) plug in here.
-LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
+# before it included: a `History` from the engine, read-only; the row's logits [vocab] float32)
+# -> the logits to sample from [vocab]. It may write the row in place. Grammars
+# (specserve/grammar.py) plug in here.
+LogitsProcessor = Callable[[abc.Sequence[int], "torch.Tensor"], "torch.Tensor"]
 
 
 GRAMMAR_KINDS = ("json_schema", "regex", "lark")
@@ -140,6 +144,44 @@ class DraftPause:
     next_pause: int = 1
 
 
+class SeenTokens:
+    """The distinct tokens of a sequence's prompt and output, kept as the output grows
+    (amortised O(1) a token): what a repetition penalty reads, without a set of the whole
+    history built for every row. The output only ever grows (tokens are appended)."""
+
+    def __init__(self) -> None:
+        self._ids = np.empty(64, dtype=np.int64)  # [capacity]; the first `_n` are distinct
+        self._n = 0
+        self._set: set[int] = set()
+        self._counted = 0  # tokens of prompt + output taken in so far
+
+    def ids(self, seq: Sequence) -> np.ndarray:  # [distinct] int64, a view
+        """The distinct tokens of `seq`'s prompt and output, in first-seen order."""
+        n = len(seq.prompt_ids)
+        if self._counted < n:
+            self._take(seq.prompt_ids[self._counted :])
+            self._counted = n
+        if self._counted < seq.num_tokens:
+            self._take(seq.output_ids[self._counted - n :])
+            self._counted = seq.num_tokens
+        return self._ids[: self._n]
+
+    def has(self, token: int) -> bool:
+        return token in self._set
+
+    def _take(self, tokens: list[int]) -> None:
+        new = [t for t in dict.fromkeys(tokens) if t not in self._set]
+        if not new:
+            return
+        self._set.update(new)
+        if self._n + len(new) > len(self._ids):
+            grown = np.empty(max(2 * len(self._ids), self._n + len(new)), dtype=np.int64)
+            grown[: self._n] = self._ids[: self._n]
+            self._ids = grown
+        self._ids[self._n : self._n + len(new)] = new
+        self._n += len(new)
+
+
 @dataclass
 class Sequence:
     """One request's live state. Tokens = prompt + output; KV holds the first `num_computed`."""
@@ -166,6 +208,7 @@ class Sequence:
     # Applied in order to every logits row scored for this sequence, draft rows included, before
     # the sampling parameters (runner/sampler.py).
     logits_processors: tuple[LogitsProcessor, ...] = ()
+    seen: SeenTokens = field(default_factory=SeenTokens, repr=False)  # for the penalty
 
     @property
     def token_ids(self) -> list[int]:
@@ -196,6 +239,55 @@ class Sequence:
     def tokens_left(self) -> int:
         """Output tokens still allowed by max_new_tokens."""
         return self.params.max_new_tokens - len(self.output_ids)
+
+
+class History(abc.Sequence[int]):
+    """The tokens before a scored row without copying them: `seq`'s prompt and output, then
+    `drafts` (the row's drafted tokens before it). What the engine hands a row's penalty and
+    logits processors; readers that know it (the grammar, the penalty) take only what changed
+    since their last row, so a row's work does not grow with the context."""
+
+    __slots__ = ("drafts", "seq")
+
+    def __init__(self, seq: Sequence, drafts: list[int]) -> None:
+        self.seq = seq
+        self.drafts = drafts
+
+    def __len__(self) -> int:
+        return self.seq.num_tokens + len(self.drafts)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        n = self.seq.num_tokens
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return self.tokens()[i]
+            return (
+                self.seq.token_slice(start, min(stop, n))
+                + self.drafts[max(0, start - n) : max(0, stop - n)]
+            )
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("history index out of range")
+        if i >= n:
+            return self.drafts[i - n]
+        prompt = self.seq.prompt_ids
+        return prompt[i] if i < len(prompt) else self.seq.output_ids[i - len(prompt)]
+
+    def tokens(self) -> list[int]:
+        """All of it as a list (a copy: O(context))."""
+        return self.seq.token_ids + self.drafts
+
+    def seen_ids(self) -> np.ndarray:  # [distinct] int64
+        """Its distinct tokens (drafts included), without a pass over the context."""
+        ids = self.seq.seen.ids(self.seq)
+        extra = [t for t in dict.fromkeys(self.drafts) if not self.seq.seen.has(t)]
+        return np.concatenate([ids, np.array(extra, dtype=np.int64)]) if extra else ids
 
 
 @dataclass(frozen=True)

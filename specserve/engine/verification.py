@@ -16,6 +16,7 @@ import torch
 
 from specserve.engine.live import describe
 from specserve.engine.plan import SeqPlan, StepPlan
+from specserve.request import History
 from specserve.runner.sampler import SampleRow, pick_tokens, processed_logits
 from specserve.speculation.verify import VerifyResult, verify_deterministic, verify_sampled
 
@@ -45,11 +46,11 @@ def sample_rows(plan: StepPlan) -> list[SampleRow]:
     for p in plan.sampling:
         seq, extra = p.seq, p.draft_tokens
         processors = seq.logits_processors
-        # Only a repetition penalty and the processors read the history: skip copying the
-        # context otherwise.
-        ctx = seq.token_ids if seq.params.repetition_penalty != 1.0 or processors else []
+        # Only a repetition penalty and the processors read the history: a view of the
+        # sequence and the drafts before the row, nothing copied.
+        reads = seq.params.repetition_penalty != 1.0 or bool(processors)
         for i in range(len(extra) + 1):
-            history = ctx + extra[:i] if ctx else []
+            history = History(seq, extra[:i]) if reads else []
             rows.append(SampleRow(seq.params, history, len(seq.output_ids) + i, processors))
     return rows
 

@@ -8,12 +8,13 @@ verification reproduce seeded outputs exactly: accept a draft iff it equals this
 
 from __future__ import annotations
 
+from collections import abc
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from specserve.request import LogitsProcessor, SamplingParams
+from specserve.request import History, LogitsProcessor, SamplingParams
 
 _M32 = 0xFFFFFFFF
 _M64 = 0xFFFFFFFFFFFFFFFF
@@ -24,10 +25,10 @@ class SampleRow:
     """One logits row to turn into a token."""
 
     params: SamplingParams
-    # Tokens before this position (prompt + output + earlier drafts); read only by the
-    # repetition penalty and the processors, so callers may leave it empty when the penalty is 1
-    # and there are none.
-    history: list[int]
+    # Tokens before this position (prompt + output + earlier drafts): the engine's `History`
+    # view, or a list; read only by the repetition penalty and the processors, so callers may
+    # leave it empty when the penalty is 1 and there are none.
+    history: abc.Sequence[int]
     out_pos: int  # output position t being sampled (0 = first generated token)
     processors: tuple[LogitsProcessor, ...] = ()  # the request's, applied first
 
@@ -69,11 +70,17 @@ def counter_uniform(seed: int, position: int, vocab_size: int) -> torch.Tensor:
     return (h.double() + 0.5) / 2.0**32
 
 
-def apply_repetition_penalty(logits: torch.Tensor, history: list[int], penalty: float) -> None:
-    """In place on [V]: divide positive logits of seen tokens by penalty, multiply negative ones."""
+def apply_repetition_penalty(
+    logits: torch.Tensor, history: abc.Sequence[int], penalty: float
+) -> None:
+    """In place on [V]: divide positive logits of seen tokens by penalty, multiply negative ones.
+    The seen tokens of a `History` are kept as its sequence grows (no pass over the context)."""
     if penalty == 1.0 or not history:
         return
-    idx = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+    if isinstance(history, History):
+        idx = torch.from_numpy(history.seen_ids()).to(logits.device)
+    else:
+        idx = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
     seen = logits[idx]
     logits[idx] = torch.where(seen > 0, seen / penalty, seen * penalty)
 

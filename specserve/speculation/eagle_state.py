@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specserve.request import Sequence
+from specserve.request import History, Sequence
 from specserve.runner.sampler import SampleRow, sample_row
 from specserve.speculation.eagle_native import Lane
 from specserve.speculation.proposer import Draft
@@ -97,9 +97,8 @@ class Chain:
         seq = self.seq
         full = torch.full((vocab_size,), float("-inf"), device=logits.device)
         full[vocab] = logits
-        row = SampleRow(
-            seq.params, seq.token_ids + self.tokens, len(seq.output_ids) + j, seq.logits_processors
-        )
+        history = History(seq, list(self.tokens))  # a view: nothing of the context copied
+        row = SampleRow(seq.params, history, len(seq.output_ids) + j, seq.logits_processors)
         picked = sample_row(full, row)
         if not math.isfinite(picked.logprob):  # the request allows no draft id: the chain ends
             self.dead = True

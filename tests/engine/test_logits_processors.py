@@ -3,7 +3,7 @@ request, draft rows included, before the sampling parameters; other requests nev
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, abc
 from pathlib import Path
 
 import pytest
@@ -26,13 +26,13 @@ class Ban:
         self.token = token
         self.seen: list[list[int]] = []
 
-    def __call__(self, ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: abc.Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         self.seen.append(list(ids))
         logits[self.token] = float("-inf")
         return logits
 
 
-def unchanged(ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+def unchanged(ids: abc.Sequence[int], logits: torch.Tensor) -> torch.Tensor:
     del ids
     return logits
 
