@@ -7,7 +7,8 @@ logit soft-capping, ...) is refused here, from config.json alone, before any wei
 
 Tensor names are transformers' own: our modules are named as theirs, less `model.`,
 `self_attn.` and `mlp.`, with q/k/v and gate/up fused (`DecoderLM.load_hf_weights`); a family
-whose checkpoint stores them fused already (Phi-3) loads as is.
+whose checkpoint stores them fused already (Phi-3) loads as is, and one whose text model sits
+under another prefix (a multimodal checkpoint) says so in its record (`checkpoint_name`).
 """
 
 from __future__ import annotations
