@@ -7,9 +7,12 @@ decode to."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
@@ -32,7 +35,21 @@ _LAYER = {
 }
 
 
-def gguf_name(hf: str) -> str:
+# where a family's converter names a tensor otherwise (llama.cpp's tensor tables)
+_LAYER_BY_ARCH = {
+    "gemma3": {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    },
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+}
+_LAYER.update({"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"})
+
+
+def gguf_name(hf: str, arch: str = "llama") -> str:
+    if not hf.startswith(("model.", "lm_head.")):
+        return hf  # already a GGUF name (rope_freqs.weight)
     if hf == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf == "lm_head.weight":
@@ -40,7 +57,8 @@ def gguf_name(hf: str) -> str:
     if hf == "model.norm.weight":
         return "output_norm.weight"
     _, _, layer, *inner, kind = hf.split(".")
-    return f"blk.{layer}.{_LAYER['.'.join(inner)]}.{kind}"
+    part = ".".join(inner)
+    return f"blk.{layer}.{_LAYER_BY_ARCH.get(arch, {}).get(part) or _LAYER[part]}.{kind}"
 
 
 def random_k_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -78,6 +96,7 @@ def write_gguf(
 
     cfg = json.loads((model_dir / "config.json").read_text())
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     w = GGUFWriter(str(out), arch)
     w.add_name(out.stem)
     w.add_block_count(cfg["num_hidden_layers"])
@@ -86,15 +105,23 @@ def write_gguf(
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
-    _add_tokenizer(w, model_dir, cfg)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    partial = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get(
+        "partial_rotary_factor", 1.0
+    )
+    rope_dims = int(head_dim * partial)
+    w.add_rope_dimension_count(rope_dims)
     tensors = load_file(str(model_dir / "model.safetensors"))
+    _add_family(w, arch, cfg, head_dim, tensors)
+    _add_tokenizer(w, model_dir, cfg)
     for i, (hf, value) in enumerate(sorted(tensors.items())):
-        name = gguf_name(hf)
+        name = gguf_name(hf, arch)
         data = value.astype(np.float32)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            data = data + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             data = _permute(data, heads if "attn_q" in name else kv_heads)
         t = qtype(name) if data.ndim == 2 else T.F32
@@ -108,6 +135,41 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _add_family(
+    w: GGUFWriter, arch: str, cfg: dict[str, Any], head_dim: int, tensors: dict[str, np.ndarray]
+) -> None:
+    """What llama.cpp's converter writes of each family's RoPE, window and scales."""
+    rope = cfg.get("rope_parameters") or {}
+    if arch == "gemma3":
+        rope = rope.get("full_attention", rope)
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 2)  # the tiny model's
+        w.add_float32("gemma3.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
+        assert cfg["layer_types"] == ["sliding_attention", "full_attention"]
+    w.add_rope_freq_base(rope.get("rope_theta") or cfg["rope_theta"])
+    kind = rope.get("rope_type", "default")
+    if kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    elif kind == "llama3":  # the frequency factors, as llama.cpp's converter computes them
+        base, factor = rope["rope_theta"], rope["factor"]
+        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+        old = rope["original_max_position_embeddings"]
+        factors = []
+        for i in range(0, head_dim, 2):
+            wavelen = 2 * math.pi * base ** (i / head_dim)
+            if wavelen < old / high:
+                factors.append(1.0)
+            elif wavelen > old / low:
+                factors.append(factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                factors.append(1 / ((1 - smooth) / factor + smooth))
+        tensors["rope_freqs.weight"] = np.array(factors, dtype=np.float32)
+    else:
+        assert kind == "default", kind
 
 
 def _add_tokenizer(w: GGUFWriter, model_dir: Path, cfg: dict[str, object]) -> None:

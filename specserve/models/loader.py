@@ -33,6 +33,7 @@ from specserve.hashing import (
     unsealed_reason,
     write_json_atomically,
 )
+from specserve.models.gguf_config import config_from_gguf
 from specserve.models.gguf_file import GGUFError, GGUFFile
 from specserve.storage import default_cache_dir, private_dir
 
@@ -186,30 +187,22 @@ def _publish(staging: Path, target: Path) -> None:
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json and the tokenizer files for `gguf_path`: no weights. The header is
-    checked and the architecture refused first, before the tokenizer is converted."""
-    from transformers import AutoConfig, AutoTokenizer
+    """Write config.json (from the GGUF's metadata, models/gguf_config.py) and the tokenizer
+    files for `gguf_path`: no weights. The header is checked and the model refused first,
+    before the tokenizer is converted."""
+    from transformers import AutoTokenizer
 
     from specserve.models.families import model_class
 
-    gguf = open_gguf(gguf_path)
-    parent, name = str(gguf_path.parent), gguf_path.name
     try:
-        config = AutoConfig.from_pretrained(parent, gguf_file=name)
-    except Exception as exc:
-        raise ModelLoadError(
-            f"{gguf_path}: architecture {gguf.architecture!r} is not one we can read: {exc}"
-        ) from exc
-    try:
-        model_class(config.to_dict())
-    except ValueError as exc:
+        config = config_from_gguf(open_gguf(gguf_path))
+        model_class(config)
+    except (ValueError, KeyError, TypeError) as exc:  # UnsupportedGGUF, a missing key
         raise ModelLoadError(f"{gguf_path}: {exc}") from None
-    del gguf  # the tokenizer reads the file by itself
     try:
-        tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as exc:
         raise ModelLoadError(f"{gguf_path}: its tokenizer cannot be converted: {exc}") from exc
-    config.dtype = "float32"
-    config.save_pretrained(out_dir)
+    write_json_atomically(out_dir / "config.json", config)
     # The chat template stays inside tokenizer_config.json, where readers of the contract look.
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)

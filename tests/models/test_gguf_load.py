@@ -61,6 +61,15 @@ def test_a_gguf_loads_to_transformers_logits(
     gguf = write_gguf(tiny_hf, tmp_path / "tiny.gguf", mix)
     model_dir = resolve_model_dir(str(gguf), tmp_path / "cache")
     assert not list(model_dir.glob("*.safetensors"))  # nothing dequantised into the cache
+    ours, theirs = (
+        transformers.AutoTokenizer.from_pretrained(str(d)) for d in (model_dir, tiny_hf)
+    )
+    text = "<|im_start|>user\ndef add(a, b): the quick brown fox<|im_end|>"
+    assert ours.encode(text) == theirs.encode(text)  # special tokens included
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False) == theirs.apply_chat_template(
+        chat, tokenize=False
+    )
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=gguf.name, dtype=torch.float32
     ).eval()
