@@ -12,6 +12,8 @@ from specserve.engine.engine import Engine
 class ServerSettings:
     # Name served in /info and /v1/models (the --model value, or the embedded default's name).
     model_id: str
+    # Every name a request's `model` may use (--served-model-name); () = model_names(model_id).
+    model_names: tuple[str, ...] = ()
     # Longest prompt in tokens; None = the context window minus one.
     max_input_tokens: int | None = None
     # Generation requests in flight (running + queued) before new ones get 429.
@@ -114,7 +116,7 @@ class Limits:
             speculate=engine.config.spec.speculate,
             max_stop_sequences=settings.max_stop_sequences,
             vocab_size=engine.res.model.arch.vocab_size,
-            model_names=model_names(settings.model_id),
+            model_names=settings.model_names or model_names(settings.model_id),
             max_choices=settings.max_choices,
             max_prompt_chars=total * longest_token_chars(engine.tokenizer),
         )

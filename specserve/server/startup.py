@@ -16,6 +16,7 @@ import gc
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specserve.cli_args import engine_config
@@ -23,9 +24,10 @@ from specserve.cli_flags import Option
 from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
+from specserve.models.gguf_file import GGUFError, GGUFFile
 from specserve.server.keyfile import api_keys
 from specserve.server.provenance import ProfileChoice, Provenance, load_choice, review
-from specserve.server.settings import ServerSettings
+from specserve.server.settings import ServerSettings, model_names
 
 logger = logging.getLogger("specserve.serve")
 
@@ -39,6 +41,14 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "127.0.0.1",
     ),
     Option("--port", "PORT", "port to listen on", 8080, int),
+    Option(
+        "--served-model-name",
+        "SERVED_MODEL_NAME",
+        "names requests address the model by (`model`), comma-separated; the first is the id "
+        "/v1/models lists. Default: the --model value and its last path part; for a GGUF "
+        "file its stem (the id) and its general.name too; for the embedded model its HF name",
+        None,
+    ),
     Option(
         "--max-input-tokens",
         "MAX_INPUT_TOKENS",
@@ -180,8 +190,10 @@ def with_profile(values: Mapping[str, Any]) -> tuple[dict[str, Any], ProfileChoi
 def server_settings(values: Mapping[str, Any]) -> ServerSettings:
     """The serve-side limits the values say. A fleet pool's values have no ingress flags (API
     key, body size): its replicas take the defaults, and the fleet's ingress applies those."""
+    model_id, names = served_names(values.get("served_model_name"), values["model"])
     return ServerSettings(
-        model_id=values["model"] or DEFAULT_MODEL_ID,
+        model_id=model_id,
+        model_names=names,
         max_input_tokens=values["max_input_tokens"],
         max_concurrent_requests=values["max_concurrent_requests"],
         max_choices=values["max_choices"],
@@ -189,6 +201,30 @@ def server_settings(values: Mapping[str, Any]) -> ServerSettings:
         max_body_bytes=values.get("max_body_bytes", ServerSettings.max_body_bytes),
         private_metrics=values.get("private_metrics", False),
     )
+
+
+def served_names(explicit: str | None, model: str | None) -> tuple[str, tuple[str, ...]]:
+    """The model's id and every name a request may address it by (see --served-model-name)."""
+    if explicit:
+        names = tuple(dict.fromkeys(n.strip() for n in explicit.split(",") if n.strip()))
+        if not names:
+            raise ValueError("--served-model-name names no name")
+        return names[0], names
+    if model is None:
+        return DEFAULT_MODEL_ID, model_names(DEFAULT_MODEL_ID)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        found = [path.stem, *model_names(model), _gguf_name(path)]
+        return path.stem, tuple(dict.fromkeys(n for n in found if n))
+    return model, model_names(model)
+
+
+def _gguf_name(path: Path) -> str:
+    """The GGUF's general.name ("" where the header does not read: loading says why)."""
+    try:
+        return GGUFFile(path).string("general.name")
+    except GGUFError:
+        return ""
 
 
 def freeze_startup_heap() -> int:
