@@ -76,9 +76,9 @@ def test_draft_model_of_another_family_is_lossless(tmp_path: Path) -> None:
     """Any pair sharing a tokenizer: a Gemma 3 target, a Qwen3 draft."""
     target = make_model_dir(tmp_path / "target", "gemma3")
     draft = make_model_dir(tmp_path / "draft", "qwen3", seed=1)
-    prompts = LOOPY[:2] + mixed_prompts(2, seed=7)
-    want = run_all(make_engine(target), prompts, greedy(16))
+    prompts = LOOPY[:1] + mixed_prompts(1, seed=7)
+    want = run_all(make_engine(target), prompts, greedy(12))
     engine = make_engine(target, speculate=3, proposer="draft", draft_model=str(draft))
-    assert run_all(engine, prompts, greedy(16)) == want
+    assert run_all(engine, prompts, greedy(12)) == want
     assert engine.stats.proposer.drafted_tokens > 0
     assert_no_kv_held(engine)
