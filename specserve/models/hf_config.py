@@ -153,6 +153,8 @@ def arch_from_hf(cfg: dict[str, Any]) -> ModelArch:
     local = rope_spec(cfg, "sliding_attention", head_dim, max_position, family.local_rope_base)
     if rope.kind == "longrope":  # served with its short factors: only within their context
         max_position = min(max_position, rope.original_max_position)
+    if rope.kind == "yarn":  # what YaRN stretches the original context to (as vLLM serves it)
+        max_position = max(max_position, int(rope.original_max_position * rope.factor))
     attention_bias = bool(cfg.get("attention_bias", False))
     return ModelArch(
         vocab_size=cfg["vocab_size"],

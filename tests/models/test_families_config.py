@@ -204,6 +204,10 @@ def test_published_configs_read() -> None:
     assert refusal(llama) is None
     qwen = arch_from_hf(PUBLISHED["Qwen3-0.6B"])
     assert qwen.qk_norm and qwen.sliding_window is None and qwen.full_rope.theta == 1e6
+    assert qwen.max_position == 40960
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    qwen_long = arch_from_hf({**PUBLISHED["Qwen3-0.6B"], "rope_scaling": yarn})  # its model card's
+    assert qwen_long.full_rope.kind == "yarn" and qwen_long.max_position == 131072
     gemma = arch_from_hf(PUBLISHED["gemma-3-270m-it"])
     assert [gemma.layer_type(i) for i in range(6)] == ["sliding"] * 5 + ["full"]
     assert gemma.layer_type(17) == "full" and gemma.sliding_window == 512
