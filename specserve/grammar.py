@@ -37,6 +37,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, abc
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -117,6 +118,7 @@ def grammar_text(spec: GrammarSpec) -> str:
     from llguidance import LLMatcher
 
     if spec.kind == "json_schema":
+        check_json_depth(spec.source, "the JSON schema")
         try:
             schema = json.loads(spec.source)
         except json.JSONDecodeError as exc:
@@ -148,7 +150,68 @@ def lark_schemas(text: str) -> list[object]:
             found.append(decoder.raw_decode(text, match.end())[0])
         except json.JSONDecodeError:
             continue
+        except RecursionError as exc:
+            raise ValueError(f"a %json schema is nested over {MAX_JSON_DEPTH} levels") from exc
+        check_value_depth(found[-1], "a %json schema")
     return found
+
+
+# The deepest JSON nesting accepted in what clients send to be parsed or walked (a schema, a
+# tool call's arguments): far past any real schema, far below where Python's recursion (the
+# json module, json.dumps, a recursive walk) overflows, near 1000 frames.
+MAX_JSON_DEPTH = 100
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def json_depth(text: str, stop_past: int = MAX_JSON_DEPTH) -> int:
+    """How deep `text`'s arrays and objects nest (brackets inside strings ignored), without
+    parsing it; the count stops once past `stop_past`."""
+    depth = deepest = 0
+    for match in _JSON_TOKEN.finditer(text):
+        c = match.group()
+        if c in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_past:
+                    break
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def check_json_depth(text: str, what: str) -> None:
+    """ValueError naming `what` if JSON text `text` nests deeper than MAX_JSON_DEPTH: checked
+    before parsing it, which would overflow the stack (RecursionError) ~1000 levels down."""
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"{what} is nested over {MAX_JSON_DEPTH} levels deep")
+
+
+def value_depth(value: object, stop_past: int = MAX_JSON_DEPTH) -> int:
+    """How deep a parsed JSON value's lists and dicts nest, walked without recursion; the walk
+    stops once past `stop_past`."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > stop_past:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_value_depth(value: object, what: str) -> None:
+    """ValueError naming `what` if a parsed value nests deeper than MAX_JSON_DEPTH (json.dumps
+    and recursive walks of it would overflow the stack)."""
+    if value_depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"{what} is nested over {MAX_JSON_DEPTH} levels deep")
 
 
 def check_regex(pattern: str) -> None:
@@ -161,16 +224,22 @@ def check_regex(pattern: str) -> None:
         )
 
 
-def schema_patterns(node: object) -> list[str]:
-    """The regexes of a JSON schema: every `pattern` and `patternProperties` key."""
-    if isinstance(node, list):
-        return [p for item in node for p in schema_patterns(item)]
-    if not isinstance(node, dict):
-        return []
-    found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
-    if isinstance(node.get("patternProperties"), dict):
-        found += list(node["patternProperties"])
-    return found + [p for value in node.values() for p in schema_patterns(value)]
+def schema_patterns(schema: object) -> list[str]:
+    """The regexes of a JSON schema: every `pattern` and `patternProperties` key. Walked
+    without recursion, so any depth the parser produced is safe."""
+    found: list[str] = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                found.append(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                found += list(node["patternProperties"])
+            stack.extend(node.values())
+    return found
 
 
 class Grammars:

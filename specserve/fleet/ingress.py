@@ -219,7 +219,7 @@ async def _model_of(request: Request) -> str | None:
         return None
     try:
         body = json.loads(await request.body() or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return None  # the route answers the malformed body
     if not isinstance(body, dict):
         return None

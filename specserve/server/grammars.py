@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specserve.grammar import check_json_depth, check_value_depth
 from specserve.request import GrammarSpec
 from specserve.server.errors import invalid
 
@@ -23,11 +24,16 @@ def schema_spec(schema: Any, field: str) -> GrammarSpec:
     """A JSON schema (an object, or its JSON text) as a spec. Its keys keep their order: the
     output's keys come in the order of `properties`, as the client's model declares them (the
     same schema sent twice, in the same order, compiles once)."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise invalid(field, f"is not valid JSON: {exc}") from exc
+    try:
+        if isinstance(schema, str):
+            check_json_depth(schema, "the schema")  # before parsing: json.loads would overflow
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise invalid(field, f"is not valid JSON: {exc}") from exc
+        check_value_depth(schema, "the schema")  # before json.dumps and the schema's walks
+    except ValueError as exc:
+        raise invalid(field, str(exc)) from exc
     if not isinstance(schema, dict):
         raise invalid(field, f"must be a JSON schema object; got {type(schema).__name__}")
     return GrammarSpec("json_schema", json.dumps(schema))

@@ -24,7 +24,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from specserve.grammar import JSON_OPTIONS
+from specserve.grammar import (
+    JSON_OPTIONS,
+    MAX_JSON_DEPTH,
+    check_json_depth,
+    check_value_depth,
+    json_depth,
+)
 from specserve.request import GrammarSpec
 from specserve.server.errors import invalid
 
@@ -82,6 +88,10 @@ def parse_tools(tools: list[dict[str, Any]] | None) -> tuple[Tool, ...]:
             params = {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise invalid(field + ".function.parameters", "must be a JSON schema object")
+        try:  # before json.dumps (the prompt, the grammar) and the schema's walks
+            check_value_depth(params, "the schema")
+        except ValueError as exc:
+            raise invalid(field + ".function.parameters", str(exc)) from exc
         description = fn.get("description") or ""
         if not isinstance(description, str):
             raise invalid(field + ".function.description", "must be a string")
@@ -142,8 +152,8 @@ def _call_grammar(tools: list[Tool] | tuple[Tool, ...]) -> GrammarSpec:
 
 def as_call(text: str, plan: ToolPlan) -> dict[str, Any] | None:
     """The reply as an OpenAI tool call, if it is one (else None: a text reply)."""
-    if not plan.calls or not text.startswith("{"):
-        return None
+    if not plan.calls or not text.startswith("{") or json_depth(text) > MAX_JSON_DEPTH:
+        return None  # too deep to parse safely: the reply stays text
     try:
         value = json.loads(text)
     except json.JSONDecodeError:  # cut short by max_tokens: not a call
@@ -164,8 +174,13 @@ def calls_text(calls: list[dict[str, Any]], field: str) -> str:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise invalid(field, 'each must be {"type": "function", "function": {"name", ...}}')
+        text = fn.get("arguments") or "{}"
+        try:  # before parsing: json.loads would overflow the stack
+            check_json_depth(text if isinstance(text, str) else "", "arguments")
+        except ValueError as exc:
+            raise invalid(field, str(exc)) from exc
         try:
-            arguments = json.loads(fn.get("arguments") or "{}")
+            arguments = json.loads(text)
         except (TypeError, json.JSONDecodeError) as exc:
             raise invalid(field, f"arguments must be a JSON string: {exc}") from exc
         call_json = {"name": fn["name"], "arguments": arguments}
