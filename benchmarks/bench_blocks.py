@@ -26,7 +26,9 @@ Usage (repo root, after the default model has been loaded once so its cache exis
     python -m benchmarks.bench_blocks --kinds [--threads 2] [--repeats 20]
 --kinds: instead, the q8 product of one matrix per GGUF kind (random blocks with valid scales)
 at M = 1 and 16, shapes N x K = 1536 x 768 and 576 x 1536 (K a multiple of the K-quants' 256),
-against Q4_1 as GGUF stores it and as BlockLinear interleaves it (Q4_1_X8).
+plain rows and, for each kind that has one, the interleaved form BlockLinear repacks them to
+(*_X8), against Q4_1 as GGUF stores it and as interleaved (Q4_1_X8); "x8 / plain": an
+interleaved kind's time over its plain kind's.
 --scalar: the q8 column on the scalar reference instead of the vector path. --cpu-clock: time
 by the process's CPU time instead of the wall clock (on a shared machine, with --threads 1, it
 leaves out the time other processes held the core).
@@ -239,14 +241,15 @@ def q8_product(x: torch.Tensor, blocks: torch.Tensor, kind: ggml.BlockKind) -> N
 
 
 def print_kinds(args: argparse.Namespace) -> None:
-    """--kinds: the q8 product per GGUF kind at M = 1 and 16, against Q4_1 (plain and x8)."""
-    kinds = [*ggml.GGUF_KINDS, ggml.BlockKind.Q4_1_X8]
+    """--kinds: the q8 product per GGUF kind at M = 1 and 16, plain and interleaved, against
+    Q4_1 (plain and x8)."""
+    kinds = [*ggml.GGUF_KINDS, *(kind.x8 for kind in ggml.GGUF_KINDS if kind.has_x8)]
     print(machine_lines(machine_info("benchmarks.bench_blocks", sys.argv[1:])) + "\n")
     print(f"q8 matmul, {args.threads} threads, q8 path {ggml.q8_path()}, best of "
           f"{args.repeats} rounds, the kinds in turn (us per product)\n")  # fmt: skip
     print("| N x K | kind | bits/weight | M=1 us | M=16 us | M=1 / Q4_1 | M=16 / Q4_1 | "
-          "M=1 / Q4_1_X8 | M=16 / Q4_1_X8 |")  # fmt: skip
-    print("|---" * 9 + "|")
+          "M=1 / Q4_1_X8 | M=16 / Q4_1_X8 | M=1 x8 / plain | M=16 x8 / plain |")  # fmt: skip
+    print("|---" * 11 + "|")
     for n, k in ((1536, 768), (576, 1536)):
         plain = {kind: random_blocks(kind.plain, n, k) for kind in kinds}
         weights = {
@@ -263,9 +266,11 @@ def print_kinds(args: argparse.Namespace) -> None:
         for kind in kinds:
             t1, t16 = times[1][kind], times[16][kind]
             bits = 8 * kind.block_bytes / kind.block_values
+            own = (f"{t1 / times[1][kind.plain]:.2f} | {t16 / times[16][kind.plain]:.2f}"
+                   if kind.interleaved else "|")  # fmt: skip
             print(f"| {n} x {k} | {kind.name} | {bits:.2f} | {t1:.0f} | {t16:.0f} | "
                   f"{t1 / times[1][q4_1]:.2f} | {t16 / times[16][q4_1]:.2f} | "
-                  f"{t1 / times[1][x8]:.2f} | {t16 / times[16][x8]:.2f} |")  # fmt: skip
+                  f"{t1 / times[1][x8]:.2f} | {t16 / times[16][x8]:.2f} | {own} |")  # fmt: skip
 
 
 if __name__ == "__main__":

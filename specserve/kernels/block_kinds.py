@@ -11,9 +11,11 @@ QK_K = 256  # weights per K-quant super-block
 
 class BlockKind(IntEnum):
     """GGUF quantisation types the kernels read; the value is the C enum's (`ggml_blocks.c`,
-    layouts in `subblocks.h`). The *_X8 kinds are Q4_1 and Q8_0 blocks with rows interleaved
-    eight at a time (`x8.h`, `ggml.repack_x8`), which the q8 numerics multiplies with fewer
-    instructions per extra activation row; the other kinds have no interleaved form."""
+    layouts in `subblocks.h`). The *_X8 kinds are the same blocks with rows interleaved eight
+    at a time (`x8_layout.h`, `ggml.repack_x8`), which the q8 numerics multiplies with fewer
+    instructions per extra activation row: Q4_1 and Q8_0 (`x8.h`, their own block sums) and
+    Q4_K (`x8_kquants.h`, bit for bit the plain rows' product); the other kinds have no
+    interleaved form."""
 
     Q4_1 = 0
     Q8_0 = 1
@@ -25,6 +27,7 @@ class BlockKind(IntEnum):
     Q4_K = 7
     Q5_K = 8
     Q6_K = 9
+    Q4_K_X8 = 10
 
     @property
     def plain(self) -> BlockKind:
@@ -62,7 +65,10 @@ class BlockKind(IntEnum):
         return in_features // self.block_values * self.block_bytes
 
 
-_X8 = {BlockKind.Q4_1: BlockKind.Q4_1_X8, BlockKind.Q8_0: BlockKind.Q8_0_X8}
+_X8 = {
+    BlockKind.Q4_1: BlockKind.Q4_1_X8, BlockKind.Q8_0: BlockKind.Q8_0_X8,
+    BlockKind.Q4_K: BlockKind.Q4_K_X8,
+}  # fmt: skip
 _PLAIN = {x8: plain for plain, x8 in _X8.items()}
 _K_QUANTS = (BlockKind.Q4_K, BlockKind.Q5_K, BlockKind.Q6_K)
 _BLOCK_BYTES = {

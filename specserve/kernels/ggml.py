@@ -29,8 +29,8 @@ logger = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 # decoder.h (the stack's layers in one call) brings the paged attention kernel in as well, and
 # eagle_chain.h (the EAGLE head's drafting chain) builds on it.
-_HEADERS = ("simd.h", "subblocks.h", "q8_dot.h", "x8.h", "q8_matmul.h", "decoder.h",
-            "paged_attention.c", "eagle_chain.h")  # fmt: skip
+_HEADERS = ("simd.h", "subblocks.h", "q8_dot.h", "x8_layout.h", "x8.h", "x8_kquants.h",
+            "q8_matmul.h", "decoder.h", "paged_attention.c", "eagle_chain.h")  # fmt: skip
 _ATTENTION_HEADERS = ("attention_simd.h", "rope.h", "mask.h")
 KERNEL = build.KernelSource(
     _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
@@ -96,7 +96,7 @@ def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> Non
 
 def repack_x8(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.Tensor:
     """Plain blocks [N, row_bytes] (N a multiple of 8) in their interleaved layout, `kind.x8`:
-    the same bytes, eight rows side by side, for the q8 numerics' kernel (layout in `x8.h`)."""
+    the same bytes, eight rows side by side, for the q8 numerics' kernel (`x8_layout.h`)."""
     lib = _require()
     check_blocks(blocks, kind, in_features)
     if kind.interleaved or not kind.has_x8 or blocks.shape[0] % X8_ROWS:

@@ -25,6 +25,7 @@
 enum {
     KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q4_1_X8 = 2, KIND_Q8_0_X8 = 3,
     KIND_Q4_0 = 4, KIND_Q5_0 = 5, KIND_Q5_1 = 6, KIND_Q4_K = 7, KIND_Q5_K = 8, KIND_Q6_K = 9,
+    KIND_Q4_K_X8 = 10,
     KIND_COUNT
 };
 #define QK 32
@@ -32,13 +33,24 @@ enum {
 // product, and without it the loop waits on memory (3x slower once W leaves the cache).
 #define PREFETCH_AHEAD 2048
 
+// The GGUF kind an interleaved kind's blocks hold (a plain kind: itself).
+static inline int plain_kind(int kind) {
+    switch (kind) {
+        case KIND_Q4_1_X8: return KIND_Q4_1;
+        case KIND_Q8_0_X8: return KIND_Q8_0;
+        case KIND_Q4_K_X8: return KIND_Q4_K;
+        default: return kind;
+    }
+}
+static inline int is_x8(int kind) { return plain_kind(kind) != kind; }
+
 // Bytes and values of one block (x8 kinds: the per-row share of an interleaved block, the same).
 // Switches rather than tables, so that a kernel inlined for one kind folds them to constants.
 static inline int valid_kind(int kind) { return kind >= 0 && kind < KIND_COUNT; }
 static inline int64_t block_bytes(int kind) {
-    switch (kind) {
-        case KIND_Q4_1: case KIND_Q4_1_X8: return 20;
-        case KIND_Q8_0: case KIND_Q8_0_X8: return 34;
+    switch (plain_kind(kind)) {
+        case KIND_Q4_1: return 20;
+        case KIND_Q8_0: return 34;
         case KIND_Q4_0: return 18;
         case KIND_Q5_0: return 22;
         case KIND_Q5_1: return 24;
@@ -48,6 +60,7 @@ static inline int64_t block_bytes(int kind) {
     }
 }
 static inline int64_t block_values(int kind) {
+    kind = plain_kind(kind);
     return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K ? 256 : 32;
 }
 static inline int64_t row_bytes(int kind, int64_t K) {
@@ -128,7 +141,9 @@ static inline __attribute__((always_inline)) void next_scales(int kind, const ui
 }
 
 #include "q8_dot.h"
+#include "x8_layout.h"
 #include "x8.h"
+#include "x8_kquants.h"
 
 
 // y = dot (+ bias) (+ residual), rounded in that order, as x @ W^T + b then r + y would be.
@@ -208,18 +223,22 @@ static inline __attribute__((always_inline)) void dequantize_impl(
 // dequantize_impl for interleaved weights: each row's blocks put back in GGUF's layout, expanded.
 static void dequantize_x8(int kind, const uint8_t* w, float* out, int64_t N, int64_t K,
                           int threads) {
-    const int64_t nb = K / QK, gb = x8_block_bytes(kind);
+    const int plain = plain_kind(kind), per = (int)(block_values(kind) / QK);
+    const int64_t nb = K / block_values(kind), gb = x8_block_bytes(kind);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t* g = w + (n / X8_ROWS) * nb * gb;
         for (int64_t blk = 0; blk < nb; blk++) {
-            uint8_t b[34];
-            __m256 v[4];
+            uint8_t b[X8_MAX_BLOCK_BYTES];
+            block_scales sc;
             x8_row_block(kind, g + blk * gb, (int)(n % X8_ROWS), b);
-            if (kind == KIND_Q4_1_X8) expand(KIND_Q4_1, b, 0, NULL, v);
-            else expand(KIND_Q8_0, b, 0, NULL, v);
-            float* o = out + n * K + blk * QK;
-            for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
+            for (int s = 0; s < per; s++) {
+                __m256 v[4];
+                next_scales(plain, b, s, &sc);
+                expand(plain, b, s, &sc, v);
+                float* o = out + n * K + (blk * per + s) * QK;
+                for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
+            }
         }
     }
 }

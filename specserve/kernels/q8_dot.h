@@ -100,15 +100,21 @@ static inline float hsum8(const float a[8]) {
 //   acc[l]  = fma(dv[l] * d_a, lane[l], acc[l])           block after block
 //   summ    = fma(m, s_a, summ)                           block after block (kinds with m)
 //   out     = hsum8(acc) + summ
+// (Interleaved rows' scalar reference, x8_kquants.h, runs the same steps on each row's blocks.)
+static inline void q8_sub_scalar(int kind, const subblock* w, const block_q8a* a, float acc[8],
+                                 float* summ) {
+    int32_t lane[8] = {0};
+    for (int j = 0; j < QK; j++) lane[j / 4] += w->q[j] * a->qs[j];
+    for (int l = 0; l < 8; l++) acc[l] = fmaf(w->dv[l] * a->d, (float)lane[l], acc[l]);
+    if (has_offset(kind)) *summ = fmaf(w->m, a->s, *summ);
+}
+
 static float dot_q8_scalar(int kind, const uint8_t* wrow, const block_q8a* a, int64_t nb) {
     float acc[8] = {0}, summ = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++) {
         subblock w;
         unpack_scalar(kind, wrow, blk, &w);
-        int32_t lane[8] = {0};
-        for (int j = 0; j < QK; j++) lane[j / 4] += w.q[j] * a[blk].qs[j];
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(w.dv[l] * a[blk].d, (float)lane[l], acc[l]);
-        if (has_offset(kind)) summ = fmaf(w.m, a[blk].s, summ);
+        q8_sub_scalar(kind, &w, a + blk, acc, &summ);
     }
     return hsum8(acc) + summ;
 }

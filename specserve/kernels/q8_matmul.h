@@ -65,10 +65,12 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
 // taking several at once to overlap their FMA chains (measured on the whole model, M = 1).
 #define Q8_CHUNK_ROWS 64
 
-// matmul_q8 on interleaved weights (x8.h): threads split the groups of eight weight rows.
+// matmul_q8 on interleaved weights (x8.h, x8_kquants.h): threads split the groups of eight
+// weight rows.
 static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* bias, const float* res) {
-    const int64_t nb = K / QK, gb = nb * x8_block_bytes(kind);
+    const int64_t nb = K / QK, gb = X8_ROWS * row_bytes(kind, K);
+    const int kquant = is_kquant(plain_kind(kind));
     const int path = q8_path;
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {
@@ -77,7 +79,8 @@ static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, 
         for (int64_t g = 0; g < N / X8_ROWS; g++) {
             for (int64_t m = m0; m < m1;) {
                 float dots[X8_MAX_TILE * X8_ROWS];
-                const int rows = x8_tile(kind, m1 - m, w + g * gb, a + m * nb, nb, path, dots);
+                const int rows = (kquant ? x8k_tile : x8_tile)(kind, m1 - m, w + g * gb,
+                                                               a + m * nb, nb, path, dots);
                 for (int r = 0; r < rows; r++)
                     for (int i = 0; i < X8_ROWS; i++)
                         store(y, bias, res, (m + r) * N + g * X8_ROWS + i, g * X8_ROWS + i,

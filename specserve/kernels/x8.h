@@ -1,6 +1,6 @@
 // GGUF weight rows interleaved eight at a time ("x8": Q4_1_X8, Q8_0_X8), for the q8 numerics:
 // a verify or batch step's extra activation rows cost far fewer instructions than on plain rows.
-// Included once, by ggml_blocks.c, after q8_dot.h.
+// Included once, by ggml_blocks.c, after q8_dot.h and x8_layout.h.
 //
 // Why: on plain rows each (weight row, activation row, block) ends in a float multiply, a
 // conversion and an FMA on eight int32 lanes (q8_dot.h), and those float ops, not the integer
@@ -9,13 +9,8 @@
 // gives products for eight outputs at once, and the float work is one multiply, one conversion
 // and one FMA (two with Q4_1's m) per eight outputs and block.
 //
-// Layout: for each group of eight weight rows (n = 8g .. 8g+7), for each block, the bytes of
-// the eight plain blocks, reordered:
-//   Q4_1_X8 (160 bytes): [0, 16) d of rows 0..7 (fp16), [16, 32) m of rows 0..7 (fp16),
-//     [32, 160) four 32-byte vectors V_t: byte 4i + k of V_t is nibble byte 4t + k of row i,
-//     i.e. its low nibble is q_i[4t + k] and its high one q_i[16 + 4t + k];
-//   Q8_0_X8 (272 bytes): [0, 16) d of rows 0..7 (fp16), [16, 272) eight 32-byte vectors V_t:
-//     byte 4i + k of V_t is q_i[4t + k].
+// Layout: x8_layout.h (for each group of eight rows and block, the eight rows' scales side by
+// side, then the quants four bytes of each row at a time).
 //
 // Arithmetic of one output (weight row n, activation row a), block after block, the same
 // whatever else is multiplied alongside (batch invariance) and in the scalar reference:
@@ -29,64 +24,8 @@
 
 #pragma once
 
-#define X8_ROWS 8
 #define X8_MAX_TILE 16  // activation rows per pass over a group's blocks (Q4_1)
 #define X8_Q8_0_TILE 4  // the same for Q8_0 (its rows' sums live in registers)
-
-static inline int is_x8(int kind) { return kind == KIND_Q4_1_X8 || kind == KIND_Q8_0_X8; }
-static inline int plain_kind(int kind) { return is_x8(kind) ? kind - 2 : kind; }
-// Bytes of one block of a group of eight rows.
-static inline int64_t x8_block_bytes(int kind) { return X8_ROWS * block_bytes(plain_kind(kind)); }
-
-// Row i's bytes of one block, between an interleaved block `o` and its plain GGUF block:
-// scale (and m), then the quants four at a time. to_x8: plain -> o; else o -> plain.
-static inline void x8_move(int kind, uint8_t* o, int i, uint8_t* plain, int to_x8) {
-    const int quads = kind == KIND_Q4_1_X8 ? 4 : 8, scales = kind == KIND_Q4_1_X8 ? 2 : 1;
-    for (int s = 0; s < scales; s++) {  // d, then m (Q4_1)
-        uint8_t *x = o + 16 * s + 2 * i, *p = plain + 2 * s;
-        __builtin_memcpy(to_x8 ? x : p, to_x8 ? p : x, 2);
-    }
-    for (int t = 0; t < quads; t++) {
-        uint8_t *x = o + 16 * scales + 32 * t + 4 * i, *p = plain + 2 * scales + 4 * t;
-        __builtin_memcpy(to_x8 ? x : p, to_x8 ? p : x, 4);
-    }
-}
-
-// Row i of an interleaved block, as GGUF stores it.
-static inline void x8_row_block(int kind, const uint8_t* o, int i, uint8_t* plain) {
-    x8_move(kind, (uint8_t*)o, i, plain, 0);
-}
-
-// dst = src [N, K/32 plain blocks] interleaved as `kind` (an x8 kind); N a multiple of 8.
-int ggml_repack_x8(int kind, const uint8_t* src, uint8_t* dst, int64_t N, int64_t K) {
-    if (!is_x8(kind) || N % X8_ROWS) return -1;
-    const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind)), gb = x8_block_bytes(kind);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t blk = 0; blk < nb; blk++)
-            x8_move(kind, dst + ((n / X8_ROWS) * nb + blk) * gb, (int)(n % X8_ROWS),
-                    (uint8_t*)src + (n * nb + blk) * bb, 1);
-    return 0;
-}
-
-// Rows ids[0 .. n) of W [N rows, any kind] as plain GGUF rows: out [n, row bytes];
-// -1 (out untouched past the bad id) when an id is outside [0, N).
-int ggml_gather_rows(int kind, const uint8_t* w, int64_t N, const int64_t* ids, int64_t n,
-                     uint8_t* out, int64_t K) {
-    const int64_t nb = K / QK, bb = block_bytes(plain_kind(kind)), gb = x8_block_bytes(kind);
-    const int64_t rb = row_bytes(plain_kind(kind), K);
-    for (int64_t r = 0; r < n; r++) {
-        if (ids[r] < 0 || ids[r] >= N) return -1;
-        uint8_t* o = out + r * rb;
-        if (!is_x8(kind)) {
-            __builtin_memcpy(o, w + ids[r] * rb, rb);
-            continue;
-        }
-        const uint8_t* g = w + (ids[r] / X8_ROWS) * nb * gb;
-        for (int64_t blk = 0; blk < nb; blk++)
-            x8_row_block(kind, g + blk * gb, (int)(ids[r] % X8_ROWS), o + blk * bb);
-    }
-    return 0;
-}
 
 // Scalar reference: row i of the group at g . one activation row of nb blocks.
 static float dot_x8_scalar(int kind, const uint8_t* g, int i, const block_q8a* a, int64_t nb) {

@@ -19,7 +19,8 @@ from specserve.models.gguf_blocks import _f32_bound, _q8_bound
 from tests.kernels.blocks import coded_blocks, width_for
 from tests.kernels.test_ggml import quantised
 
-X8_KINDS = [kind for kind in ggml.GGUF_KINDS if kind.has_x8]  # Q4_1, Q8_0
+X8_KINDS = [kind for kind in ggml.GGUF_KINDS if kind.has_x8]  # Q4_1, Q8_0, Q4_K
+BLOCK_SUM_KINDS = [BlockKind.Q4_1, BlockKind.Q8_0]  # x8.h's own arithmetic per block
 OnPath = Literal["widest", "avx2"]  # "widest": what runs by default
 
 pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
@@ -133,11 +134,12 @@ def test_each_path_is_bit_identical_to_the_scalar_reference(
 
 
 @pytest.mark.parametrize("path", ["widest", "avx2"])
-@pytest.mark.parametrize("kind", [BlockKind.Q4_1_X8, BlockKind.Q8_0_X8])
+@pytest.mark.parametrize("kind", [kind.x8 for kind in X8_KINDS])
 def test_every_tile_size_is_the_scalar_reference(path: OnPath, kind: BlockKind) -> None:
     """M from 1 to 17 covers each tile an interleaved path compiles (one per row count) and a
     tile plus a remainder."""
-    blocks, x = random_blocks(kind, 16, 64, seed=2), activations(17, 64, seed=3)
+    width = width_for(kind, 64)
+    blocks, x = random_blocks(kind, 16, width, seed=2), activations(17, width, seed=3)
     for m in range(1, 18):
         with on_path(path):
             got = ggml.matmul(x[:m], blocks, kind, q8=True)
@@ -198,22 +200,23 @@ def test_fused_q8_quantises_the_normed_or_gated_row() -> None:
 @pytest.mark.parametrize("kind", X8_KINDS)
 def test_interleaved_rows_hold_the_same_weights(kind: BlockKind) -> None:
     """Interleaving reorders bytes and nothing else: every row decodes and gathers as before."""
-    blocks = random_blocks(kind, 24, 96, seed=5)
-    x8 = ggml.repack_x8(blocks, kind, 96)
+    width = width_for(kind, 96)
+    blocks = random_blocks(kind, 24, width, seed=5)
+    x8 = ggml.repack_x8(blocks, kind, width)
     assert x8.shape == blocks.shape and not torch.equal(x8, blocks)
-    assert torch.equal(ggml.dequantize(x8, kind.x8, 96), ggml.dequantize(blocks, kind, 96))
+    assert torch.equal(ggml.dequantize(x8, kind.x8, width), ggml.dequantize(blocks, kind, width))
     ids = torch.tensor([23, 0, 7, 8, 8, 15])
-    assert torch.equal(ggml.gather_rows(x8, kind.x8, ids, 96), blocks[ids])
-    assert torch.equal(ggml.gather_rows(blocks, kind, ids, 96), blocks[ids])
+    assert torch.equal(ggml.gather_rows(x8, kind.x8, ids, width), blocks[ids])
+    assert torch.equal(ggml.gather_rows(blocks, kind, ids, width), blocks[ids])
     with pytest.raises(IndexError):
-        ggml.gather_rows(x8, kind.x8, torch.tensor([24]), 96)
+        ggml.gather_rows(x8, kind.x8, torch.tensor([24]), width)
     with pytest.raises(ValueError, match="cannot interleave"):
-        ggml.repack_x8(blocks[:20].contiguous(), kind, 96)  # not whole groups of eight
+        ggml.repack_x8(blocks[:20].contiguous(), kind, width)  # not whole groups of eight
     with pytest.raises(ValueError, match="q8 numerics only"):
-        ggml.matmul(torch.randn(2, 96), x8, kind.x8)  # the float32 kernel reads plain rows
+        ggml.matmul(torch.randn(2, width), x8, kind.x8)  # the float32 kernel reads plain rows
 
 
-@pytest.mark.parametrize("kind", X8_KINDS)
+@pytest.mark.parametrize("kind", BLOCK_SUM_KINDS)
 def test_interleaved_q8_product_is_the_scalar_sum_per_block(kind: BlockKind) -> None:
     """The interleaved kernel's arithmetic, written out in numpy: per block, the exact integer
     sum, then fma(d_w * d_a, s, acc) (and fma(m_w, s_a, acc) for Q4_1), in block order."""

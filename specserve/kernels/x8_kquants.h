@@ -1,0 +1,145 @@
+// Interleaved K-quant rows (Q4_K_X8; layout in x8_layout.h) in the q8 numerics, bit for bit
+// what the plain rows' kernel (q8_dot.h) gives for the same kind, on every path and every M.
+// Included once, by ggml_blocks.c, after q8_dot.h and x8_layout.h.
+//
+// Arithmetic of one output (weight row n, activation row a), q8_dot.h's, unchanged: per 32-value
+// sub-block s, the eight exact int32 lane sums lane[t] = sum_{j in [4t, 4t+4)} q_w[j] q_a[j],
+//   acc[t] = fma(dv_s * d_a, lane[t], acc[t])      dv_s = d * sc_s as read_block_scales forms it
+//   summ   = fma(m_s, s_a, summ)                    m_s = -(dmin * mn_s); Q6_K none (summ = +0)
+//   out    = hsum8(acc) + summ
+// Only which register holds what differs. On plain rows a vector holds the eight lanes of one
+// output; here it holds lane t of eight outputs (the sub-block's interleaved vector t, four
+// quants of each row, by one maddubs + madd against four broadcast activation bytes). So the
+// per-sub-block scale product, summ's FMA and the final hsum8 are one vector op per eight
+// outputs instead of eight, the eight outputs' chains run side by side, and the conversions
+// and lane FMAs stay one per eight lanes as before. Lanes and float ops are the same numbers in
+// the same order, so the result is the plain kernel's bit for bit (whatever layout the model
+// holds, a row's outputs are the same).
+// No VNNI form: every vector path takes AVX2 here.
+
+#pragma once
+
+// Activation rows per pass over a group's super-blocks: eight accumulators each, so two rows
+// already spill; 3 or 4 measured slower (Q4_K 1536 x 768, M = 16: 539 and 668 us against 478).
+#define X8K_TILE 2
+
+// Scalar reference: row i of the group at g . one activation row of nb sub-blocks: the row's
+// plain super-blocks put back, then q8_dot.h's scalar steps on them.
+static float dot_x8k_scalar(int kind, const uint8_t* g, int i, const block_q8a* a, int64_t nb) {
+    const int plain = plain_kind(kind), per = QK_K / QK;
+    float acc[8] = {0}, summ = 0.0f;
+    for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
+        uint8_t b[X8_MAX_BLOCK_BYTES];
+        x8_row_block(kind, g + blk0 / per * x8_block_bytes(kind), i, b);
+        for (int s = 0; s < per; s++) {
+            subblock w;
+            unpack_scalar(plain, b, s, &w);
+            q8_sub_scalar(plain, &w, a + blk0 + s, acc, &summ);
+        }
+    }
+    return hsum8(acc) + summ;
+}
+
+// A group's super-block scales as vectors over its eight rows: dv[s] = d * sc_s and
+// m[s] = -(dmin * mn_s) (read_block_scales's products, row by row).
+typedef struct {
+    __m256 dv[8], m[8];
+} x8k_scales;
+
+// Bytes at..at+7 (byte c of each row's scales, x8_layout.h) as eight int32.
+static inline __m256i x8k_bytes(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+}
+
+static inline __attribute__((always_inline)) void x8k_read_scales(int kind, const uint8_t* o,
+                                                                  x8k_scales* sc) {
+    (void)kind;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)o));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 16)));
+    const __m256i low6 = _mm256_set1_epi32(63), low4 = _mm256_set1_epi32(15);
+    __m256i b[12];
+    for (int c = 0; c < 12; c++) b[c] = x8k_bytes(o + 32 + 8 * c);
+    for (int s = 0; s < 8; s++) {  // kscale_min, eight rows at once
+        __m256i code, mn;
+        if (s < 4) {
+            code = _mm256_and_si256(b[s], low6);
+            mn = _mm256_and_si256(b[s + 4], low6);
+        } else {
+            code = _mm256_or_si256(_mm256_and_si256(b[s + 4], low4),
+                                   _mm256_slli_epi32(_mm256_srli_epi32(b[s - 4], 6), 4));
+            mn = _mm256_or_si256(_mm256_srli_epi32(b[s + 4], 4),
+                                 _mm256_slli_epi32(_mm256_srli_epi32(b[s], 6), 4));
+        }
+        sc->dv[s] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(code));
+        sc->m[s] = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0f));
+    }
+}
+
+// Lane t of sub-block s of the super-block at o: byte 4i + k is q_i[4t + k].
+static inline __attribute__((always_inline)) __m256i x8k_quants(int kind, const uint8_t* o,
+                                                                int s, int t) {
+    (void)kind;
+    return bits32(o + 128 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15);
+}
+
+// AVX2: the eight rows of the group at g . ROWS activation rows (a[r * nb + blk]);
+// out[8 r + i] as dot_x8k_scalar(kind, g, i, a + r * nb, nb) computes it.
+static inline __attribute__((always_inline)) void dot_x8k_avx2(
+    int kind, int rows, const uint8_t* g, const block_q8a* a, int64_t nb, float* out) {
+    const int per = QK_K / QK;
+    const int64_t gb = x8_block_bytes(kind);
+    __m256 acc[X8K_TILE][8], summ[X8K_TILE];
+    for (int r = 0; r < rows; r++) {
+        summ[r] = _mm256_setzero_ps();
+        for (int t = 0; t < 8; t++) acc[r][t] = _mm256_setzero_ps();
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
+        const uint8_t* o = g + blk0 / per * gb;
+        for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
+        x8k_scales sc;
+        x8k_read_scales(kind, o, &sc);
+#pragma GCC unroll 8
+        for (int s = 0; s < per; s++) {
+#pragma GCC unroll 2
+            for (int r = 0; r < rows; r++) {
+                const block_q8a* ab = a + r * nb + blk0 + s;
+                const __m256 d = _mm256_mul_ps(sc.dv[s], _mm256_broadcast_ss(&ab->d));
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++) {
+                    const __m256i w = x8k_quants(kind, o, s, t);  // unpacked where used
+                    const __m256i p = _mm256_maddubs_epi16(w, x8_broadcast4(ab->qs + 4 * t));
+                    const __m256 lane = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                    acc[r][t] = _mm256_fmadd_ps(d, lane, acc[r][t]);
+                }
+                summ[r] = _mm256_fmadd_ps(sc.m[s], _mm256_broadcast_ss(&ab->s), summ[r]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {  // hsum8's order, eight outputs at once
+        const __m256* v = acc[r];
+        const __m256 even = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
+        const __m256 odd = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
+        _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(_mm256_add_ps(even, odd), summ[r]));
+    }
+}
+
+// Up to X8K_TILE activation rows a[0 .. left) against the group at g: out[8 r + i]; how many.
+// path: Q8_SCALAR, else AVX2 (a VNNI machine's too).
+static int x8k_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a, int64_t nb,
+                    int path, float* out) {
+    if (path == Q8_SCALAR) {
+        for (int i = 0; i < X8_ROWS; i++) out[i] = dot_x8k_scalar(kind, g, i, a, nb);
+        return 1;
+    }
+    const int rows = left < X8K_TILE ? (int)left : X8K_TILE;
+#define X8K_ROWS(KIND)                                                \
+    if (rows == 1) dot_x8k_avx2(KIND, 1, g, a, nb, out);              \
+    else dot_x8k_avx2(KIND, 2, g, a, nb, out);
+    switch (kind) {
+        case KIND_Q4_K_X8: X8K_ROWS(KIND_Q4_K_X8) break;
+        default: break;
+    }
+#undef X8K_ROWS
+    return rows;
+}
