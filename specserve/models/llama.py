@@ -70,7 +70,6 @@ class DecoderLM(nn.Module):
                 specs.append(arch.layer_rope(i))
         self.ropes = [Rope(s) for s in specs]  # plain tensors: they survive to_empty
         self.rope_of_layer = [specs.index(arch.layer_rope(i)) for i in range(arch.num_layers)]
-        self.rotary = Rotary()
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -153,15 +152,6 @@ _FUSED: dict[str, tuple[str, int]] = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-
-
-class Rotary(nn.Module):
-    """Holds nothing: the RoPE tables are `DecoderLM.ropes`. Kept while the loader rebuilds
-    `model.rotary` after `to_empty` (registry.build_model) as it had to for the buffers the
-    tables once were; it takes and ignores that call's (head_dim, theta, max_position)."""
-
-    def __init__(self, *_: object) -> None:
-        super().__init__()
 
 
 LlamaForCausalLM = DecoderLM  # the name 14 modules import; every family is this class

@@ -23,6 +23,7 @@ from specserve.models.gguf_blocks import (
     load_blocks,
 )
 from specserve.models.gguf_weights import dequantised, read_weights, warn_expanded
+from specserve.models.huge_pages import trim_heap
 from specserve.models.llama import DecoderLM
 from specserve.models.loader import gguf_source, open_gguf
 from specserve.models.native_stack import NativeStack
@@ -55,9 +56,8 @@ def build_model(
     with torch.device("meta"):
         model = cls(cls.arch_from_hf(cfg))
     model = model.to_empty(device=device).to(dtype)
-    # to_empty leaves buffers uninitialised and breaks weight tying: rebuild both.
+    # to_empty breaks weight tying (the RoPE tables are plain tensors: they survive it)
     arch = model.arch
-    model.rotary = type(model.rotary)(arch.head_dim, arch.rope_theta, arch.max_position).to(device)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     blocks_here = gguf_blocks and device.type == "cpu" and dtype == torch.float32
@@ -65,6 +65,7 @@ def build_model(
     source = gguf_source(model_dir)
     if source is not None:
         model.load_hf_weights(_gguf_weights(model, source, blocks_here, numerics, dtype))
+        trim_heap()  # what reading, interleaving and packing the blocks left free
         return model.eval()
     covered: set[str] = set()
     blocks = load_blocks(model_dir) if blocks_here else {}
@@ -89,6 +90,8 @@ def _attach(
     covered = attach_blocks(model, blocks, numerics)
     if NativeStack.supports(model):
         model.native_stack = NativeStack(model)
+    else:
+        logger.info("the layers run in Python, not in one native call: %s", model.native_refusal)
     logger.info("%d weight tensors run as GGUF blocks (%s)", len(covered), numerics)
     return covered
 

@@ -90,6 +90,7 @@ def engine_info(
         model_numerics=numerics,
         model_q8_kernels=ggml.q8_path() if numerics == "q8" else None,
         model_block_kernel_fallback=res.model.block_kernel_fallback,
+        model_native_refusal=None if res.model.native_stack else res.model.native_refusal,
         model_weights=weights_info(res.model.weight_report),
         attention="ragged" if res.runner.ragged else "reference",
         model_device_type=res.device.type,

@@ -194,6 +194,11 @@ class Info(BaseModel):
         description="why the model's GGUF blocks are not used (the block kernels failed their "
         "start-up product check against the float32 weights); null when they are, or none exist",
     )
+    model_native_refusal: str | None = Field(
+        default=None,
+        description="why the decoder's layers do not run in one native call per step (what the "
+        "native decoder does not implement, or weights that are not all blocks); null when they do",
+    )
     model_weights: ModelWeightsInfo | None = Field(
         default=None,
         description="a GGUF's tensors: bytes per GGUF type in the file, how many run as block "

@@ -16,3 +16,4 @@ def test_info_names_the_numerics_and_the_cpus_q8_kernels(smol_server: Server) ->
     weights = info["model_weights"]
     assert set(weights["bytes_by_type"]) == {"Q4_1", "Q8_0", "F32"}
     assert weights["block_tensors"] == 211 and weights["expanded_types"] == {}
+    assert info["model_native_refusal"] is None  # its layers run in one native call
