@@ -114,7 +114,8 @@ def collect(
     seen: dict[str, int] = defaultdict(int)
     conts = []
     for rid, (item, _) in zip(ids, prompts, strict=True):
-        toks, rows = tokens[rid], recorder.rows.pop(rid)
+        # a request whose first token was EOS recorded no hidden state
+        toks, rows = tokens[rid], recorder.rows.pop(rid, {})
         seen[item.workload] += 1
         if len(toks) >= 2:
             hidden = torch.stack([rows[p] for p in range(len(toks) - 1)])
