@@ -84,6 +84,7 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
     app.add_middleware(
         GuardMiddleware,
         keys=settings.keys,
+        admin_key=settings.admin_key,
         private_metrics=settings.private_metrics,
         max_body_bytes=settings.max_body_bytes,
         on_reject=on_reject,

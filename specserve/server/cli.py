@@ -175,6 +175,7 @@ def log_startup(
     shown = asdict(settings) | {
         "api_key": "<set>" if settings.api_key else None,
         "tenant_keys": f"<{len(settings.tenant_keys)} set>" if settings.tenant_keys else None,
+        "admin_key": "<set>" if settings.admin_key else None,
     }
     logger.info("engine config: %s", asdict(config))
     logger.info("server settings: %s", shown)

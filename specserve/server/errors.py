@@ -20,6 +20,7 @@ class ErrorKind(enum.Enum):
     OVERLOADED = "overloaded"
     GENERATION = "generation"
     UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
     TOO_LARGE = "payload_too_large"
     UNAVAILABLE = "unavailable"
     NOT_FOUND = "not_found"
@@ -44,6 +45,7 @@ _OPENAI_KIND: dict[ErrorKind, tuple[str, str | None]] = {
     ErrorKind.OVERLOADED: ("rate_limit_error", "rate_limit_exceeded"),
     ErrorKind.GENERATION: ("server_error", None),
     ErrorKind.UNAUTHORIZED: ("authentication_error", "invalid_api_key"),
+    ErrorKind.FORBIDDEN: ("permission_error", "admin_key_required"),
     ErrorKind.TOO_LARGE: ("invalid_request_error", "payload_too_large"),
     ErrorKind.UNAVAILABLE: ("server_error", "unavailable"),
     ErrorKind.NOT_FOUND: ("invalid_request_error", "not_found"),

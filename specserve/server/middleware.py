@@ -19,6 +19,8 @@ from specserve.server.errors import ApiError, ErrorKind, error_response, not_utf
 
 # Probes and scrapers run without credentials.
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
+# The operator's routes: they show or empty what every tenant's requests left behind.
+ADMIN_PATHS = frozenset({"/info", "/reset_prefix_cache", "/reset_suffix_cache"})
 OnReject = Callable[[str, str], None]  # (path, outcome)
 
 
@@ -43,7 +45,8 @@ def tenant_id(key: str) -> str:
 class GuardMiddleware:
     """With more than one key, each is a tenant: the request's scope state gets `tenant`, the
     key's `tenant_id`, and its requests are isolated from other tenants' (see
-    `params.for_tenant`)."""
+    `params.for_tenant`). `ADMIN_PATHS` take the admin key where one is given; without one,
+    any accepted key where there is one key (or none), and no key where there are tenants."""
 
     def __init__(
         self,
@@ -52,11 +55,17 @@ class GuardMiddleware:
         max_body_bytes: int,
         on_reject: OnReject,
         private_metrics: bool = False,
+        admin_key: str | None = None,
     ) -> None:
         self.app = app
         self.keys = keys
+        # The key checked against: the API keys, then the admin key (accepted everywhere).
+        self.accepted = keys + ((admin_key,) if admin_key is not None else ())
+        self.admin = len(keys) if admin_key is not None else None  # its index in `accepted`
+        self.anyone_admin = admin_key is None and len(keys) <= 1
         self.public = PUBLIC_PATHS - {"/metrics"} if private_metrics else PUBLIC_PATHS
-        self.tenants = [tenant_id(k) for k in keys] if len(keys) > 1 else None
+        tenants = [tenant_id(k) for k in self.accepted] if len(keys) > 1 else None
+        self.tenants = tenants
         self.max_body_bytes = max_body_bytes
         self.on_reject = on_reject
 
@@ -66,9 +75,9 @@ class GuardMiddleware:
             return
         path: str = scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        needs_key = bool(self.keys) and path not in self.public
-        key = matching_key(headers.get("authorization"), self.keys) if needs_key else None
-        if needs_key and key is None:
+        checks = bool(self.accepted) and path not in self.public
+        key = matching_key(headers.get("authorization"), self.accepted) if checks else None
+        if self.keys and checks and key is None:
             err = ApiError(
                 401,
                 "missing or invalid API key (Authorization: Bearer <key>)",
@@ -77,6 +86,16 @@ class GuardMiddleware:
                 {"WWW-Authenticate": "Bearer"},
             )
             await self._reject(scope, receive, send, err, "unauthorized")
+            return
+        admin = self.anyone_admin or (self.admin is not None and key == self.admin)
+        if path in ADMIN_PATHS and not admin:
+            err = ApiError(
+                403,
+                f"{path} needs the admin key (--admin-key-file): it shows or empties every "
+                "tenant's caches",
+                ErrorKind.FORBIDDEN,
+            )
+            await self._reject(scope, receive, send, err, "forbidden")
             return
         if self.tenants is not None and key is not None:
             scope.setdefault("state", {})["tenant"] = self.tenants[key]

@@ -23,6 +23,11 @@ class ServerSettings:
     # Several keys instead (--api-key-file, one a line): any one is accepted, and each is a
     # tenant: its requests share cached prompt blocks and suffix drafts only with each other.
     tenant_keys: tuple[str, ...] = ()
+    # The operator's key (--admin-key-file): the only one /info and the cache resets take when
+    # there are tenant keys (or when it is given at all); it is accepted on every route. None:
+    # with one key (or none) whoever may call the server is its operator; with tenant keys
+    # nobody is.
+    admin_key: str | None = None
     # /metrics behind the key too (by default it is open to scrapers, as /health is).
     private_metrics: bool = False
     # Largest request body accepted; larger ones get 413.
@@ -50,6 +55,10 @@ class ServerSettings:
             raise ValueError("give api_key or tenant_keys, not both")
         if len(set(self.tenant_keys)) != len(self.tenant_keys):
             raise ValueError("tenant_keys must differ from each other")
+        if self.admin_key == "":
+            raise ValueError("admin_key must be non-empty when given")
+        if self.admin_key is not None and self.admin_key in self.keys:
+            raise ValueError("the admin key must differ from every API key")
 
     @property
     def keys(self) -> tuple[str, ...]:

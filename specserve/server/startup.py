@@ -25,7 +25,7 @@ from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.models.gguf_file import GGUFError, GGUFFile
-from specserve.server.keyfile import api_keys
+from specserve.server.keyfile import admin_key, api_keys
 from specserve.server.provenance import ProfileChoice, Provenance, load_choice, review
 from specserve.server.settings import ServerSettings, model_names
 
@@ -81,6 +81,13 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         "API_KEY_FILE",
         "read --api-key from a file (mode 600); several lines are several keys, one per tenant: "
         "a tenant's requests share cached prompts and suffix drafts only with its own",
+        None,
+    ),
+    Option(
+        "--admin-key-file",
+        "ADMIN_KEY_FILE",
+        "the operator's key, from a file (mode 600): with several --api-key-file keys, /info "
+        "and POST /reset_prefix_cache, /reset_suffix_cache take only it (tenant keys get 403)",
         None,
     ),
     Option(
@@ -198,6 +205,7 @@ def server_settings(values: Mapping[str, Any]) -> ServerSettings:
         max_concurrent_requests=values["max_concurrent_requests"],
         max_choices=values["max_choices"],
         **api_keys(values.get("api_key"), values.get("api_key_file")),
+        admin_key=admin_key(values.get("admin_key_file")),
         max_body_bytes=values.get("max_body_bytes", ServerSettings.max_body_bytes),
         private_metrics=values.get("private_metrics", False),
     )

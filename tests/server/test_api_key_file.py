@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specserve.server.keyfile import api_keys, read_key_file
+from specserve.server.keyfile import admin_key, api_keys, read_key_file
 from specserve.server.middleware import tenant_id
+from specserve.server.settings import ServerSettings
 from tests import http
 from tests.server.conftest import TINY_FLAGS, Server, scrape, server_env, start_server
 
@@ -91,13 +92,16 @@ def test_the_key_from_the_file_is_required(keyed_server: Server) -> None:
 
 
 TENANTS = ("tenant-one-key", "tenant-two-key")
+ADMIN = "the-operator-key"
 
 
 @pytest.fixture(scope="module")
 def tenant_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     path = key_file(tmp_path_factory.mktemp("keys"), 0o600, "\n".join(TENANTS) + "\n")
+    admin = key_file(tmp_path_factory.mktemp("admin"), 0o600, ADMIN + "\n")
     log = tmp_path_factory.mktemp("logs") / "tenant-server.log"
     flags = ["--model", str(tiny_model), *TINY_FLAGS, "--api-key-file", str(path)]
+    flags += ["--admin-key-file", str(admin)]
     server = start_server([*flags, "--max-input-tokens", "512"], log)  # room for a tool list
     yield server
     server.stop()
@@ -158,3 +162,34 @@ def test_a_tenant_gets_its_tool_calls_as_calls(tenant_server: Server) -> None:
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "pick"
     assert json.loads(call["function"]["arguments"])["unit"] in ("celsius", "fahrenheit")
+
+
+def test_only_the_admin_key_resets_caches_or_reads_info(tenant_server: Server) -> None:
+    """Issue 54 item 6: tenant B's key emptied the prefix cache every tenant shares. Tenant
+    keys now get 403 on the cache resets and /info; the admin key (--admin-key-file) gets them."""
+    url = tenant_server.url
+    body = {"inputs": "The quick brown fox jumps over the lazy dog. " * 4}
+    body["parameters"] = {"max_new_tokens": 2}  # type: ignore[assignment]
+    r = http.post(url + "/generate", json=body, headers={"Authorization": f"Bearer {TENANTS[0]}"})
+    assert r.status_code == 200, r.text
+    for key in TENANTS:
+        headers = {"Authorization": f"Bearer {key}"}
+        for route in ("/reset_prefix_cache", "/reset_suffix_cache"):
+            r = http.post(url + route, headers=headers)
+            assert r.status_code == 403 and "admin key" in r.json()["error"], r.text
+        assert http.get(url + "/info", headers=headers).status_code == 403
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    assert http.get(url + "/info", headers=admin).status_code == 200
+    r = http.post(url + "/reset_prefix_cache", headers=admin)
+    assert r.status_code == 200 and r.json()["blocks"] > 0, r.text
+    assert ADMIN not in tenant_server.log.read_text()
+
+
+def test_the_admin_key_file(tmp_path: Path) -> None:
+    assert admin_key(str(key_file(tmp_path, 0o600, "op\n"))) == "op"
+    with pytest.raises(ValueError, match=r"--admin-key-file .* holds 2 keys"):
+        admin_key(str(key_file(tmp_path, 0o600, "a\nb\n")))
+    with pytest.raises(ValueError, match=r"--admin-key-file .*chmod 600"):
+        admin_key(str(key_file(tmp_path, 0o644, "op\n")))
+    with pytest.raises(ValueError, match="differ from every API key"):
+        ServerSettings(model_id="m", tenant_keys=("a", "b"), admin_key="b")

@@ -10,10 +10,11 @@ import httpx
 import openai
 import pytest
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from specserve.server.middleware import GuardMiddleware, matching_key
+from specserve.server.middleware import GuardMiddleware, matching_key, tenant_id
 from tests import http
 from tests.server.conftest import Server, start_server
 
@@ -102,3 +103,58 @@ def test_private_metrics_puts_metrics_behind_the_key(private: bool) -> None:
 
     metrics_open = 401 if private else 200
     assert asyncio.run(run()) == [metrics_open, 200, 200, 200, 401, 200]
+
+
+def test_admin_routes_take_the_admin_key() -> None:
+    """Issue 54 item 6: any tenant's key emptied every tenant's caches and read their activity
+    in /info. /info and the resets take the admin key where one is given; with one key (or
+    none) and no admin key, its holder is the operator; with tenant keys and none, nobody."""
+
+    async def ok(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(str(request.scope.get("state", {}).get("tenant")))
+
+    routes = [Route(p, ok, methods=["GET", "POST"]) for p in ("/info", "/reset_prefix_cache")]
+    app = Starlette(routes=[*routes, Route("/generate", ok, methods=["POST"])])
+
+    def statuses(keys: tuple[str, ...], admin: str | None, key: str | None) -> list[int]:
+        guarded = GuardMiddleware(app, keys, 1000, lambda path, outcome: None, admin_key=admin)
+
+        async def run() -> list[int]:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            transport = httpx.ASGITransport(app=guarded)
+            async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+                return [
+                    (await client.get("/info", headers=headers)).status_code,
+                    (await client.post("/reset_prefix_cache", headers=headers)).status_code,
+                    (await client.post("/generate", headers=headers)).status_code,
+                ]
+
+        return asyncio.run(run())
+
+    tenants = ("tenant-a", "tenant-b")
+    for key in tenants:
+        assert statuses(tenants, "the-admin", key) == [403, 403, 200]
+        assert statuses(tenants, None, key) == [403, 403, 200]
+    assert statuses(tenants, "the-admin", "the-admin") == [200, 200, 200]
+    assert statuses(tenants, "the-admin", None) == [401, 401, 401]
+    assert statuses((KEY,), None, KEY) == [200, 200, 200]
+    assert statuses((KEY,), "the-admin", KEY) == [403, 403, 200]
+    assert statuses((KEY,), "the-admin", "the-admin") == [200, 200, 200]
+    assert statuses((), None, None) == [200, 200, 200]
+    assert statuses((), "the-admin", None) == [403, 403, 200]
+
+
+def test_the_admin_key_is_a_tenant_of_its_own() -> None:
+    async def tenant(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(str(request.scope.get("state", {}).get("tenant")))
+
+    app = Starlette(routes=[Route("/generate", tenant, methods=["POST"])])
+    guarded = GuardMiddleware(app, ("a", "b"), 1000, lambda p, o: None, admin_key="the-admin")
+
+    async def run() -> str:
+        transport = httpx.ASGITransport(app=guarded)
+        async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+            headers = {"Authorization": "Bearer the-admin"}
+            return (await client.post("/generate", headers=headers)).text
+
+    assert asyncio.run(run()) == tenant_id("the-admin")
