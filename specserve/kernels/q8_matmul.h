@@ -78,7 +78,7 @@ static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, 
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < N / X8_ROWS; g++) {
             for (int64_t m = m0; m < m1;) {
-                float dots[X8_MAX_TILE * X8_ROWS];
+                float dots[Q8_CHUNK_ROWS * X8_ROWS];  // x8k_tile: a whole chunk at once
                 const int rows = (kquant ? x8k_tile : x8_tile)(kind, m1 - m, w + g * gb,
                                                                a + m * nb, nb, path, dots);
                 for (int r = 0; r < rows; r++)

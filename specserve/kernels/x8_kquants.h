@@ -1,5 +1,5 @@
-// Interleaved K-quant rows (Q4_K_X8; layout in x8_layout.h) in the q8 numerics, bit for bit
-// what the plain rows' kernel (q8_dot.h) gives for the same kind, on every path and every M.
+// Interleaved K-quant rows (Q4_K_X8, Q6_K_X8; layout in x8_layout.h) in the q8 numerics, bit
+// for bit what the plain rows' kernel (q8_dot.h) gives for the same kind, on every path and M.
 // Included once, by ggml_blocks.c, after q8_dot.h and x8_layout.h.
 //
 // Arithmetic of one output (weight row n, activation row a), q8_dot.h's, unchanged: per 32-value
@@ -14,14 +14,15 @@
 // outputs instead of eight, the eight outputs' chains run side by side, and the conversions
 // and lane FMAs stay one per eight lanes as before. Lanes and float ops are the same numbers in
 // the same order, so the result is the plain kernel's bit for bit (whatever layout the model
-// holds, a row's outputs are the same).
+// holds, a row's outputs are the same). Signed Q6_K multiplies as on plain rows: |q| against
+// the activations with q's sign.
+// Eight accumulators per activation row fill half the registers, so rows go one at a time:
+// decoding (one row) unpacks the quants where they are used; several rows share each
+// super-block's quants, unpacked once (dot_x8k_rows_avx2).
 // No VNNI form: every vector path takes AVX2 here.
 
 #pragma once
 
-// Activation rows per pass over a group's super-blocks: eight accumulators each, so two rows
-// already spill; 3 or 4 measured slower (Q4_K 1536 x 768, M = 16: 539 and 668 us against 478).
-#define X8K_TILE 2
 
 // Scalar reference: row i of the group at g . one activation row of nb sub-blocks: the row's
 // plain super-blocks put back, then q8_dot.h's scalar steps on them.
@@ -40,10 +41,10 @@ static float dot_x8k_scalar(int kind, const uint8_t* g, int i, const block_q8a* 
     return hsum8(acc) + summ;
 }
 
-// A group's super-block scales as vectors over its eight rows: dv[s] = d * sc_s and
-// m[s] = -(dmin * mn_s) (read_block_scales's products, row by row).
+// A group's super-block scales as vectors over its eight rows, read_block_scales's products
+// row by row: dv[s] = d * sc_s and m[s] = -(dmin * mn_s); Q6_K: dv[j] = d * sc_j per 16 values.
 typedef struct {
-    __m256 dv[8], m[8];
+    __m256 dv[16], m[8];
 } x8k_scales;
 
 // Bytes at..at+7 (byte c of each row's scales, x8_layout.h) as eight int32.
@@ -53,7 +54,14 @@ static inline __m256i x8k_bytes(const uint8_t* p) {
 
 static inline __attribute__((always_inline)) void x8k_read_scales(int kind, const uint8_t* o,
                                                                   x8k_scales* sc) {
-    (void)kind;
+    if (kind == KIND_Q6_K_X8) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 1664)));
+        for (int j = 0; j < 16; j++) {
+            const __m128i code = _mm_loadl_epi64((const __m128i*)(o + 1536 + 8 * j));
+            sc->dv[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(code)));
+        }
+        return;
+    }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)o));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 16)));
     const __m256i low6 = _mm256_set1_epi32(63), low4 = _mm256_set1_epi32(15);
@@ -75,56 +83,117 @@ static inline __attribute__((always_inline)) void x8k_read_scales(int kind, cons
     }
 }
 
-// Lane t of sub-block s of the super-block at o: byte 4i + k is q_i[4t + k].
+// Lane t of sub-block s of the super-block at o: byte 4i + k is q_i[4t + k] (sub_quants_avx2's
+// bits, from the interleaved vectors: vector c of a field holds its bytes 4c .. 4c+3).
 static inline __attribute__((always_inline)) __m256i x8k_quants(int kind, const uint8_t* o,
                                                                 int s, int t) {
-    (void)kind;
-    return bits32(o + 128 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15);
+    if (kind == KIND_Q4_K_X8) return bits32(o + 128 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15);
+    const int c = s / 4, u = s % 4;  // Q6_K: 128 values per 64 bytes of ql and 32 of qh
+    const __m256i q = _mm256_or_si256(
+        bits32(o + 32 * (16 * c + 8 * (u & 1) + t), 4 * (u >> 1), 15),
+        _mm256_slli_epi16(bits32(o + 1024 + 32 * (8 * c + t), 2 * u, 3), 4));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
 }
 
-// AVX2: the eight rows of the group at g . ROWS activation rows (a[r * nb + blk]);
-// out[8 r + i] as dot_x8k_scalar(kind, g, i, a + r * nb, nb) computes it.
-static inline __attribute__((always_inline)) void dot_x8k_avx2(
-    int kind, int rows, const uint8_t* g, const block_q8a* a, int64_t nb, float* out) {
+// Sub-block s of one activation row ab against the eight rows' quants w (signed q) and wu
+// (maddubs' unsigned operand: |q| for Q6_K, else q), or where w is NULL, against those of the
+// super-block at o unpacked where used: v[t] = fma(dv_s * d_a, lane t, v[t]) for the eight
+// lanes (Q6_K: dv of values 0-15 for lanes 0-3, of 16-31 after), v[8] = fma(m_s, s_a, v[8])
+// (Q6_K: none).
+static inline __attribute__((always_inline)) void x8k_step(int kind, const x8k_scales* sc, int s,
+                                                           const uint8_t* o, const __m256i* w,
+                                                           const __m256i* wu, const block_q8a* ab,
+                                                           __m256 v[9]) {
+    const int q6 = kind == KIND_Q6_K_X8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 da = _mm256_broadcast_ss(&ab->d);
+    const __m256 d_lo = _mm256_mul_ps(sc->dv[q6 ? 2 * s : s], da);
+    const __m256 d_hi = q6 ? _mm256_mul_ps(sc->dv[2 * s + 1], da) : d_lo;
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) {
+        const __m256i q = w ? w[t] : x8k_quants(kind, o, s, t);
+        const __m256i qu = w ? wu[t] : q6 ? _mm256_sign_epi8(q, q) : q;
+        __m256i aq = x8_broadcast4(ab->qs + 4 * t);
+        if (q6) aq = _mm256_sign_epi8(aq, q);  // |q| (sign(q) a) = q a
+        const __m256 lane = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qu, aq), ones));
+        v[t] = _mm256_fmadd_ps(t < 4 ? d_lo : d_hi, lane, v[t]);
+    }
+    if (!q6) v[8] = _mm256_fmadd_ps(sc->m[s], _mm256_broadcast_ss(&ab->s), v[8]);
+}
+
+// The eight outputs from a row's accumulators: hsum8's order on each, then + summ (+0 for Q6_K,
+// added all the same, as dot_q8_scalar adds it).
+static inline void x8k_store(const __m256 v[9], float* out) {
+    const __m256 even = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
+    const __m256 odd = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(even, odd), v[8]));
+}
+
+// The quants of sub-block s for the eight rows: w (signed) and wu (maddubs' operand).
+static inline __attribute__((always_inline)) void x8k_unpack(int kind, const uint8_t* o, int s,
+                                                             __m256i w[8], __m256i wu[8]) {
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) {
+        w[t] = x8k_quants(kind, o, s, t);
+        wu[t] = kind == KIND_Q6_K_X8 ? _mm256_sign_epi8(w[t], w[t]) : w[t];
+    }
+}
+
+// AVX2, one activation row (decoding): the eight rows of the group at g . a; out[i] as
+// dot_x8k_scalar(kind, g, i, a, nb) computes it. Accumulators in registers, quants unpacked
+// where used.
+static inline __attribute__((always_inline)) void dot_x8k_avx2(int kind, const uint8_t* g,
+                                                               const block_q8a* a, int64_t nb,
+                                                               float* out) {
     const int per = QK_K / QK;
     const int64_t gb = x8_block_bytes(kind);
-    __m256 acc[X8K_TILE][8], summ[X8K_TILE];
-    for (int r = 0; r < rows; r++) {
-        summ[r] = _mm256_setzero_ps();
-        for (int t = 0; t < 8; t++) acc[r][t] = _mm256_setzero_ps();
-    }
-    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 v[9];
+    for (int t = 0; t < 9; t++) v[t] = _mm256_setzero_ps();
     for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
         const uint8_t* o = g + blk0 / per * gb;
         for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
         x8k_scales sc;
         x8k_read_scales(kind, o, &sc);
 #pragma GCC unroll 8
-        for (int s = 0; s < per; s++) {
-#pragma GCC unroll 2
-            for (int r = 0; r < rows; r++) {
-                const block_q8a* ab = a + r * nb + blk0 + s;
-                const __m256 d = _mm256_mul_ps(sc.dv[s], _mm256_broadcast_ss(&ab->d));
-#pragma GCC unroll 8
-                for (int t = 0; t < 8; t++) {
-                    const __m256i w = x8k_quants(kind, o, s, t);  // unpacked where used
-                    const __m256i p = _mm256_maddubs_epi16(w, x8_broadcast4(ab->qs + 4 * t));
-                    const __m256 lane = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    acc[r][t] = _mm256_fmadd_ps(d, lane, acc[r][t]);
-                }
-                summ[r] = _mm256_fmadd_ps(sc.m[s], _mm256_broadcast_ss(&ab->s), summ[r]);
-            }
-        }
+        for (int s = 0; s < per; s++) x8k_step(kind, &sc, s, o, NULL, NULL, a + blk0 + s, v);
     }
-    for (int r = 0; r < rows; r++) {  // hsum8's order, eight outputs at once
-        const __m256* v = acc[r];
-        const __m256 even = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
-        const __m256 odd = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
-        _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(_mm256_add_ps(even, odd), summ[r]));
-    }
+    x8k_store(v, out);
 }
 
-// Up to X8K_TILE activation rows a[0 .. left) against the group at g: out[8 r + i]; how many.
+// AVX2, `rows` activation rows (up to X8K_CHUNK; a[r * nb + blk]): out[8 r + i]. Each
+// super-block's quants are unpacked once for all the rows, which then pass over them one at a
+// time with their accumulators in registers (kept in acc between super-blocks): unpacking
+// per row (tiles of two) cost Q6_K 1.7x this at M = 16.
+#define X8K_CHUNK 64
+static inline __attribute__((always_inline)) void dot_x8k_rows_avx2(
+    int kind, int rows, const uint8_t* g, const block_q8a* a, int64_t nb, float* out) {
+    const int per = QK_K / QK;
+    const int64_t gb = x8_block_bytes(kind);
+    __m256 acc[X8K_CHUNK][9];
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < 9; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
+        const uint8_t* o = g + blk0 / per * gb;
+        for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
+        x8k_scales sc;
+        x8k_read_scales(kind, o, &sc);
+        __m256i w[8][8], wu[8][8];
+#pragma GCC unroll 8
+        for (int s = 0; s < per; s++) x8k_unpack(kind, o, s, w[s], wu[s]);
+        for (int r = 0; r < rows; r++) {
+            __m256 v[9];
+#pragma GCC unroll 9
+            for (int t = 0; t < 9; t++) v[t] = acc[r][t];
+#pragma GCC unroll 8
+            for (int s = 0; s < per; s++) x8k_step(kind, &sc, s, o, w[s], wu[s], a + r * nb + blk0 + s, v);
+#pragma GCC unroll 9
+            for (int t = 0; t < 9; t++) acc[r][t] = v[t];
+        }
+    }
+    for (int r = 0; r < rows; r++) x8k_store(acc[r], out + 8 * r);
+}
+
+// Up to X8K_CHUNK activation rows a[0 .. left) against the group at g: out[8 r + i]; how many.
 // path: Q8_SCALAR, else AVX2 (a VNNI machine's too).
 static int x8k_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a, int64_t nb,
                     int path, float* out) {
@@ -132,12 +201,13 @@ static int x8k_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a
         for (int i = 0; i < X8_ROWS; i++) out[i] = dot_x8k_scalar(kind, g, i, a, nb);
         return 1;
     }
-    const int rows = left < X8K_TILE ? (int)left : X8K_TILE;
-#define X8K_ROWS(KIND)                                                \
-    if (rows == 1) dot_x8k_avx2(KIND, 1, g, a, nb, out);              \
-    else dot_x8k_avx2(KIND, 2, g, a, nb, out);
+    const int rows = left < X8K_CHUNK ? (int)left : X8K_CHUNK;
+#define X8K_ROWS(KIND)                                  \
+    if (rows == 1) dot_x8k_avx2(KIND, g, a, nb, out);   \
+    else dot_x8k_rows_avx2(KIND, rows, g, a, nb, out);
     switch (kind) {
         case KIND_Q4_K_X8: X8K_ROWS(KIND_Q4_K_X8) break;
+        case KIND_Q6_K_X8: X8K_ROWS(KIND_Q6_K_X8) break;
         default: break;
     }
 #undef X8K_ROWS

@@ -27,7 +27,7 @@ def blocks_and_x8(kind: BlockKind, seed: int) -> tuple[torch.Tensor, torch.Tenso
     return plain, ggml.repack_x8(plain, kind, WIDTH)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
 def test_the_interleaved_kind_names_the_same_blocks(kind: BlockKind) -> None:
     x8 = kind.x8
     assert x8 is not kind and x8.interleaved and x8.has_x8 and x8.x8 is x8
@@ -35,7 +35,7 @@ def test_the_interleaved_kind_names_the_same_blocks(kind: BlockKind) -> None:
     assert (x8.block_bytes, x8.block_values) == (kind.block_bytes, kind.block_values)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
 def test_repacked_rows_gather_and_decode_as_the_plain_rows(kind: BlockKind) -> None:
     plain, x8 = blocks_and_x8(kind, seed=1)
     assert x8.shape == plain.shape and not torch.equal(x8, plain)
@@ -48,7 +48,7 @@ def test_repacked_rows_gather_and_decode_as_the_plain_rows(kind: BlockKind) -> N
 
 
 @pytest.mark.parametrize("path", ["scalar", "avx2"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
 def test_x8_product_is_the_plain_rows_bit_for_bit(path: ggml.Q8Path, kind: BlockKind) -> None:
     """Against the plain rows' scalar reference, for M = 1..13 (every tile and remainder) and
     a prefill-sized 70 (chunks of 64); fused norm, bias and residual around it too."""
@@ -70,7 +70,7 @@ def test_x8_product_is_the_plain_rows_bit_for_bit(path: ggml.Q8Path, kind: Block
     assert torch.equal(fused[0], fused[1])
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
 def test_a_rows_x8_product_does_not_depend_on_m_or_its_position(kind: BlockKind) -> None:
     _, x8 = blocks_and_x8(kind, seed=4)
     x = torch.randn(100, WIDTH, generator=torch.Generator().manual_seed(5))
@@ -84,7 +84,7 @@ def test_a_rows_x8_product_does_not_depend_on_m_or_its_position(kind: BlockKind)
                 assert torch.equal(got, alone[rows]), (m, threads)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
 def test_exact_numerics_refuse_interleaved_rows(kind: BlockKind) -> None:
     _, x8 = blocks_and_x8(kind, seed=7)
     with pytest.raises(ValueError, match="q8 numerics only"):
