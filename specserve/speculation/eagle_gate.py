@@ -11,9 +11,9 @@ from specserve.speculation.calibration import PerSequenceMean
 # drafting step (as in the engine): 0.11 at batch 1 and 0.07 at 16 with the layer in one native
 # call a token (docs/bench/eagle-calls-1204), 0.054-0.060 at batch 1 and 0.050-0.058 at 16 with
 # a greedy drafting step in one call (docs/bench/eagle-step-1204): rounded up. A sequence is
-# drafted for only while the head's drafts there have been gaining tokens: a running mean, per
-# draft, of the tokens verification accepted less drafted x this (a draft the policy does not
-# verify, as under load, gains nothing).
+# drafted for while the head's drafts there have been gaining tokens (and now and then after,
+# HEAD_RECHECK): a running mean, per draft, of the tokens verification accepted less drafted x
+# this (a draft the policy does not verify, as under load, gains nothing).
 HEAD_TOKEN_COST = 0.08
 HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before any outcome
 HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
@@ -24,6 +24,13 @@ HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
 # over the whole prompt.
 HEAD_SHARED_RATE = 0.05
 HEAD_EXPLORE = 0.1
+
+# A sequence whose mean is not above zero is asked again after this many steps it sat out
+# (doubling while asking again does not pay, up to HEAD_RECHECK_MAX): the text may have turned
+# predictable. Sitting out costs nothing but keeping the window's last pairs (`sync`); asking
+# again runs them in the drafting call itself.
+HEAD_RECHECK = 32
+HEAD_RECHECK_MAX = 256
 
 
 def head_mean() -> PerSequenceMean:

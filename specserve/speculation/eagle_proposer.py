@@ -30,7 +30,7 @@ from specserve.models.llama import DecoderLM
 from specserve.request import Sequence
 from specserve.speculation import eagle_padded, eagle_state
 from specserve.speculation.eagle import EagleHead, check_base, load_eagle
-from specserve.speculation.eagle_gate import HEAD_TOKEN_COST, head_mean
+from specserve.speculation.eagle_gate import HEAD_RECHECK, HEAD_TOKEN_COST, head_mean
 from specserve.speculation.eagle_native import NativeHead, Rows
 from specserve.speculation.eagle_state import Chain, HeadState
 from specserve.speculation.proposer import Draft, Proposer
@@ -134,6 +134,8 @@ class EagleProposer(Proposer):
         if state.drafted and self.gated:  # what the last draft gained: the rows past the
             # step's own token are its accepted tokens (none where the policy verified none)
             self.gained.record(seq.seq_id, len(rows) - 1 - HEAD_TOKEN_COST * len(state.drafted))
+            if self.gained.mean(seq.seq_id) > 0.0:  # paying (again): a later stop rechecks soon
+                state.recheck = HEAD_RECHECK
         state.drafted = []
         state.features.append(rows)
         state.tokens += seq.output_ids[start:]
@@ -154,12 +156,13 @@ class EagleProposer(Proposer):
             self.native.release(state.lane)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Drafts where the head's drafts have been gaining tokens in the sequence."""
+        """Drafts where the head's drafts have been gaining tokens in the sequence (or its
+        gate is due a recheck)."""
         drafts = [Draft(tokens=[]) for _ in seqs]
         rows = [
             i
             for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
-            if k and self._ready(s) and (not self.gated or self.gained.mean(s.seq_id) > 0.0)
+            if k and self._ready(s) and (not self.gated or self._gate_open(s.seq_id))
         ]
         if not rows:
             return drafts
@@ -173,6 +176,9 @@ class EagleProposer(Proposer):
         for i, draft, state in zip(rows, chains, states, strict=True):
             drafts[i], state.drafted = draft, draft.tokens
         return drafts
+
+    def _gate_open(self, seq_id: int) -> bool:  # gaining there, or due a recheck
+        return self.gained.mean(seq_id) > 0.0 or self._states[seq_id].recheck_due()
 
     def _ready(self, seq: Sequence) -> bool:
         state = self._states.get(seq.seq_id)

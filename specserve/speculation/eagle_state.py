@@ -23,6 +23,7 @@ import torch
 
 from specserve.request import History, Sequence
 from specserve.runner.sampler import SampleRow, sample_row
+from specserve.speculation.eagle_gate import HEAD_RECHECK, HEAD_RECHECK_MAX
 from specserve.speculation.eagle_native import Lane
 from specserve.speculation.proposer import Draft
 
@@ -44,6 +45,17 @@ class HeadState:
     last: torch.Tensor | None = None  # the head's output at the newest verified position
     drafted: list[int] = field(default_factory=list)  # the last draft, until its outcome is seen
     lane: Lane | None = None  # its slots in the native path's cache (eagle_native.py)
+    sat_out: int = 0  # steps not asked since its gate closed (eagle_gate.HEAD_RECHECK)
+    recheck: int = HEAD_RECHECK  # steps to sit out before asking again (doubling)
+
+    def recheck_due(self) -> bool:
+        """Count a step its closed gate kept the head from drafting; True on the step it has
+        sat out `recheck` of them (then the next wait doubles)."""
+        self.sat_out += 1
+        if self.sat_out < self.recheck:
+            return False
+        self.sat_out, self.recheck = 0, min(2 * self.recheck, HEAD_RECHECK_MAX)
+        return True
 
     def drop_unseen(self, keep: int) -> None:
         """Drop the pending pairs no future query can see (all but the last `keep`): whole

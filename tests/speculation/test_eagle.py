@@ -16,6 +16,7 @@ import torch
 from specserve.models.registry import build_model
 from specserve.request import SamplingParams, Sequence
 from specserve.runner.sampler import SampleRow, sample_row
+from specserve.speculation import eagle_padded
 from specserve.speculation.eagle import (
     EagleConfig,
     EagleHead,
@@ -24,7 +25,7 @@ from specserve.speculation.eagle import (
     load_eagle,
     save_eagle,
 )
-from specserve.speculation.eagle_gate import HEAD_PRIOR, HEAD_TOKEN_COST
+from specserve.speculation.eagle_gate import HEAD_PRIOR, HEAD_RECHECK, HEAD_TOKEN_COST
 from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
@@ -209,6 +210,47 @@ def test_the_head_stops_drafting_in_a_sequence_where_it_does_not_pay(
     # forgotten with the sequence: back to the mean over every sequence's outcomes, which six
     # failures of -0.36 moved from 1.0 by 0.05 each (0.95^6 x 1.36 - 0.36)
     assert proposer.gained.mean(0) == pytest.approx(0.95**6 * 1.36 - 0.36)
+
+
+def test_a_closed_head_is_asked_again_after_catching_up_in_one_call(
+    full_chains: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While its gate is closed the head runs nothing for a sequence: the target's features
+    wait (the window's last pairs). After HEAD_RECHECK steps it is asked again, both closed
+    sequences' pending pairs go in with one batched call, and the drafts are those of a head
+    kept caught up every step."""
+    calls: list[int] = []
+    catch_up = eagle_padded.catch_up
+
+    def counted(head: Any, embed: Any, states: list[Any], device: Any) -> None:
+        calls.append(len(states))
+        catch_up(head, embed, states, device)
+
+    monkeypatch.setattr(eagle_padded, "catch_up", counted)
+    head, target = _head(window=4), _target()
+    gated, always = EagleProposer(head, target, None), EagleProposer(head, target, None)
+    always.gated = False
+    seqs = [_seq([5, 7, 9], 0), _seq([5, 7, 11], 1)]
+    for s in seqs:
+        feats = torch.randn(3, HIDDEN)
+        gated.sync(s, feats)
+        always.sync(s, feats)
+        gated.gained.record(s.seq_id, -5.0)  # closed: 1.0 + 0.2 x (-6)
+    for step in range(HEAD_RECHECK):
+        for s in seqs:
+            s.output_ids.append(3 + 2 * ((step * (s.seq_id + 2)) % 17))
+            feats = torch.randn(1, HIDDEN)
+            gated.sync(s, feats)
+            always.sync(s, feats)
+        kept = always.propose(seqs, [2, 2])
+        calls.clear()
+        drafts = gated.propose(seqs, [2, 2])
+        if step < HEAD_RECHECK - 1:
+            assert [d.tokens for d in drafts] == [[], []] and calls == []
+    assert calls == [2]  # the pending pairs of both sequences, in one call
+    for a, b in zip(drafts, kept, strict=True):
+        assert a.tokens and a.tokens == b.tokens
+        assert a.scores == pytest.approx(b.scores, rel=1e-5)
 
 
 def test_a_chain_stops_where_the_head_doubts_it(monkeypatch: pytest.MonkeyPatch) -> None:
