@@ -1,5 +1,6 @@
-// Interleaved K-quant rows (Q4_K_X8, Q6_K_X8; layout in x8_layout.h) in the q8 numerics, bit
-// for bit what the plain rows' kernel (q8_dot.h) gives for the same kind, on every path and M.
+// Interleaved K-quant rows (Q4_K_X8, Q5_K_X8, Q6_K_X8; layout in x8_layout.h) in the q8
+// numerics, bit for bit what the plain rows' kernel (q8_dot.h) gives for the same kind, on every
+// path and every M.
 // Included once, by ggml_blocks.c, after q8_dot.h and x8_layout.h.
 //
 // Arithmetic of one output (weight row n, activation row a), q8_dot.h's, unchanged: per 32-value
@@ -79,7 +80,8 @@ static inline __attribute__((always_inline)) void x8k_read_scales(int kind, cons
                                  _mm256_slli_epi32(_mm256_srli_epi32(b[s], 6), 4));
         }
         sc->dv[s] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(code));
-        sc->m[s] = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0f));
+        const __m256 minus = _mm256_set1_ps(-0.0f);
+        sc->m[s] = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), minus);
     }
 }
 
@@ -88,6 +90,9 @@ static inline __attribute__((always_inline)) void x8k_read_scales(int kind, cons
 static inline __attribute__((always_inline)) __m256i x8k_quants(int kind, const uint8_t* o,
                                                                 int s, int t) {
     if (kind == KIND_Q4_K_X8) return bits32(o + 128 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15);
+    if (kind == KIND_Q5_K_X8)  // the fifth bits: bit s of qh
+        return _mm256_or_si256(bits32(o + 384 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15),
+                               _mm256_slli_epi16(bits32(o + 128 + 32 * t, s, 1), 4));
     const int c = s / 4, u = s % 4;  // Q6_K: 128 values per 64 bytes of ql and 32 of qh
     const __m256i q = _mm256_or_si256(
         bits32(o + 32 * (16 * c + 8 * (u & 1) + t), 4 * (u >> 1), 15),
@@ -115,7 +120,8 @@ static inline __attribute__((always_inline)) void x8k_step(int kind, const x8k_s
         const __m256i qu = w ? wu[t] : q6 ? _mm256_sign_epi8(q, q) : q;
         __m256i aq = x8_broadcast4(ab->qs + 4 * t);
         if (q6) aq = _mm256_sign_epi8(aq, q);  // |q| (sign(q) a) = q a
-        const __m256 lane = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qu, aq), ones));
+        const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(qu, aq), ones);
+        const __m256 lane = _mm256_cvtepi32_ps(lanes);
         v[t] = _mm256_fmadd_ps(t < 4 ? d_lo : d_hi, lane, v[t]);
     }
     if (!q6) v[8] = _mm256_fmadd_ps(sc->m[s], _mm256_broadcast_ss(&ab->s), v[8]);
@@ -185,7 +191,8 @@ static inline __attribute__((always_inline)) void dot_x8k_rows_avx2(
 #pragma GCC unroll 9
             for (int t = 0; t < 9; t++) v[t] = acc[r][t];
 #pragma GCC unroll 8
-            for (int s = 0; s < per; s++) x8k_step(kind, &sc, s, o, w[s], wu[s], a + r * nb + blk0 + s, v);
+            for (int s = 0; s < per; s++)
+                x8k_step(kind, &sc, s, o, w[s], wu[s], a + r * nb + blk0 + s, v);
 #pragma GCC unroll 9
             for (int t = 0; t < 9; t++) acc[r][t] = v[t];
         }
@@ -207,6 +214,7 @@ static int x8k_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a
     else dot_x8k_rows_avx2(KIND, rows, g, a, nb, out);
     switch (kind) {
         case KIND_Q4_K_X8: X8K_ROWS(KIND_Q4_K_X8) break;
+        case KIND_Q5_K_X8: X8K_ROWS(KIND_Q5_K_X8) break;
         case KIND_Q6_K_X8: X8K_ROWS(KIND_Q6_K_X8) break;
         default: break;
     }
