@@ -46,6 +46,8 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
@@ -76,7 +78,13 @@ class _AbortAll:
     error: str
 
 
-_Item = _Add | _Abort | _AbortAll
+@dataclass(frozen=True)
+class _Read:
+    fn: Callable[[Engine], object]
+    done: Future[object]
+
+
+_Item = _Add | _Abort | _AbortAll | _Read
 
 # The shortest wait for the event loop after a hand-over (the bound is the step's duration).
 MIN_HAND_OVER_WAIT_S = 0.002
@@ -174,6 +182,26 @@ class AsyncEngine:
         with self._lock:
             return fn(self.engine)
 
+    def read_between_steps(self, fn: Callable[[Engine], T]) -> T:
+        """fn(engine) between steps, like `run_locked`, but the caller never waits on the
+        engine's lock: while a step runs, the step thread itself calls fn before its next step
+        (a short read, such as a metrics snapshot, that a flood of callers must not turn into
+        lock hand-offs with the step thread). Called here when the lock is free."""
+        if self._lock.acquire(blocking=False):
+            try:
+                return fn(self.engine)
+            finally:
+                self._lock.release()
+        done: Future[object] = Future()
+        if not self._post(_Read(fn, done)):
+            return self.run_locked(fn)  # stopping or stopped: nothing steps any more
+        while True:
+            try:
+                return cast(T, done.result(timeout=1.0))
+            except FutureTimeout:
+                if not self._thread.is_alive() and not done.done():
+                    return self.run_locked(fn)  # the thread died before reading
+
     def _post(self, item: _Item, even_when_stopping: bool = False) -> bool:
         with self._wake:
             if self.died is not None or (self._stopping and not even_when_stopping):
@@ -227,6 +255,12 @@ class AsyncEngine:
                     done.wait(max(0.0, deadline - time.monotonic()))
 
     def _apply(self, item: _Item) -> RequestOutput | None:
+        if isinstance(item, _Read):
+            try:
+                item.done.set_result(item.fn(self.engine))
+            except Exception as exc:  # the reader's to raise
+                item.done.set_exception(exc)
+            return None
         if isinstance(item, _AbortAll):
             self.engine.abort_all(item.error)
             return None

@@ -47,6 +47,9 @@ class FleetContexts:
         self._states_read = -STATE_MAX_AGE_S  # monotonic time of the last broadcast
         self._states_after = -1  # requests finished through the ingress before it
         self._states_lock = asyncio.Lock()
+        self._health: dict[str, int] = {}  # the last health broadcast's counts per pool
+        self._health_read = -STATE_MAX_AGE_S  # monotonic time it started
+        self._health_lock = asyncio.Lock()
 
     def update(self, config: FleetConfig) -> None:
         """A new config (routes, live settings): pools describe themselves again on next use."""
@@ -56,7 +59,7 @@ class FleetContexts:
     def refresh(self) -> None:
         for entry in self.pools.values():
             entry.ctx, entry.describing = None, None
-        self._states_read = -STATE_MAX_AGE_S
+        self._states_read = self._health_read = -STATE_MAX_AGE_S
 
     def drain(self) -> int:
         """From now on new requests get 503 and /health 503 "draining"; those in flight go on.
@@ -155,8 +158,17 @@ class FleetContexts:
                 await self._broadcast_state()
 
     async def pool_health(self) -> dict[str, int]:
-        """Per pool, its replicas that serve now (their engine thread runs)."""
+        """Per pool, its replicas that serve now (their engine thread runs). /health needs no
+        key, so a flood of probes costs the replicas at most one broadcast a second, as scrapes
+        do: a caller reuses the last one (or waits for the one running) if it is younger than
+        STATE_MAX_AGE_S."""
+        async with self._health_lock:
+            if time.monotonic() - self._health_read >= STATE_MAX_AGE_S:
+                self._health_read = time.monotonic()
+                self._health = await self._broadcast_health()
+            return dict(self._health)
 
+    async def _broadcast_health(self) -> dict[str, int]:
         async def one(entry: PoolEntry) -> int:
             try:
                 got = await entry.client.handle.broadcast("health").results_async(

@@ -145,7 +145,7 @@ class PoolReplica:
             info = engine_info(engine, self.settings, self.limits, self.provenance)
             return snapshot(engine), info.model_dump(mode="json")
 
-        snap, info = await asyncio.to_thread(self.engine.run_locked, read)
+        snap, info = await asyncio.to_thread(self.engine.read_between_steps, read)
         live = {k: self.values[k] for k in LIVE_FIELDS}
         return ReplicaState(
             replica_id(self.pool), os.getpid(), socket.gethostname(), self.started, live, snap, info

@@ -24,7 +24,7 @@ from specserve.server.context import Contexts, Ctx, OneContext, ServerContext
 from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
 from specserve.server.info import info, reset_prefix_cache, reset_suffix_cache
 from specserve.server.info_schemas import Info
-from specserve.server.metrics import ServerMetrics, snapshot
+from specserve.server.metrics import Coalesced, Labelled, ServerMetrics, snapshot
 from specserve.server.middleware import GuardMiddleware
 from specserve.server.provenance import Provenance
 from specserve.server.service import ClientGone, GenerationService
@@ -41,7 +41,11 @@ def create_app(
     """`provenance`: the fingerprints and speculation profile checked at start-up, if any."""
     engine = async_engine.engine
     limits = async_engine.run_locked(lambda e: Limits.from_engine(e, settings))
-    metrics = ServerMetrics(lambda: [({}, async_engine.run_locked(snapshot))])
+
+    def read_engine() -> Labelled:
+        return [({}, async_engine.read_between_steps(snapshot))]
+
+    metrics = ServerMetrics(Coalesced(read_engine))
     backend = LocalBackend(async_engine, private_copy(engine.tokenizer))
     service = GenerationService(
         backend, metrics, settings.max_concurrent_requests, settings.retry_after_s

@@ -2,13 +2,18 @@
 
 Request-side series (counts, latencies, lengths) are observed as requests run. Engine-side series
 (batch size, KV blocks, speculation counters, the policy's chosen k, gated steps and predicted
-speedup) are read from the engine at scrape time, under the engine lock, so they are never stale
-and cost nothing between scrapes.
+speedup) are read from the engine at scrape time, so they are never stale and cost nothing
+between scrapes: between two steps, by the step thread itself while one runs (a scrape never
+waits on the engine's lock: `AsyncEngine.read_between_steps`), and scrapes that arrive while a
+read is under way share it (`Coalesced`), so a flood of them costs one read at a time.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Generic, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,10 +28,53 @@ from specserve.request import RequestOutput
 from specserve.server.engine_metrics import EngineCollector, Labelled
 from specserve.server.engine_snapshot import EngineSnapshot, snapshot
 
-__all__ = ["EngineSnapshot", "Labelled", "ServerMetrics", "queue_seconds", "snapshot"]
+__all__ = [
+    "Coalesced",
+    "EngineSnapshot",
+    "Labelled",
+    "ServerMetrics",
+    "queue_seconds",
+    "snapshot",
+]
+T = TypeVar("T")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class Coalesced(Generic[T]):
+    """`fn` for callers in any thread; those who call while a call runs wait for it and share
+    its result (or its exception) instead of starting another."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._running: Future[T] | None = None
+        self.waiting = 0  # callers sharing the call under way (for tests)
+
+    def __call__(self) -> T:
+        with self._lock:
+            running = self._running
+            if running is None:
+                running = self._running = Future()
+                mine = True
+            else:
+                self.waiting += 1
+                mine = False
+        if not mine:
+            try:
+                return running.result()
+            finally:
+                with self._lock:
+                    self.waiting -= 1
+        try:
+            running.set_result(self._fn())
+        except BaseException as exc:
+            running.set_exception(exc)
+        finally:
+            with self._lock:
+                self._running = None
+        return running.result()
 
 
 class ServerMetrics:

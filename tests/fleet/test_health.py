@@ -168,3 +168,17 @@ def test_a_draining_fleet_refuses_new_requests_and_says_so(fleet_model: Path) ->
     assert health.status_code == 503 and health.json() == {"status": "draining", "in_flight": 2}
     assert generate.status_code == 503, generate.text
     assert "shutting down" in generate.json()["error"]
+
+
+def test_probes_within_a_second_share_one_broadcast(fleet_model: Path) -> None:
+    """Issue 54 item 9: /health needs no key and broadcast to every replica per call. Probes
+    now share one broadcast a second, as scrapes do."""
+    config = parse_fleet(two_pools(fleet_model), "test")
+    handles = {"code": FakeHandle(True), "chat": FakeHandle(True)}
+    contexts = FleetContexts(config, handles)
+    responses = get(contexts, "/health", "/health", "/health")
+    assert all(r.status_code == 200 for r in responses)
+    assert handles["code"].calls["health"] == 1 and handles["chat"].calls["health"] == 1
+    contexts.refresh()  # a redeploy: the next probe asks again
+    get(contexts, "/health")
+    assert handles["code"].calls["health"] == 2

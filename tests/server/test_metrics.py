@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from pathlib import Path
+
 from prometheus_client.parser import text_string_to_metric_families
 
+from specserve.engine.async_engine import AsyncEngine
+from specserve.request import RequestOutput, SamplingParams
+from specserve.server.metrics import Coalesced
 from tests import http
+from tests.engine.helpers import make_engine
 from tests.server.conftest import Server, idle, scrape
 
 EXPECTED = {
@@ -105,3 +114,73 @@ def test_prefix_cache_counters_move_on_a_repeated_prompt(tiny_server: Server) ->
     assert after["specserve_kv_cache_blocks_cached"] > 0
     info = http.get(tiny_server.url + "/info").json()["memory"]
     assert info["prefix_caching"] is True and info["kv_blocks_cached"] > 0
+
+
+def test_concurrent_scrapes_share_one_engine_read() -> None:
+    """Issue 54 item 9: every scrape of the public /metrics took the engine's lock. Scrapes
+    that arrive while a read is under way now share it."""
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def read() -> int:
+        calls.append(1)
+        entered.set()
+        release.wait()
+        return len(calls)
+
+    shared = Coalesced(read)
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(shared())) for _ in range(5)]
+    threads[0].start()
+    assert entered.wait(60)
+    for t in threads[1:]:
+        t.start()
+    deadline = time.monotonic() + 60  # a bound on failure only
+    while shared.waiting < 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    release.set()
+    for t in threads:
+        t.join()
+    assert calls == [1] and results == [1] * 5
+    assert shared() == 2  # once it is done, the next scrape reads anew
+
+
+def test_a_read_while_a_step_runs_is_made_by_the_step_thread(tiny_llama: Path) -> None:
+    """The engine's part of a scrape is read between steps by the step thread itself while a
+    step runs, so a scrape never waits on (or takes turns with the step thread for) its lock."""
+    engine = make_engine(tiny_llama)
+    stepping, release = threading.Event(), threading.Event()
+    real_step = engine.step
+
+    def held_step() -> list[RequestOutput]:
+        if engine.has_work() and not release.is_set():
+            stepping.set()
+            release.wait()
+        return real_step()
+
+    engine.step = held_step  # type: ignore[method-assign]
+    async_engine = AsyncEngine(engine)
+
+    async def generate() -> None:
+        async for _ in async_engine.generate("hi", SamplingParams(max_new_tokens=4)):
+            pass
+
+    request = threading.Thread(target=lambda: asyncio.run(generate()))
+    request.start()
+    assert stepping.wait(60)
+    readers: list[str] = []
+
+    def read(e: object) -> int:
+        readers.append(threading.current_thread().name)
+        return 7
+
+    got: list[int] = []
+    scrape_ = threading.Thread(target=lambda: got.append(async_engine.read_between_steps(read)))
+    scrape_.start()
+    release.set()
+    scrape_.join()
+    request.join()
+    assert got == [7] and readers == ["specserve-engine"]
+    assert async_engine.read_between_steps(read) == 7  # idle: read at once, here
+    assert readers[-1] == threading.current_thread().name
+    asyncio.run(async_engine.shutdown())
