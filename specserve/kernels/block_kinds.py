@@ -14,8 +14,8 @@ class BlockKind(IntEnum):
     layouts in `subblocks.h`). The *_X8 kinds are the same blocks with rows interleaved eight
     at a time (`x8_layout.h`, `ggml.repack_x8`), which the q8 numerics multiplies with fewer
     instructions per extra activation row: Q4_1 and Q8_0 (`x8.h`, their own block sums) and
-    the K-quants (`x8_kquants.h`, bit for bit the plain rows' product); the other kinds have no
-    interleaved form."""
+    the K-quants and Q5_1 (`x8_kquants.h`, bit for bit the plain rows' product); Q4_0 and
+    Q5_0 have no interleaved form (the loader transcodes them to Q4_1 and Q8_0)."""
 
     Q4_1 = 0
     Q8_0 = 1
@@ -30,6 +30,7 @@ class BlockKind(IntEnum):
     Q4_K_X8 = 10
     Q6_K_X8 = 11
     Q5_K_X8 = 12
+    Q5_1_X8 = 13
 
     @property
     def plain(self) -> BlockKind:
@@ -70,7 +71,7 @@ class BlockKind(IntEnum):
 _X8 = {
     BlockKind.Q4_1: BlockKind.Q4_1_X8, BlockKind.Q8_0: BlockKind.Q8_0_X8,
     BlockKind.Q4_K: BlockKind.Q4_K_X8, BlockKind.Q5_K: BlockKind.Q5_K_X8,
-    BlockKind.Q6_K: BlockKind.Q6_K_X8,
+    BlockKind.Q6_K: BlockKind.Q6_K_X8, BlockKind.Q5_1: BlockKind.Q5_1_X8,
 }  # fmt: skip
 _PLAIN = {x8: plain for plain, x8 in _X8.items()}
 _K_QUANTS = (BlockKind.Q4_K, BlockKind.Q5_K, BlockKind.Q6_K)

@@ -25,7 +25,7 @@
 enum {
     KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q4_1_X8 = 2, KIND_Q8_0_X8 = 3,
     KIND_Q4_0 = 4, KIND_Q5_0 = 5, KIND_Q5_1 = 6, KIND_Q4_K = 7, KIND_Q5_K = 8, KIND_Q6_K = 9,
-    KIND_Q4_K_X8 = 10, KIND_Q6_K_X8 = 11, KIND_Q5_K_X8 = 12,
+    KIND_Q4_K_X8 = 10, KIND_Q6_K_X8 = 11, KIND_Q5_K_X8 = 12, KIND_Q5_1_X8 = 13,
     KIND_COUNT
 };
 #define QK 32
@@ -41,6 +41,7 @@ static inline int plain_kind(int kind) {
         case KIND_Q4_K_X8: return KIND_Q4_K;
         case KIND_Q6_K_X8: return KIND_Q6_K;
         case KIND_Q5_K_X8: return KIND_Q5_K;
+        case KIND_Q5_1_X8: return KIND_Q5_1;
         default: return kind;
     }
 }

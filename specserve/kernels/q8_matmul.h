@@ -70,7 +70,7 @@ static int q8_tile(int kind, int64_t left, const uint8_t* row, const block_q8a* 
 static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* bias, const float* res) {
     const int64_t nb = K / QK, gb = X8_ROWS * row_bytes(kind, K);
-    const int kquant = is_kquant(plain_kind(kind));
+    const int lanes = kind != KIND_Q4_1_X8 && kind != KIND_Q8_0_X8;  // x8_kquants.h's kinds
     const int path = q8_path;
 #pragma omp parallel num_threads(threads)
     for (int64_t m0 = 0; m0 < M; m0 += Q8_CHUNK_ROWS) {
@@ -79,7 +79,7 @@ static void matmul_x8(int kind, const block_q8a* a, const uint8_t* w, float* y, 
         for (int64_t g = 0; g < N / X8_ROWS; g++) {
             for (int64_t m = m0; m < m1;) {
                 float dots[Q8_CHUNK_ROWS * X8_ROWS];  // x8k_tile: a whole chunk at once
-                const int rows = (kquant ? x8k_tile : x8_tile)(kind, m1 - m, w + g * gb,
+                const int rows = (lanes ? x8k_tile : x8_tile)(kind, m1 - m, w + g * gb,
                                                                a + m * nb, nb, path, dots);
                 for (int r = 0; r < rows; r++)
                     for (int i = 0; i < X8_ROWS; i++)

@@ -1,6 +1,6 @@
-// Interleaved K-quant rows (Q4_K_X8, Q5_K_X8, Q6_K_X8; layout in x8_layout.h) in the q8
-// numerics, bit for bit what the plain rows' kernel (q8_dot.h) gives for the same kind, on every
-// path and every M.
+// Interleaved K-quant and Q5_1 rows (Q4_K_X8, Q5_K_X8, Q6_K_X8, Q5_1_X8; layout in
+// x8_layout.h) in the q8 numerics, bit for bit what the plain rows' kernel (q8_dot.h) gives for
+// the same kind, on every path and every M.
 // Included once, by ggml_blocks.c, after q8_dot.h and x8_layout.h.
 //
 // Arithmetic of one output (weight row n, activation row a), q8_dot.h's, unchanged: per 32-value
@@ -26,9 +26,9 @@
 
 
 // Scalar reference: row i of the group at g . one activation row of nb sub-blocks: the row's
-// plain super-blocks put back, then q8_dot.h's scalar steps on them.
+// plain blocks put back, then q8_dot.h's scalar steps on them.
 static float dot_x8k_scalar(int kind, const uint8_t* g, int i, const block_q8a* a, int64_t nb) {
-    const int plain = plain_kind(kind), per = QK_K / QK;
+    const int plain = plain_kind(kind), per = (int)(block_values(kind) / QK);
     float acc[8] = {0}, summ = 0.0f;
     for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
         uint8_t b[X8_MAX_BLOCK_BYTES];
@@ -42,8 +42,21 @@ static float dot_x8k_scalar(int kind, const uint8_t* g, int i, const block_q8a* 
     return hsum8(acc) + summ;
 }
 
+// The kernels below take eight sub-blocks at a time, a span: a K-quant super-block, or eight
+// Q5_1 blocks (fewer at the end of a row). The span of sub-blocks blk0 .. blk0+7 of the group
+// at g, and how many it holds.
+#define X8K_SPAN 8
+static inline const uint8_t* x8k_span(int kind, const uint8_t* g, int64_t blk0) {
+    const int64_t gb = x8_block_bytes(kind);
+    return kind == KIND_Q5_1_X8 ? g + blk0 * gb : g + blk0 / X8K_SPAN * gb;
+}
+static inline int x8k_span_len(int kind, int64_t blk0, int64_t nb) {
+    return kind == KIND_Q5_1_X8 && nb - blk0 < X8K_SPAN ? (int)(nb - blk0) : X8K_SPAN;
+}
+
 // A group's super-block scales as vectors over its eight rows, read_block_scales's products
-// row by row: dv[s] = d * sc_s and m[s] = -(dmin * mn_s); Q6_K: dv[j] = d * sc_j per 16 values.
+// row by row: dv[s] = d * sc_s and m[s] = -(dmin * mn_s); Q6_K: dv[j] = d * sc_j per 16 values;
+// Q5_1 (a span of n blocks): dv[s] = d and m[s] = m of block s.
 typedef struct {
     __m256 dv[16], m[8];
 } x8k_scales;
@@ -54,7 +67,14 @@ static inline __m256i x8k_bytes(const uint8_t* p) {
 }
 
 static inline __attribute__((always_inline)) void x8k_read_scales(int kind, const uint8_t* o,
-                                                                  x8k_scales* sc) {
+                                                                  int n, x8k_scales* sc) {
+    if (kind == KIND_Q5_1_X8) {
+        for (int s = 0; s < n; s++) {
+            sc->dv[s] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 192 * s)));
+            sc->m[s] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 192 * s + 16)));
+        }
+        return;
+    }
     if (kind == KIND_Q6_K_X8) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 1664)));
         for (int j = 0; j < 16; j++) {
@@ -85,10 +105,28 @@ static inline __attribute__((always_inline)) void x8k_read_scales(int kind, cons
     }
 }
 
-// Lane t of sub-block s of the super-block at o: byte 4i + k is q_i[4t + k] (sub_quants_avx2's
+// Q5_1's fifth bits of lane t: byte 4i + k is 0x10 where bit 4t + k of row i's qh (the 32 bits
+// at p + 4i) is set, else 0 (fifth_bits, eight rows at once).
+static inline __m256i x8k_qh_bits(const uint8_t* p, int t) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)p);
+    const int h = (t >> 1) * 0x01010101;  // byte t / 2 of each row's qh into all its four bytes
+    const __m256i spread = _mm256_shuffle_epi8(
+        qh, _mm256_setr_epi32(h, 0x04040404 + h, 0x08080808 + h, 0x0C0C0C0C + h,
+                              h, 0x04040404 + h, 0x08080808 + h, 0x0C0C0C0C + h));
+    const __m256i bit = _mm256_set1_epi32(t & 1 ? (int)0x80402010 : 0x08040201);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                            _mm256_set1_epi8(0x10));
+}
+
+// Lane t of sub-block s of the span at o: byte 4i + k is q_i[4t + k] (sub_quants_avx2's
 // bits, from the interleaved vectors: vector c of a field holds its bytes 4c .. 4c+3).
 static inline __attribute__((always_inline)) __m256i x8k_quants(int kind, const uint8_t* o,
                                                                 int s, int t) {
+    if (kind == KIND_Q5_1_X8) {  // block s: nibbles, low ones for t < 4; fifth bit j of qh
+        const uint8_t* b = o + 192 * s;
+        const __m256i nibbles = bits32(b + 64 + 32 * (t & 3), 4 * (t >> 2), 15);
+        return _mm256_or_si256(nibbles, x8k_qh_bits(b + 32, t));
+    }
     if (kind == KIND_Q4_K_X8) return bits32(o + 128 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15);
     if (kind == KIND_Q5_K_X8)  // the fifth bits: bit s of qh
         return _mm256_or_si256(bits32(o + 384 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15),
@@ -151,17 +189,17 @@ static inline __attribute__((always_inline)) void x8k_unpack(int kind, const uin
 static inline __attribute__((always_inline)) void dot_x8k_avx2(int kind, const uint8_t* g,
                                                                const block_q8a* a, int64_t nb,
                                                                float* out) {
-    const int per = QK_K / QK;
-    const int64_t gb = x8_block_bytes(kind);
     __m256 v[9];
     for (int t = 0; t < 9; t++) v[t] = _mm256_setzero_ps();
-    for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
-        const uint8_t* o = g + blk0 / per * gb;
-        for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
+    for (int64_t blk0 = 0; blk0 < nb; blk0 += X8K_SPAN) {
+        const uint8_t* o = x8k_span(kind, g, blk0);
+        const int n = x8k_span_len(kind, blk0, nb);
+        const int64_t bytes = x8_block_bytes(kind) * (kind == KIND_Q5_1_X8 ? n : 1);
+        for (int64_t ahead = 0; ahead < bytes; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
         x8k_scales sc;
-        x8k_read_scales(kind, o, &sc);
+        x8k_read_scales(kind, o, n, &sc);
 #pragma GCC unroll 8
-        for (int s = 0; s < per; s++) x8k_step(kind, &sc, s, o, NULL, NULL, a + blk0 + s, v);
+        for (int s = 0; s < n; s++) x8k_step(kind, &sc, s, o, NULL, NULL, a + blk0 + s, v);
     }
     x8k_store(v, out);
 }
@@ -173,25 +211,23 @@ static inline __attribute__((always_inline)) void dot_x8k_avx2(int kind, const u
 #define X8K_CHUNK 64
 static inline __attribute__((always_inline)) void dot_x8k_rows_avx2(
     int kind, int rows, const uint8_t* g, const block_q8a* a, int64_t nb, float* out) {
-    const int per = QK_K / QK;
-    const int64_t gb = x8_block_bytes(kind);
     __m256 acc[X8K_CHUNK][9];
     for (int r = 0; r < rows; r++)
         for (int t = 0; t < 9; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t blk0 = 0; blk0 < nb; blk0 += per) {
-        const uint8_t* o = g + blk0 / per * gb;
-        for (int64_t ahead = 0; ahead < gb; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
+    for (int64_t blk0 = 0; blk0 < nb; blk0 += X8K_SPAN) {
+        const uint8_t* o = x8k_span(kind, g, blk0);
+        const int n = x8k_span_len(kind, blk0, nb);
         x8k_scales sc;
-        x8k_read_scales(kind, o, &sc);
+        x8k_read_scales(kind, o, n, &sc);
         __m256i w[8][8], wu[8][8];
 #pragma GCC unroll 8
-        for (int s = 0; s < per; s++) x8k_unpack(kind, o, s, w[s], wu[s]);
+        for (int s = 0; s < n; s++) x8k_unpack(kind, o, s, w[s], wu[s]);
         for (int r = 0; r < rows; r++) {
             __m256 v[9];
 #pragma GCC unroll 9
             for (int t = 0; t < 9; t++) v[t] = acc[r][t];
 #pragma GCC unroll 8
-            for (int s = 0; s < per; s++)
+            for (int s = 0; s < n; s++)
                 x8k_step(kind, &sc, s, o, w[s], wu[s], a + r * nb + blk0 + s, v);
 #pragma GCC unroll 9
             for (int t = 0; t < 9; t++) acc[r][t] = v[t];
@@ -215,6 +251,7 @@ static int x8k_tile(int kind, int64_t left, const uint8_t* g, const block_q8a* a
     switch (kind) {
         case KIND_Q4_K_X8: X8K_ROWS(KIND_Q4_K_X8) break;
         case KIND_Q5_K_X8: X8K_ROWS(KIND_Q5_K_X8) break;
+        case KIND_Q5_1_X8: X8K_ROWS(KIND_Q5_1_X8) break;
         case KIND_Q6_K_X8: X8K_ROWS(KIND_Q6_K_X8) break;
         default: break;
     }

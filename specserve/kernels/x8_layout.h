@@ -1,5 +1,5 @@
 // Where each byte of an interleaved ("x8") block lives: GGUF weight rows interleaved eight at a
-// time, for the q8 numerics (x8.h: Q4_1_X8, Q8_0_X8; x8_kquants.h: Q4_K_X8, Q5_K_X8, Q6_K_X8).
+// time, for the q8 numerics (x8.h: Q4_1_X8, Q8_0_X8; x8_kquants.h: the K-quants' and Q5_1_X8).
 // Repacking and gathering rows back only move bytes: every row's block is the same bytes in
 // another place.
 // Included once, by ggml_blocks.c, before x8.h and x8_kquants.h.
@@ -19,6 +19,7 @@
 //   Q4_1_X8 (160 B):  d 0,2,2 -> 0; m 2,2,2 -> 16; nibbles 4,16,4 -> 32
 //   Q8_0_X8 (272 B):  d 0,2,2 -> 0; int8 2,32,4 -> 16
 //   Q4_K_X8 (1152 B): d 0,2,2 -> 0; dmin 2,2,2 -> 16; scales 4,12,1 -> 32; nibbles 16,128,4 -> 128
+//   Q5_1_X8 (192 B):  d 0,2,2 -> 0; m 2,2,2 -> 16; qh 4,4,4 -> 32; nibbles 8,16,4 -> 64
 //   Q5_K_X8 (1408 B): as Q4_K_X8, and qh 16,32,4 -> 128; nibbles 48,128,4 -> 384
 //   Q6_K_X8 (1680 B): ql 0,128,4 -> 0; qh 128,64,4 -> 1024; scales 192,16,1 -> 1536;
 //     d 208,2,2 -> 1664
@@ -37,6 +38,7 @@ static inline int x8_fields(int kind, const x8_field** f) {
     static const x8_field q4_1[] = {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 16, 4, 32}};
     static const x8_field q8_0[] = {{0, 2, 2, 0}, {2, 32, 4, 16}};
     static const x8_field q4_k[] = {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 12, 1, 32}, {16, 128, 4, 128}};
+    static const x8_field q5_1[] = {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 4, 4, 32}, {8, 16, 4, 64}};
     static const x8_field q5_k[] = {{0, 2, 2, 0}, {2, 2, 2, 16}, {4, 12, 1, 32}, {16, 32, 4, 128},
                                     {48, 128, 4, 384}};
     static const x8_field q6_k[] = {{0, 128, 4, 0}, {128, 64, 4, 1024}, {192, 16, 1, 1536},
@@ -45,6 +47,7 @@ static inline int x8_fields(int kind, const x8_field** f) {
         case KIND_Q4_1_X8: *f = q4_1; return 3;
         case KIND_Q8_0_X8: *f = q8_0; return 2;
         case KIND_Q4_K_X8: *f = q4_k; return 4;
+        case KIND_Q5_1_X8: *f = q5_1; return 4;
         case KIND_Q5_K_X8: *f = q5_k; return 5;
         case KIND_Q6_K_X8: *f = q6_k; return 4;
         default: *f = 0; return 0;
