@@ -52,6 +52,7 @@ import httpx
 import torch
 
 from benchmarks.engine_verify import PLAIN_ROWS, engine_verify_costs
+from benchmarks.hf_reference import hf_gguf_model
 from benchmarks.llamacpp_load import LoadResult, load_side, serve
 from benchmarks.llamacpp_report import batch1_table, first_difference, load_table, verify_table
 from benchmarks.llamacpp_stream import NEW_TOKENS, stream_llamacpp, stream_specserve
@@ -108,14 +109,7 @@ _HF: dict[Path, Any] = {}
 
 def _hf_model(gguf: Path) -> Any:
     if gguf not in _HF:
-        import transformers
-        import transformers.modeling_utils
-
-        # from_pretrained(gguf_file=...) asks for accelerate but does not use it on the CPU
-        transformers.modeling_utils.is_accelerate_available = lambda: True
-        load = transformers.AutoModelForCausalLM.from_pretrained
-        model = load(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        _HF[gguf] = model.eval()
+        _HF[gguf] = hf_gguf_model(gguf)
     return _HF[gguf]
 
 

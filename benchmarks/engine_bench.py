@@ -168,14 +168,13 @@ class _TokenClock:
 
 
 def run_hf(args: argparse.Namespace) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from specserve.models.loader import resolve_model_dir
+    from benchmarks.hf_reference import hf_gguf_model
+    from specserve.models.loader import embedded_default_gguf, resolve_model_dir
 
     model_dir = str(resolve_model_dir(None))
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation=args.hf_attn
-    )
+    model = hf_gguf_model(embedded_default_gguf(), attn_implementation=args.hf_attn)
     model = model.to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

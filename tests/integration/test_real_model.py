@@ -11,7 +11,7 @@ import torch
 from specserve.config import Numerics
 from specserve.engine.engine import Engine
 from specserve.engine.resources import EngineResources
-from specserve.models.loader import resolve_model_dir
+from specserve.models.loader import embedded_default_gguf
 from specserve.request import SamplingParams
 from tests.engine.helpers import make_engine, run_all
 
@@ -107,9 +107,9 @@ def test_q8_greedy_answers_sensibly() -> None:
 
 
 def test_greedy_64_tokens_match_hf_generate() -> None:
-    from transformers import AutoModelForCausalLM
+    from benchmarks.hf_reference import hf_gguf_model
 
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(None))).float().eval()
+    hf = hf_gguf_model(embedded_default_gguf())
     # Generate through EOS like ignore_eos does (min_new_tokens would mask EOS instead).
     hf.generation_config.eos_token_id = None
     hf.config.eos_token_id = None
