@@ -30,11 +30,12 @@ from specserve.fleet.config import (
     FleetConfigError,
     check_models,
     live_settings,
-    load_fleet,
     parse_fleet,
+    read_fleet,
     restart_key,
     with_changes,
 )
+from specserve.fleet.secrets import remove_secrets
 
 logger = logging.getLogger("specserve.fleet")
 
@@ -89,11 +90,8 @@ def add_fleet_parser(subparsers: Any) -> None:
 
 # ------------------------------------------------------------------------------- commands
 def cmd_up(args: argparse.Namespace) -> int:
-    import yaml
-
     try:
-        raw = yaml.safe_load(args.config.read_text(encoding="utf-8"))
-        load_fleet(args.config)  # errors name the file
+        raw = read_fleet(args.config)  # errors name the file; the key file read
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v}
         config = parse_fleet({**raw, **overrides}, str(args.config))
         check_models(config)
@@ -260,6 +258,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     if timeout is not None:
         _drain(timeout)
     serve.delete(APP)
+    remove_secrets()  # the ingress' key file: nothing reads it any more
     print("fleet removed (a cluster `fleet up` started stops with it)")
     return 0
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 
-from specserve.storage import default_cache_dir, read_private, write_private
+from specserve.fleet.secrets import remove_secrets
+from specserve.storage import default_cache_dir, private_dir, read_private, write_private
 
 
 def address_file() -> Path:
@@ -57,11 +59,29 @@ def connect(address: str | None) -> None:
         raise SystemExit(f"error: cannot reach the Ray cluster at {address}: {exc}") from exc
 
 
+def auth_token_file() -> Path:
+    return Path.home() / ".ray" / "auth_token"  # where Ray reads (and would write) its token
+
+
+def private_token() -> None:
+    """Ray's token file, private from its creation: Ray writes one 0644 when there is none, so
+    it is written here first (0600, in a 0700 directory), or tightened if it is there."""
+    token = auth_token_file()
+    private_dir(token.parent)
+    if token.is_file():
+        token.chmod(0o600)
+    else:
+        write_private(token, secrets.token_hex(32))  # 256 bits, as Ray's own
+
+
 def start_cluster(num_cpus: int | None) -> str:
-    """A Ray cluster in this process, on 127.0.0.1, without the dashboard."""
+    """A Ray cluster in this process, on 127.0.0.1, without the dashboard, with Ray's token
+    authentication on (explicitly: not left to Ray's default of the day)."""
     loopback_only()
     for name, value in SERVE_ENV.items():  # inherited by the cluster's workers
         os.environ.setdefault(name, value)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    private_token()
     import ray
 
     cpus = num_cpus if num_cpus is not None else os.cpu_count()
@@ -74,9 +94,6 @@ def start_cluster(num_cpus: int | None) -> str:
     address = str(ray.get_runtime_context().gcs_address)
     address_file().parent.mkdir(parents=True, exist_ok=True)
     write_private(address_file(), address)
-    token = Path.home() / ".ray" / "auth_token"  # Ray writes it 0644
-    if token.is_file():
-        token.chmod(0o600)
     return address
 
 
@@ -89,4 +106,5 @@ def stop_cluster() -> None:
     finally:
         ray.shutdown()
         address_file().unlink(missing_ok=True)
+        remove_secrets()
         print("fleet stopped", flush=True)

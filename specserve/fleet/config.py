@@ -3,6 +3,7 @@
 ```yaml
 default_pool: chat
 port: 8080                 # host, port, api_key, max_body_bytes: as `serve` takes them
+api_key_file: fleet.key    # or the key from a file (mode 600); api_key inline: this file mode 600
 pools:
   code: {speculate: 4, proposer: ngram, speculate_max_batch: 8, replicas: 1, num_cpus: 1}
   chat: {speculate: 2}
@@ -29,8 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specserve.cli_args import engine_config
 from specserve.fleet.flags import FLEET_OPTIONS, LIVE_FIELDS, POOL_OPTIONS, fields_of
+from specserve.server.keyfile import read_key_file
 from specserve.server.startup import server_settings
 from specserve.speculation.registry import REGISTRY
+from specserve.storage import read_private
 
 POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 POOL_HEADER = "x-specserve-pool"
@@ -132,13 +135,38 @@ class FleetConfig(_FleetBase):
 # ------------------------------------------------------------------------------- loading
 def load_fleet(path: str | Path) -> FleetConfig:
     """Read and validate a fleet file; FleetConfigError names the file, pool and field."""
+    return parse_fleet(read_fleet(path), str(path))
+
+
+def read_fleet(path: str | Path) -> Any:
+    """A fleet file's mapping, its key resolved: `api_key_file` (a file of one key, under
+    `--api-key-file`'s rules: this user's, mode 600; a relative path from the fleet file's
+    folder) becomes `api_key`; an inline `api_key`
+    is read only from a fleet file that is itself private, as a key file must be."""
     import yaml
 
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise FleetConfigError(f"{path}: cannot read the fleet config: {exc}") from exc
-    return parse_fleet(raw, str(path))
+    if not isinstance(raw, dict):
+        return raw
+    try:
+        if raw.get("api_key") is not None:
+            read_private(path, "fleet config with an inline api_key")
+        if raw.get("api_key_file") is not None:
+            if raw.get("api_key") is not None:
+                raise ValueError("give api_key or api_key_file, not both")
+            key_file = Path(str(raw["api_key_file"])).expanduser()
+            key_file = key_file if key_file.is_absolute() else Path(path).parent / key_file
+            keys = read_key_file(str(key_file), "api_key_file")
+            if len(keys) != 1:
+                raise ValueError(f"api_key_file holds {len(keys)} keys; a fleet takes one")
+            raw = {**raw, "api_key": keys[0]}
+        raw.pop("api_key_file", None)
+    except ValueError as exc:
+        raise FleetConfigError(f"{path}: {exc}") from exc
+    return raw
 
 
 def parse_fleet(raw: Any, source: str) -> FleetConfig:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import yaml
 
 from specserve.cli import build_parser
 from specserve.fleet.config import (
@@ -14,10 +15,12 @@ from specserve.fleet.config import (
     live_settings,
     load_fleet,
     parse_fleet,
+    read_fleet,
     restart_key,
     with_changes,
 )
 from specserve.fleet.flags import LIVE_FIELDS, POOL_SERVE_FLAGS
+from tests.fleet.conftest import two_pools
 
 GOOD = """
 default_pool: chat
@@ -124,6 +127,7 @@ def test_pool_fields_are_serves_flags_with_serves_defaults(monkeypatch: pytest.M
     engine_and_pool -= {
         "api_key",
         "api_key_file",
+        "admin_key_file",  # a fleet has one key, its operator's
         "max_body_bytes",
         "drain_timeout",
         "private_metrics",
@@ -176,3 +180,33 @@ def test_set_on_an_unknown_pool_names_the_pools() -> None:
         with_changes(config, "c", {"speculate": 1})
     with pytest.raises(FleetConfigError, match="fleet set a: pool 'a', field speculate"):
         with_changes(config, "a", {"speculate": "x"})
+
+
+def test_a_fleet_key_is_read_under_the_key_file_rules(fleet_model: Path, tmp_path: Path) -> None:
+    """Issue 54 item 8: an inline `api_key` was read whatever the fleet file's mode. It now
+    needs a private fleet file, as `--api-key-file` needs a private key file; `api_key_file`
+    names such a file instead (relative to the fleet file)."""
+    fleet = tmp_path / "fleet.yaml"
+
+    def write(extra: dict[str, object], mode: int) -> Path:
+        fleet.write_text(yaml.safe_dump({**two_pools(fleet_model), **extra}))
+        fleet.chmod(mode)
+        return fleet
+
+    with pytest.raises(FleetConfigError, match=r"fleet.yaml: .*mode 0644.*chmod 600"):
+        load_fleet(write({"api_key": "inline-key"}, 0o644))
+    assert load_fleet(write({"api_key": "inline-key"}, 0o600)).api_key == "inline-key"
+    key = tmp_path / "fleet.key"
+    key.write_text("file-key\n")
+    key.chmod(0o600)
+    assert load_fleet(write({"api_key_file": "fleet.key"}, 0o644)).api_key == "file-key"
+    assert read_fleet(fleet)["api_key"] == "file-key" and "api_key_file" not in read_fleet(fleet)
+    key.chmod(0o640)
+    with pytest.raises(FleetConfigError, match=r"api_key_file .*fleet.key: group or others"):
+        load_fleet(fleet)
+    key.chmod(0o600)
+    with pytest.raises(FleetConfigError, match="not both"):
+        load_fleet(write({"api_key_file": "fleet.key", "api_key": "x"}, 0o600))
+    key.write_text("a\nb\n")
+    with pytest.raises(FleetConfigError, match="holds 2 keys"):
+        load_fleet(write({"api_key_file": str(key)}, 0o600))
