@@ -6,8 +6,8 @@
 // Arithmetic of one output (weight row n, activation row a), q8_dot.h's, unchanged: per 32-value
 // sub-block s, the eight exact int32 lane sums lane[t] = sum_{j in [4t, 4t+4)} q_w[j] q_a[j],
 //   acc[t] = fma(dv_s * d_a, lane[t], acc[t])      dv_s = d * sc_s as read_block_scales forms it
-//   summ   = fma(m_s, s_a, summ)                    m_s = -(dmin * mn_s); Q6_K none (summ = +0)
-//   out    = hsum8(acc) + summ
+//   summ   = fma(m_s, s_a, summ)                    m_s = -(dmin * mn_s), Q5_1 its m; Q6_K none
+//   out    = hsum8(acc) + summ                      (Q6_K: summ = +0, added all the same)
 // Only which register holds what differs. On plain rows a vector holds the eight lanes of one
 // output; here it holds lane t of eight outputs (the sub-block's interleaved vector t, four
 // quants of each row, by one maddubs + madd against four broadcast activation bytes). So the
@@ -23,7 +23,6 @@
 // No VNNI form: every vector path takes AVX2 here.
 
 #pragma once
-
 
 // Scalar reference: row i of the group at g . one activation row of nb sub-blocks: the row's
 // plain blocks put back, then q8_dot.h's scalar steps on them.

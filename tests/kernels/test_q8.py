@@ -19,7 +19,7 @@ from specserve.models.gguf_blocks import _f32_bound, _q8_bound
 from tests.kernels.blocks import coded_blocks, width_for
 from tests.kernels.test_ggml import quantised
 
-X8_KINDS = [kind for kind in ggml.GGUF_KINDS if kind.has_x8]  # Q4_1, Q8_0, Q4_K
+X8_KINDS = [kind for kind in ggml.GGUF_KINDS if kind.has_x8]  # all but Q4_0 and Q5_0
 BLOCK_SUM_KINDS = [BlockKind.Q4_1, BlockKind.Q8_0]  # x8.h's own arithmetic per block
 OnPath = Literal["widest", "avx2"]  # "widest": what runs by default
 
