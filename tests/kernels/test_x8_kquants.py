@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where exp
 
 # The interleaved kinds with the plain rows' arithmetic (Q4_1_X8 and Q8_0_X8 have their own).
 KINDS = [k for k in ggml.GGUF_KINDS if k.has_x8 and k not in (BlockKind.Q4_1, BlockKind.Q8_0)]
-OUT = 40  # five groups of eight rows
+OUT = 72  # nine groups of eight rows, enough for dequantize to decode them in parallel
 
 
 def width(kind: BlockKind) -> int:
@@ -47,6 +47,7 @@ def test_repacked_rows_gather_and_decode_as_the_plain_rows(kind: BlockKind) -> N
     ids = torch.arange(OUT).flip(0)
     assert torch.equal(ggml.gather_rows(x8, kind.x8, ids, width(kind)), plain[ids])
     want = quants.dequantize(plain.numpy(), GGMLQuantizationType[kind.name])
+    assert OUT >= ggml.SERIAL_DEQUANT_ROWS
     for rows in (x8, x8[:8].contiguous()):  # in parallel; a few rows in the caller's thread
         got = ggml.dequantize(rows, kind.x8, width(kind))
         assert np.array_equal(bits(got), bits(want[: rows.shape[0]]))
