@@ -177,8 +177,9 @@ class Engine:
             logger.exception("forward pass failed")
             self._fail([p.seq for p in plan.seqs], f"forward pass failed: {describe(exc)}")
             return
-        if self.res.policy is not None:
-            self.res.policy.observe(plan.shape(), elapsed)
+        cost = self.res.cost or (self.res.policy.cost if self.res.policy is not None else None)
+        if cost is not None:
+            cost.observe(plan.shape(), elapsed)
         self._verify_and_commit(plan, run)
         self.last_step = self.stats.count_step(plan)
 

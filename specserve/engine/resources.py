@@ -47,6 +47,9 @@ class EngineResources:
     device: torch.device
     weight_bytes: int
     memory: MemoryBudget | None = None
+    # the live step cost the scheduler's ITL target and the adaptive policy share (the engine
+    # feeds it its steps' timings); None where neither needs one
+    cost: LiveCost | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -98,20 +101,22 @@ def load_resources(config: EngineConfig) -> EngineResources:
         model, num_blocks, block_size, device, config.attention, config.cache.kv_dtype
     )
     proposer = REGISTRY.build(Loaded(config, target, draft, num_blocks))
+    cost = step_cost(config, runner, allocator)
     return EngineResources(
         model_dir=model_dir,
         model=model,
         tokenizer=tokenizer,
         runner=runner,
         allocator=allocator,
-        scheduler=Scheduler(config.scheduler, allocator, max_model_len),
+        scheduler=Scheduler(config.scheduler, allocator, max_model_len, cost),
         proposer=proposer,
-        policy=make_policy(config, runner, allocator),
+        policy=make_policy(config, runner, allocator, cost),
         eos_ids=eos_token_ids(model_dir, tokenizer),
         max_model_len=max_model_len,
         device=device,
         weight_bytes=weight_bytes + (param_bytes(draft) if draft is not None else 0),
         memory=memory,
+        cost=cost,
     )
 
 
@@ -204,6 +209,27 @@ def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
         elif isinstance(src, list):
             ids.update(int(i) for i in src)
     return frozenset(ids)
+
+
+def step_cost(
+    config: EngineConfig, runner: ModelRunner, allocator: BlockAllocator
+) -> LiveCost | None:
+    """The step cost measured at start-up (engine/cost_probe.py) where the adaptive policy or
+    the ITL target needs one (the target alone: a shorter profile, speculation's shapes left
+    out); None where neither does."""
+    spec, sched = config.spec, config.scheduler
+    adaptive = spec.speculate > 0 and spec.policy == "adaptive"
+    if not adaptive and not sched.itl_target_ms:
+        return None
+    model = measure_step_cost(
+        runner,
+        allocator,
+        max_seqs=sched.max_running_requests,
+        max_drafts=spec.speculate if adaptive else 0,
+        max_tokens=sched.max_batch_tokens,
+        budget_s=4.0 if adaptive else 1.0,
+    )
+    return LiveCost(model)
 
 
 def make_policy(

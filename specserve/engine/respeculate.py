@@ -29,7 +29,7 @@ def respeculate(
     loaded = Loaded(new_config, target, num_blocks=res.allocator.num_blocks)
     proposer = registry.live_proposer(res.proposer, config.spec, loaded)
     old = res.policy
-    cost = old.cost if old is not None and isinstance(old.cost, LiveCost) else None
+    cost = res.cost or (old.cost if old is not None and isinstance(old.cost, LiveCost) else None)
     adaptive_cost = cost if spec.policy == "adaptive" else None
     policy = make_policy(new_config, res.runner, res.allocator, adaptive_cost)
     if old is not None and policy is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specserve.engine.plan import StepPlan
+from specserve.engine.plan import StepPlan, is_decode
 from specserve.request import Sequence
 from specserve.speculation.proposer import Draft, ProposerStats
 
@@ -46,6 +46,7 @@ class EngineStats:
             drafts_reserved={p.seq.seq_id: p.reserved for p in scheduled if p.reserved},
             drafts_proposed={sid: len(d.tokens) for sid, d in proposed.items()},
             drafts_verified=verified,
+            prefill_tokens=sum(p.work.num_tokens for p in plan.seqs if not is_decode(p.work)),
         )
 
 
@@ -58,3 +59,4 @@ class StepRecord:
     drafts_reserved: dict[int, int]  # seq_id -> draft slots reserved before proposing
     drafts_proposed: dict[int, int]  # seq_id -> drafts the proposer returned (non-empty only)
     drafts_verified: dict[int, int]  # seq_id -> drafts the policy kept and the pass verified
+    prefill_tokens: int = 0  # prompt tokens computed beside the decode rows

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
+
+UNBOUNDED = 1 << 30  # prefill tokens where the profile saw no cost per prefill token
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,17 @@ class LiveCost:
         default = self.decode.value(1.0)
         factors = [self._cell_factor(base.num_decode, int(t), default) for t in rows]
         return raw * np.asarray(factors)
+
+    def prefill_within(self, base: StepShape, seconds: float) -> int:
+        """The most prefill-chunk tokens beside `base`'s decode rows whose step is predicted to
+        take at most `seconds`; 0 where those rows alone take longer. Live: the prefill steps'
+        ratio to the profile (the decode steps' until one is seen)."""
+        if self.model.per_prefill_token <= 0:
+            return UNBOUNDED
+        ratio = self.prefill.value(self.decode.value(1.0))
+        rows, attention = np.array([base.rows]), np.array([base.attention])
+        decode = float(self.model.many(replace(base, prefill=0), rows, attention)[0])
+        return max(0, int((seconds / ratio - decode) / self.model.per_prefill_token))
 
     def _cell_factor(self, batch: int, rows: int, default: float) -> float:
         cell = self.cells.get((batch, rows))

@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 
 from specserve.config import SchedulerConfig
 from specserve.request import SeqStatus, Sequence
+from specserve.runner.cost import LiveCost
+from specserve.scheduler.chunking import prefill_budget
 from specserve.scheduler.kv_blocks import NO_MATCH, BlockAllocator, PrefixMatch, blocks_for
 
 
@@ -69,9 +71,14 @@ DraftCaps = Callable[[list[Sequence], int, int], list[int]]
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, allocator: BlockAllocator, max_model_len: int | None = None
+        self,
+        config: SchedulerConfig,
+        allocator: BlockAllocator,
+        max_model_len: int | None = None,
+        cost: LiveCost | None = None,
     ) -> None:
         self.config = config
+        self.cost = cost  # sizes prefill chunks to the ITL target (none: the token budget)
         self.allocator = allocator
         self.max_model_len = max_model_len  # caps a sequence's worst case (rule 3)
         self.waiting: deque[Sequence] = deque()
@@ -128,18 +135,22 @@ class Scheduler:
     def schedule(self, draft_caps: DraftCaps | None = None) -> ScheduledBatch:
         self._reserved = sum(self._still_reserved(s) for s in self.running)
         budget = self.config.max_batch_tokens
+        target = self.config.itl_target_ms / 1e3
+        prefill = prefill_budget(self.running, bool(self.waiting), budget, self.cost, target)
         work: list[SeqWork] = []
         preempted: list[Sequence] = []
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING or budget == 0:
                 continue  # preempted earlier in this step
-            n = min(seq.num_uncomputed, budget)
-            if not self._reserve(seq, n, preempted):
+            left = seq.num_uncomputed
+            n = min(left, budget if left == 1 else prefill)
+            if n == 0 or not self._reserve(seq, n, preempted):
                 continue
             work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
             budget -= n
+            prefill -= n if left > 1 else 0
         if not preempted:
-            budget = self._admit(work, budget)
+            budget = self._admit(work, budget, prefill)
         if draft_caps is not None:
             work = self._reserve_drafts(work, budget, draft_caps)
         return ScheduledBatch(work=work, preempted=preempted, num_running=len(self.running))
@@ -227,8 +238,14 @@ class Scheduler:
                 return
             seq.cached_blocks += 1
 
-    def _admit(self, work: list[SeqWork], budget: int) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
+    def _admit(self, work: list[SeqWork], budget: int, prefill: int) -> int:
+        """Admit waiting sequences in order while `budget` (tokens) and `prefill` (prompt
+        tokens) last; the budget left."""
+        while (
+            self.waiting
+            and min(budget, prefill) > 0
+            and len(self.running) < self.config.max_running_requests
+        ):
             seq = self.waiting[0]
             match = self._admissible(seq)
             if match is None:
@@ -247,9 +264,9 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
-            n = min(seq.num_uncomputed, budget)
+            n = min(seq.num_uncomputed, budget, prefill)
             work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
-            budget -= n
+            budget, prefill = budget - n, prefill - n
         return budget
 
     def _reserve_drafts(self, work: list[SeqWork], budget: int, caps: DraftCaps) -> list[SeqWork]:

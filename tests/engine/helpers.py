@@ -23,8 +23,12 @@ def make_engine(
     prefix_caching: bool = True,
     numerics: Numerics = "q8",
     kv_dtype: str = "float16",
+    itl_target_ms: float = 0.0,
     **spec: object,
 ) -> Engine:
+    """An engine on `model_dir`. No ITL target unless asked: its chunks follow measured step
+    times, and tests that count steps must not depend on a clock (test_stall_free injects a
+    cost)."""
     return Engine(
         EngineConfig(
             model=str(model_dir) if model_dir else None,
@@ -38,7 +42,9 @@ def make_engine(
                 kv_dtype=kv_dtype,  # type: ignore[arg-type]
             ),
             scheduler=SchedulerConfig(
-                max_batch_tokens=max_batch_tokens, max_running_requests=max_running
+                max_batch_tokens=max_batch_tokens,
+                max_running_requests=max_running,
+                itl_target_ms=itl_target_ms,
             ),
             spec=SpecConfig(
                 speculate=speculate,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,20 @@ def test_live_cost_follows_observed_cells_and_keeps_the_profile_shape_elsewhere(
     rows = np.array([4, 8])
     both = live.predict_rows(base, rows, rows * 100)
     assert both.tolist() == pytest.approx([live.predict(base), live.predict(shape(4, 8))])
+
+
+def test_prefill_within_a_target_solves_the_model_and_follows_observed_prefill_steps() -> None:
+    live = LiveCost(linear_model())
+    base = shape(2, 2)  # two decode rows at 100 cached tokens: 11.6 ms by the profile
+    within = live.prefill_within(base, 0.030)
+    assert within == int((0.030 - live.model.seconds(base)) / 1e-4)  # 184 tokens
+    assert live.model.seconds(replace(base, prefill=within)) <= 0.030
+    assert live.model.seconds(replace(base, prefill=within + 1)) > 0.030
+    assert live.prefill_within(base, 0.005) == 0  # the decode rows alone are over it
+    for _ in range(3):  # prefill steps here take twice the profile
+        big = shape(2, 2, prefill=100)
+        live.observe(big, 2 * live.model.seconds(big))
+    assert live.prefill_within(base, 0.030) == int((0.015 - live.model.seconds(base)) / 1e-4)
 
 
 def test_profile_shapes_cover_t_with_the_most_sequences() -> None:
