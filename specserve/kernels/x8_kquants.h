@@ -131,9 +131,13 @@ static inline __attribute__((always_inline)) __m256i x8k_quants(int kind, const 
         return _mm256_or_si256(bits32(o + 384 + 32 * (8 * (s / 2) + t), 4 * (s & 1), 15),
                                _mm256_slli_epi16(bits32(o + 128 + 32 * t, s, 1), 4));
     const int c = s / 4, u = s % 4;  // Q6_K: 128 values per 64 bytes of ql and 32 of qh
-    const __m256i q = _mm256_or_si256(
-        bits32(o + 32 * (16 * c + 8 * (u & 1) + t), 4 * (u >> 1), 15),
-        _mm256_slli_epi16(bits32(o + 1024 + 32 * (8 * c + t), 2 * u, 3), 4));
+    // the top two bits (2u, 2u + 1 of qh) moved to bits 4, 5 by one shift, then masked
+    const __m256i h = _mm256_loadu_si256((const __m256i*)(o + 1024 + 32 * (8 * c + t)));
+    const __m256i at4 = u < 2    ? _mm256_slli_epi16(h, 4 - 2 * u)
+                        : u == 3 ? _mm256_srli_epi16(h, 2)
+                                 : h;
+    const __m256i low = bits32(o + 32 * (16 * c + 8 * (u & 1) + t), 4 * (u >> 1), 15);
+    const __m256i q = _mm256_or_si256(low, _mm256_and_si256(at4, _mm256_set1_epi8(0x30)));
     return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
 }
 
