@@ -220,6 +220,8 @@ static inline __attribute__((always_inline)) void dot_x8k_rows_avx2(
     for (int64_t blk0 = 0; blk0 < nb; blk0 += X8K_SPAN) {
         const uint8_t* o = x8k_span(kind, g, blk0);
         const int n = x8k_span_len(kind, blk0, nb);
+        const int64_t bytes = x8_block_bytes(kind) * (kind == KIND_Q5_1_X8 ? n : 1);
+        for (int64_t ahead = 0; ahead < bytes; ahead += 64) __builtin_prefetch(o + PREFETCH_AHEAD + ahead);
         x8k_scales sc;
         x8k_read_scales(kind, o, n, &sc);
         __m256i w[8][8], wu[8][8];
