@@ -25,7 +25,8 @@ Usage (repo root, after the default model has been loaded once so its cache exis
         [--scalar] [--cpu-clock] [--decode 128]
     python -m benchmarks.bench_blocks --kinds [--threads 2] [--repeats 20]
 --kinds: instead, the q8 product of one matrix per GGUF kind (random blocks with valid scales)
-at M = 1 and 16, shapes N x K = 1536 x 768 and 576 x 1536 (K a multiple of the K-quants' 256),
+at M = 1 and 16, shapes N x K = 1536 x 768 and 576 x 1536 (K a multiple of the K-quants' 256;
+both stay in the L3 cache) and 2048 x 8192 (a Llama-3.2-1B down projection, streamed from memory),
 plain rows and, for each kind that has one, the interleaved form BlockLinear repacks them to
 (*_X8), against Q4_1 as GGUF stores it and as interleaved (Q4_1_X8); "x8 / plain": an
 interleaved kind's time over its plain kind's.
@@ -250,7 +251,7 @@ def print_kinds(args: argparse.Namespace) -> None:
     print("| N x K | kind | bits/weight | M=1 us | M=16 us | M=1 / Q4_1 | M=16 / Q4_1 | "
           "M=1 / Q4_1_X8 | M=16 / Q4_1_X8 | M=1 x8 / plain | M=16 x8 / plain |")  # fmt: skip
     print("|---" * 11 + "|")
-    for n, k in ((1536, 768), (576, 1536)):
+    for n, k in ((1536, 768), (576, 1536), (2048, 8192)):
         plain = {kind: random_blocks(kind.plain, n, k) for kind in kinds}
         weights = {
             kind: ggml.repack_x8(rows, kind.plain, k) if kind.interleaved else rows
