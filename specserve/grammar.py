@@ -246,11 +246,11 @@ class Grammars:
     """Compiled grammars of one tokenizer, shared by the threads that prepare requests and the
     engine's thread.
 
-    A compile runs in the thread that asks for it, outside any lock: `_lock` guards only the
-    cache of futures (one per spec, so a spec asked for twice at once compiles once, and
-    distinct specs compile side by side). The compiled grammar goes back inside the spec
-    (`GrammarSpec.compiled`) and travels with the request, so `processor`, on the engine's
-    thread, only copies it: no compile there, and no wait for one elsewhere."""
+    A compile runs in the thread that asks for it, outside any lock the engine takes: `_lock`
+    guards only the cache of futures (one per spec, so a spec asked for twice at once compiles
+    once), and `_building` lets one build run at a time. The compiled grammar goes back inside
+    the spec (`GrammarSpec.compiled`) and travels with the request, so `processor`, on the
+    engine's thread, only copies it: no compile there, and no wait for one elsewhere."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
         self._hf = tokenizer
@@ -260,6 +260,12 @@ class Grammars:
         self._ll_lock = threading.Lock()
         self._compiled: OrderedDict[GrammarSpec, Future[Any]] = OrderedDict()
         self._lock = threading.Lock()
+        # One build at a time, a lock the engine's thread never takes: llguidance holds the
+        # GIL through a matcher's build (~8 ms for an 80-property schema), and several builds
+        # at once kept the step thread from the GIL for whole chains of them (a plain stream's
+        # step took 320 ms instead of 11 beside 24 schemas on 6 threads; 190 ms one at a time,
+        # benchmarks/bench_grammar_stall.py).
+        self._building = threading.Lock()
 
     def compile(self, spec: GrammarSpec) -> GrammarSpec:
         """`spec` with its compiled grammar (cached per spec). ValueError naming the problem if
@@ -277,7 +283,9 @@ class Grammars:
                 self._compiled.move_to_end(spec)
         if mine:
             try:
-                future.set_result(self._build(spec))
+                with self._building:
+                    built = self._build(spec)
+                future.set_result(built)
             except BaseException as exc:
                 future.set_exception(exc)
                 with self._lock:
@@ -355,8 +363,9 @@ class GrammarProcessor:
         tokens): the forced bytes' own tokenization, cut where the grammar would refuse it. A
         forced string is not a forced tokenization (the model may split it otherwise), so these
         are a draft for verification to decide, not tokens to commit."""
-        done = self._follow([]) if output is self.committed else self.advance(output)
-        if limit <= 0 or not done:
+        if limit <= 0:
+            return []
+        if not (self._follow([]) if output is self.committed else self.advance(output)):
             return []
         text = self.matcher.compute_ff_bytes()
         if not text:
