@@ -32,7 +32,7 @@ static float dot_x8_scalar(int kind, const uint8_t* g, int i, const block_q8a* a
     const int64_t gb = x8_block_bytes(kind);
     float acc = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++) {
-        uint8_t b[34];
+        uint8_t b[X8_MAX_BLOCK_BYTES];
         x8_row_block(kind, g + blk * gb, i, b);
         int32_t s = 0;
         for (int j = 0; j < QK; j++) {
