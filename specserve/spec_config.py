@@ -45,15 +45,18 @@ class SpecConfig:
             live=True,
         ),
     )
-    # static: every sequence proposes its cap; adaptive: k per sequence from live acceptance
-    # and the profiled step cost.
+    # adaptive (the default, for every proposer): k per sequence from live acceptance, the
+    # profiled step cost and what proposing costs, so that nothing is drafted where nothing
+    # pays; static (opt-in): every sequence proposes its cap.
     policy: PolicyName = field(
-        default="static",
+        default="adaptive",
         metadata=flag(
             "--speculation-policy",
             "SPECULATION_POLICY",
-            "static: every sequence drafts its cap; adaptive: k per sequence and step from live "
-            "acceptance and the step cost profiled at start-up (turns speculation off under load)",
+            "adaptive (default): k per sequence and step from live acceptance, the step cost "
+            "profiled at start-up and kept from live steps, and the proposer's own cost: drafts "
+            "only what is expected to pay (turns speculation off under load); static: every "
+            "sequence drafts its cap",
             live=True,
         ),
     )

@@ -2,8 +2,9 @@
 
 Before proposing, gates (both policies) may switch drafting off: no drafts when the running batch
 exceeds `max_batch`, or when the step with every cap would score more than `max_tokens`. The
-adaptive policy also skips proposing when even drafts as good as the best calibration bucket
-could not raise the step's rate (see `_cannot_pay`): a proposer that could only lose costs
+adaptive policy (the default) also skips proposing when even drafts as good as the best
+calibration bucket could not raise the step's rate once the proposer's own calls are paid (their
+measured seconds per sequence; see `_cannot_pay`): a proposer that could only lose costs
 nothing.
 
 After proposing, the static policy verifies every draft whole (up to its cap). The adaptive
@@ -158,6 +159,10 @@ class SpeculationPolicy:
         self.calibration = calibration or Calibration()
         self.payoff = Payoff()
         self.stats = PolicyStats()
+        # seconds proposing took per adaptive sequence that proposed: a running mean (plain
+        # for the first 10 steps), the pre-check's price of a proposer call
+        self.proposing = _Mean()
+        self._priced_out = 0  # steps the calls' price alone kept from proposing
 
     def open(self, seqs: list[DecodeSeq], num_running: int, scheduled_tokens: int) -> list[int]:
         """Caps for this step's proposer: each sequence's cap unless a gate closed or, for
@@ -187,6 +192,8 @@ class SpeculationPolicy:
         adaptive sequences that proposed this step, in `seconds`; the payoff weighs those
         seconds and this choice's own."""
         started = time.perf_counter()
+        if self.adaptive and proposing:
+            self.proposing.add(seconds / proposing)
         ks = [len(s.draft.tokens) if s.draft is not None else 0 for s in seqs]
         if self.adaptive and any(k and not s.static for k, s in zip(ks, seqs, strict=True)):
             ks, rated = self._optimise(seqs, prefill)
@@ -250,9 +257,10 @@ class SpeculationPolicy:
 
     def _cannot_pay(self, seqs: list[DecodeSeq], prefill: int) -> bool:
         """True when no number m of extra rows, each adding the best calibrated acceptance
-        seen (an upper bound on any real draft's gain), beats m = 0. (What proposing costs is
-        the payoff's to weigh: it explores, where this check, once closed by a time, would
-        never see another.)"""
+        seen (an upper bound on any real draft's gain), beats m = 0 once the proposer's calls
+        (their measured mean per sequence) are paid too; where only the calls' price closes
+        it, every `payoff.explore`-th step proposes, so that the price is measured again.
+        (The payoff weighs what proposing did buy, per batch size.)"""
         free = [s for s in seqs if not s.static and s.cap]
         if not free:
             return False
@@ -261,8 +269,16 @@ class SpeculationPolicy:
         cost = self._row_cost([replace_cap(s) for s in seqs], max(prefill, 0), keys)
         m = np.arange(sum(s.cap for s in free) + 1)
         static_rows = sum(s.cap for s in seqs if s.static)
-        rate = (len(seqs) + static_rows * best + m * best) / cost(m)
-        return bool(rate[1:].max() <= rate[0])
+        gain = len(seqs) + static_rows * best + m * best
+        rows_only = gain / cost(m)
+        if rows_only[1:].max() <= rows_only[0]:
+            return True
+        calls = self.proposing.value * len(free) * (m > 0)  # no draft: no call
+        rate = gain / (cost(m) + calls)
+        if rate[1:].max() > rate[0]:
+            return False
+        self._priced_out += 1  # only the calls' price closes it: re-measured now and then
+        return self._priced_out % self.payoff.explore != 0
 
     def _best_probability(self) -> float:
         best = self.calibration.best_tested()
@@ -274,3 +290,16 @@ def replace_cap(seq: DecodeSeq) -> DecodeSeq:
     if not seq.static or not seq.cap:
         return seq
     return DecodeSeq(seq.context, True, seq.cap, Draft(tokens=[0] * seq.cap))
+
+
+@dataclass
+class _Mean:
+    """A running mean: plain over the first 1/alpha values, then exponential."""
+
+    alpha: float = 0.1
+    n: int = 0
+    value: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.value += max(self.alpha, 1.0 / self.n) * (x - self.value)

@@ -319,8 +319,15 @@ def test_load_refuses_a_permuted_tokenizer(target_dir: Path, tmp_path: Path) -> 
 
 # ------------------------------------------------------------------------ through the engine
 def draft_engine(target: Path, draft: Path, n: int, num_blocks: int = 64) -> Engine:
+    """Static policy: these tests compare drafts and their realisations step for step, which
+    the adaptive policy's choices (fed by step timings) would vary."""
     engine = make_engine(
-        target, num_blocks=num_blocks, speculate=n, proposer="draft", draft_model=str(draft)
+        target,
+        num_blocks=num_blocks,
+        speculate=n,
+        proposer="draft",
+        draft_model=str(draft),
+        policy="static",
     )
     assert isinstance(engine.res.proposer, DraftModelProposer)
     return engine

@@ -53,6 +53,9 @@ def draft_dir(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 def engine(tiny_llama: Path, draft_dir: Path) -> Engine:
+    """Static policy: the distribution through rejection sampling is under test, so every
+    draft is verified (the adaptive policy, learning that these drafts land rarely, verifies
+    none of them)."""
     return make_engine(
         tiny_llama,
         num_blocks=4096,
@@ -61,6 +64,7 @@ def engine(tiny_llama: Path, draft_dir: Path) -> Engine:
         speculate=2,
         proposer="draft",
         draft_model=str(draft_dir),
+        policy="static",
     )
 
 

@@ -192,3 +192,21 @@ def test_the_predicted_speedup_is_the_chosen_objective_over_none() -> None:
         assert rated.seconds == pytest.approx(cost(sum(ks)), rel=1e-12)
         assert (rated.base_emitted, rated.base_seconds) == (3.0, pytest.approx(cost(0)))
         assert ks == choose_k(accept, vectorised(cost), 3.0)
+
+
+def test_what_proposing_costs_keeps_the_proposer_from_proposing_where_it_cannot_pay() -> None:
+    """Rows nearly free, the best drafts half accepted: proposing pays while the proposer's
+    call is cheap, and stops once its calls are seen costing a few steps (injected seconds)."""
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.0001))
+    for accepted in [1] * 3 + [0] * 7:
+        policy.record(Draft([1], confidence=[0.9]), accepted)
+    assert policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
+    views = [DecodeSeq(100, False), DecodeSeq(100, False)]  # proposed, found nothing
+    for _ in range(3):
+        policy.choose(views, prefill=0, proposing=2, seconds=0.0)
+    assert policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
+    for _ in range(3):
+        policy.choose(views, prefill=0, proposing=2, seconds=0.2)  # 100 ms a sequence
+    opened = [policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) for _ in range(32)]
+    assert opened.count([4, 4]) == 2 and opened[15] == opened[31] == [4, 4]  # re-measuring
+    assert policy.stats.skipped_steps == 30
