@@ -85,3 +85,11 @@ def test_decode_rows_are_never_starved_by_a_prefill_ahead_of_them() -> None:
         s.output_ids.append(8)
         s.num_computed = s.num_tokens - 1
     assert _tokens(sched.schedule()) == {0: 62, 1: 1, 2: 1}
+
+
+def test_a_prompt_with_no_stream_beside_it_is_not_chunked_for_time() -> None:
+    """Nothing decodes: no stream to stall, and chunks would only cost the prompt steps."""
+    sched = _scheduler(2048, 30.0, _cost())
+    sched.add(_seq(0, 700))
+    sched.add(_seq(1, 300))
+    assert _tokens(sched.schedule()) == {0: 700, 1: 300}
