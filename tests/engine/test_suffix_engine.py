@@ -102,7 +102,8 @@ def fed_rows(engine: Engine) -> list[int]:
 def test_a_lookup_that_finds_nothing_adds_no_rows(tiny_llama: Path) -> None:
     # Distinct tokens, two new per step at most: the first steps' lookups find nothing.
     prompt = list(range(3, 40))
-    engine = suffix_engine(tiny_llama, speculate=4)
+    # static: every step reserves draft slots (the adaptive pre-check may close proposing)
+    engine = suffix_engine(tiny_llama, speculate=4, policy="static")
     baseline = make_engine(tiny_llama)
     fed, base_fed = fed_rows(engine), fed_rows(baseline)
     engine.add_request(prompt, greedy(6))
