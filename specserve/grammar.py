@@ -37,7 +37,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -266,6 +266,9 @@ class Grammars:
         # step took 320 ms instead of 11 beside 24 schemas on 6 threads; 190 ms one at a time,
         # benchmarks/bench_grammar_stall.py).
         self._building = threading.Lock()
+        # Called before each build, under `_building`: what the builds take turns with (the
+        # engine's steps: `AsyncEngine._pace`); None: nothing.
+        self.pace: Callable[[], None] | None = None
 
     def compile(self, spec: GrammarSpec) -> GrammarSpec:
         """`spec` with its compiled grammar (cached per spec). ValueError naming the problem if
@@ -284,6 +287,8 @@ class Grammars:
         if mine:
             try:
                 with self._building:
+                    if self.pace is not None:
+                        self.pace()
                     built = self._build(spec)
                 future.set_result(built)
             except BaseException as exc:

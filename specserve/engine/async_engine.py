@@ -88,6 +88,9 @@ _Item = _Add | _Abort | _AbortAll | _Read
 
 # The shortest wait for the event loop after a hand-over (the bound is the step's duration).
 MIN_HAND_OVER_WAIT_S = 0.002
+# The longest a grammar build waits for a step to finish (`_pace`): a long step delays builds
+# by at most this.
+PACE_TIMEOUT_S = 0.5
 
 
 class AsyncEngine:
@@ -103,6 +106,9 @@ class AsyncEngine:
         self._stopping = False
         self._yield_cores = False  # set by the step thread once the engine is there
         self.died: str | None = None  # why the step thread died, if it did
+        self._stepped = threading.Condition()  # guards _steps, notified after each step
+        self._steps = 0  # steps finished
+        self._paced_at = 0  # _steps when the last grammar build was let go
         build = None if isinstance(engine, Engine) else engine
         if build is None:
             self.engine = cast(Engine, engine)
@@ -214,6 +220,7 @@ class AsyncEngine:
         try:
             if build is not None:
                 self.engine = build()
+            self.engine.grammars.pace = self._pace
             self._yield_cores = compute_takes_every_core()
         except BaseException as exc:
             self._build_error = exc
@@ -248,11 +255,25 @@ class AsyncEngine:
                 started = time.monotonic()
                 outputs = self.engine.step()  # fails the requests a fault concerns; never raises
                 took = time.monotonic() - started
+            with self._stepped:
+                self._steps += 1
+                self._stepped.notify_all()
             handed = self._deliver([f for f in failed if f is not None] + outputs)
             if self._yield_cores:
                 deadline = time.monotonic() + max(took, MIN_HAND_OVER_WAIT_S)
                 for done in handed:
                     done.wait(max(0.0, deadline - time.monotonic()))
+
+    def _pace(self) -> None:
+        """Before each grammar build (`Grammars.pace`, in the thread that compiles): while the
+        engine has work, wait until a step has finished since the last build was let go (up to
+        PACE_TIMEOUT_S). llguidance holds the GIL through a build, so builds back to back kept
+        the step thread from it for chains of them; paced, each step waits for one at most."""
+        with self._stepped:
+            seen = self._paced_at
+            if self.engine.has_work() and not self._stopping:
+                self._stepped.wait_for(lambda: self._steps > seen, timeout=PACE_TIMEOUT_S)
+            self._paced_at = self._steps
 
     def _apply(self, item: _Item) -> RequestOutput | None:
         if isinstance(item, _Read):

@@ -197,3 +197,57 @@ def test_the_engine_thread_never_compiles(
             tokens += out.new_token_ids
     assert tokens == want
     assert_no_kv_held(engine)
+
+
+def test_grammar_builds_take_turns_with_steps(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54 item 2: llguidance holds the GIL through a grammar's build, and builds back to
+    back beside a plain stream kept its steps from the GIL (a 11 ms step took 130-320 ms). An
+    AsyncEngine's builds now wait, while it has work, for a step to finish since the last one."""
+    import asyncio
+    import threading
+    import time
+
+    import specserve.engine.async_engine as async_engine_module
+    import specserve.grammar
+    from specserve.engine.async_engine import AsyncEngine
+
+    monkeypatch.setattr(async_engine_module, "PACE_TIMEOUT_S", 600.0)  # only a step lets it go
+    engine = make_engine(tiny_llama)
+    stepping, release, built = threading.Event(), threading.Event(), threading.Event()
+    real_step, real_text = engine.step, specserve.grammar.grammar_text
+
+    def held_step() -> list[object]:
+        if engine.has_work() and not release.is_set():
+            stepping.set()
+            release.wait()
+        return real_step()  # type: ignore[return-value]
+
+    def text(spec: GrammarSpec) -> str:
+        built.set()
+        return real_text(spec)
+
+    engine.step = held_step  # type: ignore[method-assign,assignment]
+    monkeypatch.setattr(specserve.grammar, "grammar_text", text)
+    runner = AsyncEngine(engine)
+
+    async def generate() -> None:
+        async for _ in runner.generate(PROMPTS[2], SamplingParams(max_new_tokens=4)):
+            pass
+
+    request = threading.Thread(target=lambda: asyncio.run(generate()))
+    request.start()
+    assert stepping.wait(60)
+    compile_ = threading.Thread(target=engine.grammars.compile, args=(PHONE,))
+    compile_.start()
+    deadline = time.monotonic() + 60  # a bound on failure only
+    while not runner._stepped._waiters and not built.is_set() and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.001)
+    early = built.is_set()
+    release.set()
+    compile_.join()
+    request.join()
+    asyncio.run(runner.shutdown())
+    assert not early, "a build ran while a step was under way"
+    assert built.is_set()
