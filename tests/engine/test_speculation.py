@@ -99,7 +99,7 @@ def test_draft_at_context_window_end(tiny_llama: Path) -> None:
 
 
 def test_abort_during_speculation(tiny_llama: Path) -> None:
-    engine = make_engine(tiny_llama, speculate=4)
+    engine = make_engine(tiny_llama, speculate=4, policy="static")  # proposes every step
     rid = engine.add_request(LOOPY[0], greedy(60))
     while not (engine.last_step and engine.last_step.drafts_proposed):
         engine.step()
@@ -120,7 +120,8 @@ def test_zero_drafts_everywhere(tiny_llama: Path) -> None:
 
 
 def test_static_gate_respected_on_step_records(tiny_llama: Path) -> None:
-    engine = make_engine(tiny_llama, speculate=4, max_batch=2, max_tokens=12)
+    # static: wherever the gate is open, drafts are reserved (adaptive ones follow timings)
+    engine = make_engine(tiny_llama, speculate=4, max_batch=2, max_tokens=12, policy="static")
     for i, p in enumerate(LOOPY + mixed_prompts(3, seed=7)):
         engine.add_request(p, greedy(40 if i < 2 else 8))  # two outlive the rest
     seen_gated = seen_open = False
