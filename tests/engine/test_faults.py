@@ -39,9 +39,13 @@ def draft_dir(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 def engine_for(tiny_llama: Path, draft_dir: Path, kind: str) -> Engine:
+    """Static policy: the faults must hit batched proposing calls and drafts must land, every
+    step (the adaptive default decides both from step timings)."""
     if kind == "draft":
-        return make_engine(tiny_llama, speculate=3, proposer="draft", draft_model=str(draft_dir))
-    return make_engine(tiny_llama, speculate=3)
+        return make_engine(
+            tiny_llama, speculate=3, proposer="draft", draft_model=str(draft_dir), policy="static"
+        )
+    return make_engine(tiny_llama, speculate=3, policy="static")
 
 
 def clean(tiny_llama: Path, draft_dir: Path, kind: str = "ngram") -> list[list[int]]:
