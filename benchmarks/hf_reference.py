@@ -14,7 +14,13 @@ def hf_gguf_model(gguf: Path, **kwargs: Any) -> Any:
     import transformers
     import transformers.modeling_utils
 
-    # from_pretrained(gguf_file=...) asks for accelerate but does not use it on the CPU
-    transformers.modeling_utils.is_accelerate_available = lambda: True
-    load = transformers.AutoModelForCausalLM.from_pretrained
-    return load(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **kwargs).eval()
+    # from_pretrained(gguf_file=...) asks for accelerate but does not use it on the CPU; the
+    # gate is lifted for this call only (saving a model believes it too)
+    utils = transformers.modeling_utils
+    gate = utils.is_accelerate_available
+    utils.is_accelerate_available = lambda: True
+    try:
+        load = transformers.AutoModelForCausalLM.from_pretrained
+        return load(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **kwargs).eval()
+    finally:
+        utils.is_accelerate_available = gate

@@ -39,7 +39,7 @@ def greedy(n: int = 24) -> SamplingParams:
 def test_greedy_speculation_on_off_bit_identical(family_dir: Path) -> None:
     prompts = LOOPY + mixed_prompts(3, seed=4)
     want = run_all(make_engine(family_dir), prompts, greedy())
-    engine = make_engine(family_dir, speculate=3, proposer="ngram")
+    engine = make_engine(family_dir, speculate=3, proposer="ngram", policy="static")
     assert run_all(engine, prompts, greedy()) == want
     stats = engine.stats.proposer
     assert 0 < stats.accepted_tokens < stats.drafted_tokens  # drafts kept and drafts rejected
@@ -50,7 +50,10 @@ def test_draft_model_of_the_family_is_lossless(family_dir: Path, tmp_path: Path)
     draft = noisy_copy(family_dir, tmp_path / "draft", noise=0.3)
     prompts = LOOPY[:2] + mixed_prompts(2, seed=6)
     want = run_all(make_engine(family_dir), prompts, greedy(16))
-    engine = make_engine(family_dir, speculate=3, proposer="draft", draft_model=str(draft))
+    # static: every draft verified whole (the adaptive default may keep none of a draft)
+    engine = make_engine(
+        family_dir, speculate=3, proposer="draft", draft_model=str(draft), policy="static"
+    )
     assert run_all(engine, prompts, greedy(16)) == want
     stats = engine.stats.proposer
     assert 0 < stats.accepted_tokens < stats.drafted_tokens
