@@ -19,8 +19,10 @@ from specserve.cli_args import ENGINE_OPTIONS
 from specserve.cli_flags import Option
 from specserve.server.startup import SERVE_OPTIONS
 
-# serve flags a pool takes: its own admission limit, prompt limit and speculation profile.
+# serve flags a pool takes: its own admission limit, prompt limit, speculation profile and the
+# names its model answers to.
 POOL_SERVE_FLAGS = (
+    "--served-model-name",
     "--max-input-tokens",
     "--max-concurrent-requests",
     "--max-choices",
