@@ -109,7 +109,7 @@ def test_trained_head_in_the_engine_is_lossless(
     )  # fmt: skip
     prompts = mixed_prompts(6)
     want = run(make_engine(tiny_llama), prompts, params)  # fails on an errored request
-    engine = make_engine(tiny_llama, speculate=3, num_blocks=40)
+    engine = make_engine(tiny_llama, speculate=3, num_blocks=40, policy="static")
     eagle = EagleProposer.load(tiny_head[0], engine.res.model, tiny_llama)
     proposer = eagle if kind == "eagle" else HybridProposer(SuffixProposer(1024), eagle)
     engine.res = replace(engine.res, proposer=proposer)
