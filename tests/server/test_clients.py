@@ -28,7 +28,12 @@ def test_models_lists_the_embedded_model(client: openai.OpenAI) -> None:
 
 def test_completions_stream_matches_non_stream(client: openai.OpenAI) -> None:
     prompt = "def fibonacci(n):"
-    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    # static: the same drafts both times (adaptive drafts by the measured step cost), so the
+    # usage's speculation counts match too
+    static = {"speculation_policy": "static"}
+    whole = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=16, temperature=0, extra_body=static
+    )
     choice = whole.choices[0]
     assert choice.finish_reason in ("length", "stop") and choice.text
     usage = whole.usage
@@ -40,6 +45,7 @@ def test_completions_stream_matches_non_stream(client: openai.OpenAI) -> None:
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body=static,
     )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
