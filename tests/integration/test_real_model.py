@@ -40,7 +40,8 @@ def base_engine(numerics: Numerics = "q8") -> Engine:
 
 
 def engine_with(speculate: int, num_blocks: int = 512, numerics: Numerics = "q8") -> Engine:
-    """A fresh engine reusing the loaded model (only the KV pool and proposer differ)."""
+    """A fresh engine reusing the loaded model (only the KV pool and proposer differ), under
+    the static policy: every draft verified whole, so the on/off tests see every position."""
     from specserve.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
     from specserve.engine.resources import make_policy
     from specserve.runner.model_runner import ModelRunner
@@ -54,7 +55,7 @@ def engine_with(speculate: int, num_blocks: int = 512, numerics: Numerics = "q8"
         numerics=numerics,
         cache=CacheConfig(block_size=16, num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_batch_tokens=1024),
-        spec=SpecConfig(speculate=speculate),
+        spec=SpecConfig(speculate=speculate, policy="static"),
     )
     allocator = BlockAllocator(num_blocks, 16)
     runner = ModelRunner(base.model, num_blocks, 16, base.device)
