@@ -7,7 +7,6 @@ decode to."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
+
+from specserve.models.gguf_config import llama3_factors
 
 T = GGMLQuantizationType
 # the offsets of a K-quant block's fp16 scales (d, and dmin where it has one)
@@ -154,19 +155,7 @@ def _add_family(
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
     elif kind == "llama3":  # the frequency factors, as llama.cpp's converter computes them
-        base, factor = rope["rope_theta"], rope["factor"]
-        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
-        old = rope["original_max_position_embeddings"]
-        factors = []
-        for i in range(0, head_dim, 2):
-            wavelen = 2 * math.pi * base ** (i / head_dim)
-            if wavelen < old / high:
-                factors.append(1.0)
-            elif wavelen > old / low:
-                factors.append(factor)
-            else:
-                smooth = (old / wavelen - low) / (high - low)
-                factors.append(1 / ((1 - smooth) / factor + smooth))
+        factors = llama3_factors(rope["rope_theta"], head_dim, rope)
         tensors["rope_freqs.weight"] = np.array(factors, dtype=np.float32)
     else:
         assert kind == "default", kind

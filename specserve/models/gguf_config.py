@@ -122,6 +122,24 @@ def _f32(g: GGUFFile, name: str) -> np.ndarray:
     return g.array(name).view(np.float32).reshape(-1)
 
 
+def llama3_factors(base: float, dim: int, rope: dict[str, Any]) -> list[float]:
+    """llama.cpp's rope_freqs for a llama3 rope_scaling: per frequency, what its wavelength is
+    divided by (1 at high frequencies, `factor` at low ones, a smooth blend between)."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * base ** (i / dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
 def _llama3_from_factors(g: GGUFFile, cfg: dict[str, Any]) -> dict[str, Any]:
     """llama3 rope_scaling whose frequency factors are the file's rope_freqs (llama.cpp's
     converter computes them from it); refused if Llama 3.x's parameters do not give them."""
@@ -129,19 +147,7 @@ def _llama3_from_factors(g: GGUFFile, cfg: dict[str, Any]) -> dict[str, Any]:
     factor = float(stored.max())
     rope = {"rope_type": "llama3", "factor": factor, **_LLAMA3}
     dim = int(g.fields.get("llama.rope.dimension_count", cfg["head_dim"]))
-    base = cfg["rope_theta"]
-    low, high = _LLAMA3["low_freq_factor"], _LLAMA3["high_freq_factor"]
-    old = _LLAMA3["original_max_position_embeddings"]
-    want = []
-    for i in range(0, dim, 2):
-        wavelen = 2 * math.pi * base ** (i / dim)
-        if wavelen < old / high:
-            want.append(1.0)
-        elif wavelen > old / low:
-            want.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            want.append(1 / ((1 - smooth) / factor + smooth))
+    want = llama3_factors(cfg["rope_theta"], dim, rope)
     if len(want) != stored.size or not np.allclose(stored, want, rtol=1e-4):
         raise UnsupportedGGUF(
             "the GGUF's rope_freqs are not Llama 3.x's llama3 scaling "
