@@ -181,7 +181,10 @@ def test_non_streaming_gets_first_and_last_output_with_everything(tiny_llama: Pa
     """stream=False: two outputs (the first token, then the finish carrying the rest); tokens,
     text, log-probabilities and counts as the streamed outputs add up to."""
     params = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=2, prompt_logprobs=True)
-    front = AsyncEngine(make_engine(tiny_llama, speculate=3))
+    # static drafts: both runs verify the same rows. This dense float32 model's GEMMs round a
+    # row by the step's shape (only the block kernels are batch-invariant), and the adaptive
+    # default's choices follow measured step times, so its two runs could differ in the 7th digit.
+    front = AsyncEngine(make_engine(tiny_llama, speculate=3, policy="static"))
 
     async def collect(stream: bool) -> list[RequestOutput]:
         return [out async for out in front.generate([5, 6, 7, 5, 6], params, stream=stream)]

@@ -25,7 +25,7 @@ from tests.fleet.conftest import two_pools
 NEW_VALUES: dict[str, Any] = {
     "speculate": 2,
     "proposer": "suffix",
-    "speculation_policy": "static",  # the default is adaptive
+    "speculation_policy": "adaptive",  # the test pools run static (tests/fleet/conftest.py)
     "speculate_max_batch": 3,
     "speculate_max_tokens": 64,
     "ngram_max": 2,
