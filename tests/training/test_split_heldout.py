@@ -1,12 +1,19 @@
-"""The train / held-out split both trainers (Medusa, EAGLE) take their continuations through."""
+"""The continuations both trainers (Medusa, EAGLE) collect, and the train / held-out split they
+take them through."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
-from specserve.training.medusa_data import Continuation, split_heldout
+from specserve.bench.workload_items import WorkloadItem
+from specserve.request import SamplingParams
+from specserve.training.medusa_data import Continuation, collect, recording_engine, split_heldout
 from specserve.training.medusa_options import TrainOptions
+from tests.engine.helpers import make_engine, run_all
 
 
 def _cont(heldout: bool) -> Continuation:
@@ -23,3 +30,16 @@ def test_split_keeps_each_side_in_order() -> None:
 def test_a_split_with_an_empty_side_says_to_raise_prompts(heldout: bool) -> None:
     with pytest.raises(ValueError, match="raise --prompts"):
         split_heldout([_cont(heldout), _cont(heldout)], TrainOptions(heldout_every=4))
+
+
+def test_a_request_whose_first_token_is_eos_contributes_nothing(tiny_llama: Path) -> None:
+    """Collection skips a continuation that ended at its first token (no hidden state was
+    recorded for it) and keeps the others."""
+    opts = TrainOptions(new_tokens=8)
+    items = [WorkloadItem(id=f"p{i}", workload="chat", prompt="x") for i in range(2)]
+    prompts = [(items[0], [5, 6, 7]), (items[1], [9, 10, 11, 12])]
+    engine = recording_engine(tiny_llama, opts)
+    first = run_all(make_engine(tiny_llama), [prompts[0][1]], SamplingParams(max_new_tokens=1))
+    engine.res = dataclasses.replace(engine.res, eos_ids=frozenset(first[0]))
+    conts = collect(engine, prompts, opts, progress=False)
+    assert [len(c.tokens) for c in conts] == [8]  # the second; the first ended at EOS
