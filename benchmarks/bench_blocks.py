@@ -46,14 +46,14 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 
 from benchmarks.machine import machine_info, machine_lines
 from specserve.config import EngineConfig, Numerics
 from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear
-from specserve.models.gguf_blocks import load_blocks
-from specserve.models.loader import resolve_model_dir
+from specserve.models.gguf_weights import read_weights
+from specserve.models.loader import gguf_source, open_gguf, resolve_model_dir
+from specserve.models.registry import read_config
 
 
 def best_of_turns(
@@ -161,18 +161,30 @@ def main() -> None:
     if args.kinds:
         print_kinds(args)
         return
-    model_dir = resolve_model_dir(None)
-    blocks = load_blocks(model_dir)
+    blocks = embedded_blocks()
     if not blocks or ggml.library() is None:
         raise SystemExit("no GGUF blocks or no block kernels on this machine")
-    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
-        dense = {name: f.get_tensor(name) for name in blocks}
+    dense = {  # what --dense-weights runs: the same weights decoded once
+        name: ggml.dequantize(rows, kind, rows.shape[1] // kind.block_bytes * kind.block_values)
+        for name, (kind, rows) in blocks.items()
+    }
     print(machine_lines(machine_info("benchmarks.bench_blocks", sys.argv[1:])) + "\n")
     print(f"{len(blocks)} matrices, {sum(b.numel() for _, b in blocks.values()) / 2**20:.0f} MiB "
           f"of blocks, {sum(w.numel() * 4 for w in dense.values()) / 2**20:.0f} MiB float32, "
           f"{args.threads} threads; best of {args.repeats} rounds, the columns in turn "
           f"(ms per pass, {'CPU time' if args.cpu_clock else 'wall clock'})\n")  # fmt: skip
     print_projections(args, blocks, dense)
+
+
+def embedded_blocks() -> dict[str, tuple[ggml.BlockKind, torch.Tensor]]:
+    """The embedded GGUF's projection matrices as their blocks, read in place."""
+    model_dir = resolve_model_dir(None)
+    path = gguf_source(model_dir)
+    if path is None:
+        raise SystemExit(f"{model_dir} is not a GGUF model's cache")
+    config = read_config(model_dir)
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    return read_weights(open_gguf(path), heads, kv_heads, keep_blocks=True).blocks
 
 
 def print_decode(args: argparse.Namespace) -> None:
