@@ -10,7 +10,7 @@ time (launch -> every class answered), resident memory of the whole process tree
 per-request overhead (median latency of one-token requests, sequential).
 
     python -m benchmarks.bench_fleet --fleet-config fleet.yaml --serve-args "--speculate 4" \\
-        --duration 60 --out docs/bench/fleet
+        --duration 60 --out bench-out/fleet
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def main() -> int:
     p.add_argument("--slo-itl", type=float, default=0.15)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--launch-timeout", type=float, default=600.0)
-    p.add_argument("--out", type=Path, default=Path("fleet-bench"))
+    p.add_argument("--out", type=Path, default=Path("bench-out/fleet"))
     args = p.parse_args()
     specs = args.classes or ["code:code-edit:2", "chat:chat-creative:2", "bulk:summarize:4:128"]
     classes = [parse_class(c) for c in specs]

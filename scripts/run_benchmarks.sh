@@ -6,12 +6,12 @@
 # Usage: bash scripts/run_benchmarks.sh
 #        [engine|baseline|serving|llamacpp|spec|copy|kernels|goodput|policy|structured|attention|
 #         suffix|eagle|cache|kv|soak|fleet|all]
-#        [OUT=docs/bench]
+#        [OUT=bench-out]   (raw outputs: ignored by git; docs/benchmarks.md quotes them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 what="${1:-all}"
-out="${2:-docs/bench}"
+out="${2:-bench-out}"
 mkdir -p "$out"
 threads="${THREADS:-2}"  # torch threads of the benchmarked process / server
 
@@ -119,7 +119,8 @@ if [[ $what == kernels || $what == all ]]; then
 fi
 
 if [[ $what == goodput || $what == all ]]; then
-  serve_bg 8311 --speculate 8
+  # A static N swept per request (adaptive has been the default since 2026-12-05).
+  serve_bg 8311 --speculate 8 --speculation-policy static
   specserve bench --url http://127.0.0.1:8311 --speculate 0,2,4,8 --concurrency 1,4,16 \
     --workload code-edit --workload summarize --workload code-complete \
     --workload chat-creative --duration 15 --max-new-tokens 48 --ignore-eos \
@@ -129,7 +130,7 @@ fi
 
 if [[ $what == policy || $what == all ]]; then
   # Static N=5 (N swept per request: 0 and 5) against the adaptive policy, same workload.
-  serve_bg 8312 --speculate 5
+  serve_bg 8312 --speculate 5 --speculation-policy static
   specserve bench --url http://127.0.0.1:8312 --speculate 0,5 --concurrency 1,4,16,32 \
     --workload code-edit --duration 15 --max-new-tokens 48 --ignore-eos \
     --slo-ttft 3 --slo-itl 0.15 --out "$out/policy-static"
@@ -302,7 +303,7 @@ if [[ $what == fleet || $what == all ]]; then
   mkdir -p "$fdir"
   profile="${PROFILE:-}"
   if [[ -z $profile ]]; then
-    serve_bg 8314 --speculate 8
+    serve_bg 8314 --speculate 8 --speculation-policy static
     specserve bench --url http://127.0.0.1:8314 --speculate 0,2,4,8 --concurrency 1,4 \
       --workload code-edit --workload chat-creative --workload summarize \
       --duration "${FLEET_BENCH_S:-15}" --max-new-tokens 48 --ignore-eos \
@@ -313,6 +314,6 @@ if [[ $what == fleet || $what == all ]]; then
   # Each pool: one torch thread, half a CPU of the 2-CPU Ray cluster (up to 4 pools).
   specserve fleet plan --profile "$profile" --out "$fdir/fleet.yaml" --num-threads 1 --num-cpus 0.5
   python -m benchmarks.bench_fleet --fleet-config "$fdir/fleet.yaml" --num-cpus 2 \
-    --serve-args "--speculate 4 --num-threads $threads --max-running-requests 32" \
+    --serve-args "--speculate 4 --speculation-policy static --num-threads $threads --max-running-requests 32" \
     --duration "${FLEET_DURATION:-60}" --slo-ttft 3 --slo-itl 0.15 --out "$fdir"
 fi

@@ -9,8 +9,9 @@ from specserve.speculation.calibration import PerSequenceMean
 # The head's cost per drafted token, in target tokens (one sequence's share of a decode step),
 # as benchmarks/bench_eagle.py measures it on the Zen 4 with the target's step before each
 # drafting step (as in the engine): 0.11 at batch 1 and 0.07 at 16 with the layer in one native
-# call a token (docs/bench/eagle-calls-1204), 0.054-0.060 at batch 1 and 0.050-0.058 at 16 with
-# a greedy drafting step in one call (docs/bench/eagle-step-1204): rounded up. A sequence is
+# call a token, 0.054-0.060 at batch 1 and 0.050-0.058 at 16 with a greedy drafting step in one
+# call (the 2026-12-04 14:53 and 16:20 sections of `git show 9ebb6f8:docs/benchmarks.md`, raw
+# files under docs/bench/ at that commit): rounded up. A sequence is
 # drafted for while the head's drafts there have been gaining tokens (and now and then after,
 # HEAD_RECHECK): a running mean, per draft, of the tokens verification accepted less drafted x
 # this (a draft the policy does not verify, as under load, gains nothing).
