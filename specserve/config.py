@@ -26,7 +26,7 @@ from specserve.spec_config import (  # noqa: F401  (re-exported beside the other
 # padded reference; "reference": always the padded gather + SDPA path (for comparisons).
 AttentionImpl = Literal["auto", "reference"]
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference")
-# How GGUF block weights multiply (docs/design: "Numerics"). "q8": each activation row quantised
+# How GGUF block weights multiply (README, `--numerics`). "q8": each activation row quantised
 # per 32 values to int8, integer dot products (llama.cpp's arithmetic); "exact": blocks expanded
 # to float32, float32 products (HF transformers' numbers up to summation order).
 Numerics = Literal["q8", "exact"]
