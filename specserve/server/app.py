@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specserve import __version__
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.tokenizer import private_copy
-from specserve.server import openai_api, tgi, tokenize
+from specserve.server import openai_api, responses_api, tgi, tokenize
 from specserve.server.backend import LocalBackend
 from specserve.server.context import Contexts, Ctx, OneContext, ServerContext
 from specserve.server.errors import ApiError, ErrorKind, error_response, from_validation_errors
@@ -27,6 +27,7 @@ from specserve.server.info_schemas import Info
 from specserve.server.metrics import Coalesced, Labelled, ServerMetrics, snapshot
 from specserve.server.middleware import GuardMiddleware
 from specserve.server.provenance import Provenance
+from specserve.server.responses_store import ResponseStore
 from specserve.server.service import ClientGone, GenerationService
 from specserve.server.settings import Limits, ServerSettings
 
@@ -77,8 +78,10 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
         description="TGI- and OpenAI-compatible LLM server with speculative decoding.",
     )
     app.state.contexts = contexts
+    app.state.responses = ResponseStore()  # stored Responses, per tenant (server/responses_store)
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
     app.include_router(tokenize.router)
     _install_error_handlers(app, contexts)
 

@@ -107,7 +107,14 @@ class OneContext:
 
 # Label values for request counts; anything else is "other" (bounded cardinality).
 GENERATION_ROUTES = frozenset(
-    {"/", "/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"}
+    {
+        "/",
+        "/generate",
+        "/generate_stream",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+    }
 )
 
 
