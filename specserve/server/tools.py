@@ -1,19 +1,24 @@
-"""OpenAI function calling: the tools as a prompt and a grammar, the reply's call parsed back.
+"""OpenAI function calling: the tools as a prompt and a grammar, the reply's calls parsed back.
 
-The model is shown the tools in a system message (their names, descriptions and parameter
-schemas) and told to answer a call as one JSON object `{"name": ..., "arguments": {...}}`. The
-grammar then holds it to that:
+Where the model's chat template takes `tools` and speaks a syntax of server/tool_formats.py
+(Hermes/Qwen `<tool_call>`, Llama 3 JSON, Mistral `[TOOL_CALLS]`), the tools go to the template
+and the model answers in its own syntax. Otherwise (the embedded SmolLM2) the model is shown the
+tools in a system message of our own (their names, descriptions and parameter schemas) and told
+to answer a call as one JSON object `{"name": ..., "arguments": {...}}`. Either way a Lark
+grammar then holds the reply to that syntax:
 
-- `tool_choice` "required" or a named function: the output is such an object, `name` one of the
-  tools (or the named one) and `arguments` valid under that tool's parameter schema;
-- "auto" (the default with tools): either such an object or text that does not start with `{`
-  (a Lark grammar over llguidance's `%json`), so a reply is a call exactly when it starts with `{`;
+- `tool_choice` "required" or a named function: the reply is calls, each `name` one of the tools
+  (or the named one) and its arguments valid under that tool's parameter schema;
+- "auto" (the default with tools): either such calls or text that does not start as they do, so
+  a reply is calls exactly when it starts as calls;
 - "none": no tools in the prompt, no constraint.
 
-The call's JSON comes with the fixed separators of every grammar here, so the text between the
-values (`", "arguments": {"`) is forced and drafted for free. A reply that is a call becomes
-`message.tool_calls` with finish_reason "tool_calls"; streamed, it arrives whole in one delta
-once generated (OpenAI's clients accumulate deltas, so one is as good as many).
+Several calls in one reply where `parallel_tool_calls` is true (the default) and the syntax has
+a way to say them (ours has not: one call). A tool's parameters admit only the keys it declares
+unless it says `additionalProperties` itself (OpenAI's strict mode), so a call ends when its
+object closes. The JSON comes with the fixed separators of every grammar here, so the text
+between the values is forced and drafted for free. A reply that is calls becomes
+`message.tool_calls` with finish_reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -24,15 +29,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from specserve.grammar import (
-    JSON_OPTIONS,
-    MAX_JSON_DEPTH,
-    check_json_depth,
-    check_value_depth,
-    json_depth,
-)
+from specserve.grammar import check_json_depth, check_value_depth
 from specserve.request import GrammarSpec
 from specserve.server.errors import invalid
+from specserve.server.tool_formats import OWN, ToolSyntax, calls_grammar, parse
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 INSTRUCTIONS = (
@@ -47,6 +47,10 @@ class Tool:
     description: str
     parameters: dict[str, Any]
 
+    def as_openai(self) -> dict[str, Any]:
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": fn}
+
 
 @dataclass(frozen=True)
 class ToolPlan:
@@ -54,20 +58,26 @@ class ToolPlan:
 
     tools: tuple[Tool, ...] = ()  # shown to the model (empty: none)
     grammar: GrammarSpec | None = None
-    forced: bool = False  # the reply is always a call ("required" or a named function)
+    forced: bool = False  # the reply is always calls ("required" or a named function)
+    syntax: ToolSyntax = OWN  # how the model writes calls
+    in_template: bool = False  # the tools go to the chat template (else our system message)
 
     @property
     def calls(self) -> bool:
         return self.grammar is not None
 
     def system_message(self) -> dict[str, str] | None:
-        if not self.tools:
+        if not self.tools or self.in_template:
             return None
         listing = [
             {"name": t.name, "description": t.description, "parameters": t.parameters}
             for t in self.tools
         ]
         return {"role": "system", "content": INSTRUCTIONS + json.dumps(listing)}
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them (None: not the template's to show)."""
+        return [t.as_openai() for t in self.tools] if self.in_template and self.tools else None
 
 
 NO_TOOLS = ToolPlan()
@@ -102,7 +112,16 @@ def parse_tools(tools: list[dict[str, Any]] | None) -> tuple[Tool, ...]:
     return tuple(out)
 
 
-def tool_plan(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None) -> ToolPlan:
+def tool_plan(
+    tools: list[dict[str, Any]] | None,
+    choice: str | dict[str, Any] | None,
+    syntax: ToolSyntax | None = None,
+    parallel: bool | None = None,
+    think: str = "",
+) -> ToolPlan:
+    """`syntax`: the chat template's (None: ours, tools in a system message). `parallel`:
+    `parallel_tool_calls` (None: true). `think`: "block", a reasoning block may come first;
+    "inside", the reply starts in one (the prompt opened it)."""
     parsed = parse_tools(tools)
     if choice is None:
         choice = "auto" if parsed else "none"
@@ -110,6 +129,7 @@ def tool_plan(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] |
         return ToolPlan()
     if not parsed:
         raise invalid("tool_choice", "needs tools")
+    chosen, forced = list(parsed), choice != "auto"
     if isinstance(choice, dict):
         fn = choice.get("function")
         wanted = (
@@ -119,56 +139,58 @@ def tool_plan(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] |
         if not chosen:
             names = ", ".join(t.name for t in parsed)
             raise invalid("tool_choice", f"names no function of tools ({names}); got {wanted!r}")
-        return ToolPlan(parsed, _call_grammar(chosen), forced=True)
-    if choice == "required":
-        return ToolPlan(parsed, _call_grammar(parsed), forced=True)
-    if choice == "auto":
-        text = r"/[^{](.|\n)*/"
-        lark = f"start: call | text\ncall: %json {json.dumps(_call_schema(parsed))}\ntext: {text}\n"
-        return ToolPlan(parsed, GrammarSpec("lark", lark))
-    raise invalid(
-        "tool_choice", f'must be "none", "auto", "required" or a function; got {choice!r}'
-    )
+    elif choice not in ("auto", "required"):
+        raise invalid(
+            "tool_choice", f'must be "none", "auto", "required" or a function; got {choice!r}'
+        )
+    own = syntax or OWN
+    schemas = [_call_schema(t, own.args_key) for t in chosen]
+    lark = calls_grammar(own, schemas, forced, parallel is not False, think)
+    return ToolPlan(parsed, GrammarSpec("lark", lark), forced, own, syntax is not None)
 
 
-def _call_schema(tools: list[Tool] | tuple[Tool, ...]) -> dict[str, Any]:
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return {**schema, "x-guidance": JSON_OPTIONS}
+def strict(parameters: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's strict mode: an object admits only its declared keys unless it says otherwise."""
+    if "additionalProperties" in parameters or parameters.get("type", "object") != "object":
+        return parameters
+    return {**parameters, "additionalProperties": False}
 
 
-def _call_grammar(tools: list[Tool] | tuple[Tool, ...]) -> GrammarSpec:
-    # Unsorted: `name` comes before `arguments`, and the arguments in the tool's own order.
-    return GrammarSpec("json_schema", json.dumps(_call_schema(tools)))
-
-
-def as_call(text: str, plan: ToolPlan) -> dict[str, Any] | None:
-    """The reply as an OpenAI tool call, if it is one (else None: a text reply)."""
-    if not plan.calls or not text.startswith("{") or json_depth(text) > MAX_JSON_DEPTH:
-        return None  # too deep to parse safely: the reply stays text
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:  # cut short by max_tokens: not a call
-        return None
-    if not isinstance(value, dict) or "name" not in value or "arguments" not in value:
-        return None
+def _call_schema(tool: Tool, args_key: str) -> dict[str, Any]:
+    # `name` comes before the arguments, and the arguments in the tool's own order.
     return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": value["name"], "arguments": json.dumps(value["arguments"])},
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, args_key: strict(tool.parameters)},
+        "required": ["name", args_key],
+        "additionalProperties": False,
     }
 
 
-def calls_text(calls: list[dict[str, Any]], field: str) -> str:
-    """An assistant message's earlier `tool_calls` as the text the model wrote for them."""
+def parse_calls(text: str, plan: ToolPlan) -> list[dict[str, Any]] | None:
+    """The reply as OpenAI tool calls, if it is calls (else None: a text reply)."""
+    found = parse(text, plan.syntax) if plan.calls else None
+    if found is None:
+        return None
+    return [openai_call(c.name, c.arguments) for c in found]
+
+
+def as_call(text: str, plan: ToolPlan) -> dict[str, Any] | None:
+    """The reply's first call (see `parse_calls` for all of them), or None: a text reply."""
+    calls = parse_calls(text, plan)
+    return calls[0] if calls else None
+
+
+def openai_call(name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def history_calls(calls: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
+    """An assistant message's earlier `tool_calls` checked, their arguments parsed: as a chat
+    template takes them (`function.arguments` a mapping)."""
     out = []
     for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
@@ -183,6 +205,16 @@ def calls_text(calls: list[dict[str, Any]], field: str) -> str:
             arguments = json.loads(text)
         except (TypeError, json.JSONDecodeError) as exc:
             raise invalid(field, f"arguments must be a JSON string: {exc}") from exc
-        call_json = {"name": fn["name"], "arguments": arguments}
+        function = {"name": fn["name"], "arguments": arguments}
+        out.append({"id": call.get("id"), "type": "function", "function": function})
+    return out
+
+
+def calls_text(calls: list[dict[str, Any]], field: str) -> str:
+    """An assistant message's earlier `tool_calls` as the text the model wrote for them (our
+    own format)."""
+    out = []
+    for call in history_calls(calls, field):
+        call_json = {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}
         out.append(json.dumps(call_json, separators=(", ", ": ")))
     return "\n".join(out)

@@ -1,6 +1,7 @@
 """OpenAI function calling through the unchanged openai SDK against the embedded SmolLM2
-(speculation on): tool_choice required, a named function and auto, streamed calls, a
-conversation that sends calls and their results back, and bad tools refused with a 400."""
+(speculation on; its template takes no tools: our own format): tool_choice required, a named
+function and auto, tools without additionalProperties, streamed calls, a conversation that
+sends calls and their results back, and bad tools refused with a 400."""
 
 from __future__ import annotations
 
@@ -100,6 +101,31 @@ def test_auto_is_a_call_or_text_never_half_of_one(client: openai.OpenAI) -> None
             assert json.loads(message.tool_calls[0].function.arguments)["city"]
         else:
             assert message.content and not message.content.startswith("{")
+
+
+def test_required_with_two_ordinary_tools_ends_as_a_call(client: openai.OpenAI) -> None:
+    """Issue 55: parameters without additionalProperties, as most clients write them. The model
+    kept adding keys until max_tokens (content, finish_reason length); arguments now admit only
+    the declared keys, so the call ends when its object closes."""
+    ordinary = [
+        {
+            "type": "function",
+            "function": {**cast("dict[str, Any]", t["function"]), "parameters": params(t)},
+        }
+        for t in (WEATHER, TIME)
+    ]
+    reply = create(client, tools=ordinary, tool_choice="required")
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls
+    declared = params(WEATHER if call.function.name == "get_weather" else TIME)["properties"]
+    assert set(json.loads(call.function.arguments)) <= set(declared)
+
+
+def params(tool: dict[str, Any]) -> dict[str, Any]:
+    schema = dict(cast("dict[str, Any]", tool["function"])["parameters"])
+    del schema["additionalProperties"]
+    return schema
 
 
 def test_streamed_call_arrives_whole(client: openai.OpenAI) -> None:
