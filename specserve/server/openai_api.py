@@ -9,18 +9,17 @@ started is sent as `data: {"error": {...}}`, which the openai SDK raises as an A
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from specserve.request import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
+from specserve.server.chat_reply import reply_message
+from specserve.server.chat_template import ChatTemplate, template_of
 from specserve.server.context import Ctx, ServerContext, new_id
-from specserve.server.errors import ApiError, ErrorKind
 from specserve.server.openai_logprobs import chat_logprobs, completion_logprobs
 from specserve.server.openai_schemas import (
-    AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -38,7 +37,6 @@ from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.param_checks import check_choices, check_model
 from specserve.server.params import for_tenant, prepare_chat, prepare_completion, tenant_of
 from specserve.server.sse import EventStream
-from specserve.server.tools import as_call
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
@@ -139,19 +137,14 @@ async def chat_completions(
         return chat_logprobs(ctx.tokenizer, entries) if wants_logprobs else None
 
     if body.stream:
-        chunks = ChatChunks(rid, created, model, body.n, prep.tools, wants_logprobs, logprobs)
+        chunks = ChatChunks(rid, created, model, body.n, prep, wants_logprobs, logprobs)
         first = [chunks.chunk(i, Delta(role="assistant", content="")) for i in range(body.n)]
         return stream(ctx, request, body, prep, tracked, rid, chunks, chunks.last, first)
     results = await ctx.service.collect_choices(request, tracked, prep, rid, body.n)
     choices = []
     for i, r in enumerate(results):
-        call = as_call(r.text, prep.tools)
-        message = (
-            AssistantMessage(content=r.text)
-            if call is None
-            else AssistantMessage(content=None, tool_calls=[call])
-        )
-        finish = openai_finish(r.final) if call is None else "tool_calls"
+        message, calls = reply_message(r.text, prep.tools, prep.reasoning)
+        finish = "tool_calls" if calls else openai_finish(r.final)
         choices.append(
             ChatChoice(
                 index=i, message=message, logprobs=logprobs(r.logprobs), finish_reason=finish
@@ -163,18 +156,6 @@ async def chat_completions(
     )
 
 
-def chat_encoder(ctx: ServerContext) -> Callable[[list[dict[str, str]]], list[int]]:
-    from jinja2 import TemplateError
-
-    def encode(messages: list[dict[str, str]]) -> list[int]:
-        try:
-            return ctx.encode_chat(messages)
-        except TemplateError as exc:
-            raise ApiError(
-                422,
-                f"messages: the chat template rejected them: {exc}",
-                ErrorKind.VALIDATION,
-                "messages",
-            ) from exc
-
-    return encode
+def chat_encoder(ctx: ServerContext) -> ChatTemplate:
+    """The served model's chat template, rendered with the prompt tokenizer (off the loop)."""
+    return template_of(ctx.prompt_tokenizer, ctx.encode)

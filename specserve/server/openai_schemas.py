@@ -130,6 +130,11 @@ class ChatCompletionRequest(SamplingFields):
         '{"type": "function", "function": {"name": ...}}',
     )
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="extension (vLLM's): extra variables for the chat template, e.g. "
+        '{"enable_thinking": false}',
+    )
 
 
 class CompletionTokensDetails(BaseModel):
@@ -176,6 +181,9 @@ class CompletionResponse(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = Field(
+        default=None, description="a thinking model's <think> block (server/reasoning.py)"
+    )
     tool_calls: list[dict[str, Any]] | None = None
 
 
@@ -213,6 +221,7 @@ class ChatCompletionResponse(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 

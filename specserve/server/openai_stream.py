@@ -1,4 +1,4 @@
-"""OpenAI streams: the chat stream's chunks (tool calls held back until they finish) and the
+"""OpenAI streams: the chat stream's chunks (reasoning, content and tool calls) and the
 event stream a route returns, `data: <chunk>` events ending with `data: [DONE]`; a failure
 after the stream has started is sent as `data: {"error": {...}}`."""
 
@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import Request
 
 from specserve.request import RequestOutput, TokenLogprob
+from specserve.server.chat_reply import HeldCalls as HeldCalls  # the Responses stream's
+from specserve.server.chat_reply import Piece, ReplyStream
 from specserve.server.context import ServerContext
 from specserve.server.direct import DirectWriter
 from specserve.server.errors import ApiError, ErrorKind, error_body
@@ -28,7 +30,6 @@ from specserve.server.openai_schemas import (
 from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.params import Prepared
 from specserve.server.sse import EventStream, TextEvents, sse
-from specserve.server.tools import ToolPlan, as_call
 from specserve.server.tracked import Tracked
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ ChunkFn = Callable[[int, RequestOutput], list[Any]]
 
 class ChatChunks:
     """A streamed chat completion's chunks: per output of a choice, zero or more (a `ChunkFn`);
-    `last`, the usage chunk."""
+    `last`, the usage chunk. Reasoning, content and tool calls are split by a `ReplyStream` per
+    choice (server/chat_reply.py); logprobs of text held back go out with the next chunk."""
 
     def __init__(
         self,
@@ -46,13 +48,15 @@ class ChatChunks:
         created: int,
         model: str,
         n: int,
-        tools: ToolPlan,
+        prep: Prepared,
         wants_logprobs: bool,
         logprobs: Callable[[list[TokenLogprob]], ChatLogprobs | None],
     ) -> None:
         self.rid, self.created, self.model = rid, created, model
         self.wants_logprobs, self.logprobs = wants_logprobs, logprobs
-        self.held = HeldCalls(tools)
+        self.replies = [ReplyStream(prep.tools, prep.reasoning) for _ in range(n)]
+        self.plain = not prep.tools.calls and prep.reasoning is None
+        self.pending: list[list[TokenLogprob]] = [[] for _ in range(n)]
         # per choice: its text deltas' JSON without a model each (most of a stream's events)
         self.deltas = [TextEvents(partial(self._content, i)) for i in range(n)]
 
@@ -66,54 +70,36 @@ class ChatChunks:
         return self.chunk(i, Delta(content=text))
 
     def __call__(self, i: int, out: RequestOutput) -> list[Any]:
+        entries, self.pending[i] = self.pending[i] + list(out.logprobs or []), []
+        if self.plain:
+            piece = Piece(content=out.new_text)
+        else:
+            piece = self.replies[i].feed(out.new_text, out.finished)
         out_chunks: list[Any] = []
-        text, entries, call = self.held.take(i, out)
-        if call is not None:
-            delta = Delta(tool_calls=[{"index": 0, **call}])
+        if piece.reasoning or piece.calls:
+            delta = Delta(
+                content=piece.content or None,
+                reasoning_content=piece.reasoning or None,
+                tool_calls=piece.calls or None,
+            )
             out_chunks.append(self.chunk(i, delta, logprobs=self.logprobs(entries)))
-            out_chunks.append(self.chunk(i, Delta(), finish_reason="tool_calls"))
-            return out_chunks
-        if text and not self.wants_logprobs:
-            out_chunks.append(self.deltas[i](text))
-        elif text or (self.wants_logprobs and entries):
-            delta = Delta(content=text)
+        elif piece.content and not self.wants_logprobs:
+            out_chunks.append(self.deltas[i](piece.content))
+        elif piece.content or (self.plain and self.wants_logprobs and entries):
+            delta = Delta(content=piece.content)
             out_chunks.append(self.chunk(i, delta, logprobs=self.logprobs(entries)))
+        else:  # held back: its logprobs go with what is sent next
+            self.pending[i] = entries
         if out.finished:
-            out_chunks.append(self.chunk(i, Delta(), finish_reason=openai_finish(out)))
+            finish = "tool_calls" if piece.is_calls else openai_finish(out)
+            held = self.logprobs(self.pending[i]) if self.pending[i] else None
+            out_chunks.append(self.chunk(i, Delta(), logprobs=held, finish_reason=finish))
         return out_chunks
 
     def last(self, finals: list[RequestOutput]) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=self.rid, created=self.created, model=self.model, choices=[], usage=usage(finals)
         )
-
-
-class HeldCalls:
-    """Streaming with tools: a choice whose text may be a call is held back until it finishes
-    (a call is sent whole, in one delta); one that starts otherwise streams as text."""
-
-    def __init__(self, plan: ToolPlan) -> None:
-        self.plan = plan
-        self.text: dict[int, str] = {}
-        self.entries: dict[int, list[TokenLogprob]] = {}
-        self.streaming: set[int] = set()
-
-    def take(
-        self, i: int, out: RequestOutput
-    ) -> tuple[str, list[TokenLogprob], dict[str, Any] | None]:
-        """What to send for this output now: (text, logprob entries, the call if it is one)."""
-        entries = list(out.logprobs or [])
-        if not self.plan.calls or i in self.streaming:
-            return out.new_text, entries, None
-        text = self.text.get(i, "") + out.new_text
-        entries = self.entries.get(i, []) + entries
-        if not self.plan.forced and text and not text.startswith("{"):
-            self.streaming.add(i)  # text, not a call: send what was held and stream on
-            return text, entries, None
-        if not out.finished:
-            self.text[i], self.entries[i] = text, entries
-            return "", [], None
-        return text, entries, as_call(text, self.plan)
 
 
 def stream(

@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from specserve.request import GrammarSpec, SamplingParams
 from specserve.server.caps import check_prompt_chars, check_reply_work
+from specserve.server.chat_template import ChatTemplate, chat_prompt
 from specserve.server.errors import invalid
 from specserve.server.grammars import response_format, tgi_grammar
 from specserve.server.openai_schemas import (
@@ -34,9 +35,10 @@ from specserve.server.param_checks import (
     require_default,
     resolve_max_new,
 )
+from specserve.server.reasoning import Reasoning
 from specserve.server.schemas import GenerateParameters, GenerateRequest
 from specserve.server.settings import Limits
-from specserve.server.tools import NO_TOOLS, ToolPlan, calls_text, tool_plan
+from specserve.server.tools import NO_TOOLS, ToolPlan, calls_text
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 Encode = Callable[[str], list[int]]
@@ -47,6 +49,7 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     tools: ToolPlan = NO_TOOLS  # chat: what its tools ask of the reply
+    reasoning: Reasoning | None = None  # chat: the model thinks (server/reasoning.py)
 
     @property
     def seed(self) -> int | None:
@@ -154,7 +157,7 @@ def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -
 
 def prepare_chat(
     req: ChatCompletionRequest,
-    encode_chat: Callable[[list[dict[str, str]]], list[int]],
+    encode_chat: ChatTemplate | Callable[[Any], list[int]],
     limits: Limits,
 ) -> Prepared:
     check_model(req.model, limits)
@@ -162,15 +165,11 @@ def prepare_chat(
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid("top_logprobs", "needs logprobs: true")
     logprobs = check_top_logprobs(req.top_logprobs or 0, "top_logprobs") if req.logprobs else None
-    tools = tool_plan(req.tools, req.tool_choice)
     grammar = response_format(req.response_format)
-    if tools.calls and grammar is not None:
+    if req.tools and req.tool_choice != "none" and grammar is not None:
         raise invalid("response_format", "cannot be combined with tools (a call is JSON already)")
-    messages = message_dicts(req.messages)
-    if (listing := tools.system_message()) is not None:
-        messages = [listing, *messages]
-    check_prompt_chars(sum(len(m["content"]) for m in messages), limits, "messages")
-    ids = encode_chat(messages)
+    prompt = chat_prompt(req, encode_chat, limits)  # tools, reasoning: server/chat_template.py
+    ids, tools = prompt.ids, prompt.tools
     check_prompt(ids, limits, "messages")
     both = req.max_tokens is not None and req.max_completion_tokens is not None
     if both and req.max_tokens != req.max_completion_tokens:
@@ -186,8 +185,10 @@ def prepare_chat(
         check_reply_work(req.n, max_new, logprobs, "top_logprobs")
     params = openai_sampling(req, max_new, limits, logprobs)
     if tools.calls:
-        return Prepared(ids, with_grammar(params, tools.grammar, "tools"), tools)
-    return Prepared(ids, with_grammar(params, grammar, "response_format"))
+        grammar, field = tools.grammar, "tools"
+    else:
+        field = "response_format"
+    return Prepared(ids, with_grammar(params, grammar, field), tools, prompt.reasoning)
 
 
 def with_grammar(params: SamplingParams, grammar: GrammarSpec | None, field: str) -> SamplingParams:

@@ -128,14 +128,17 @@ def params(tool: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def test_streamed_call_arrives_whole(client: openai.OpenAI) -> None:
+def test_a_streamed_call_comes_in_pieces(client: openai.OpenAI) -> None:
     whole = create(client, tools=[WEATHER], tool_choice="required")
     stream = create(client, tools=[WEATHER], tool_choice="required", stream=True)
     chunks = [c for c in stream if c.choices]
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].index == 0
+    first, rest = calls[0], calls[1:]
+    assert first.index == 0 and first.id and first.function.name == "get_weather"
+    assert rest and all(tc.index == 0 and tc.id is None for tc in rest)
+    arguments = "".join(tc.function.arguments for tc in calls)
     want = whole.choices[0].message.tool_calls[0].function
-    assert (calls[0].function.name, calls[0].function.arguments) == (want.name, want.arguments)
+    assert (first.function.name, arguments) == (want.name, want.arguments)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any(c.choices[0].delta.content for c in chunks)
 
