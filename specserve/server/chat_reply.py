@@ -14,7 +14,7 @@ from typing import Any
 from specserve.request import RequestOutput
 from specserve.server.openai_schemas import AssistantMessage
 from specserve.server.reasoning import Reasoning, ReasoningStream, split
-from specserve.server.tool_formats import is_calls, scan
+from specserve.server.tool_formats import ObjectEnd, is_calls, scan
 from specserve.server.tools import ToolPlan, as_call, openai_call, parse_calls
 
 
@@ -48,6 +48,7 @@ class ReplyStream:
         self.calls: bool | None = None if tools.calls else False  # None: not told apart yet
         self.text = ""  # the content so far, while it is or may be calls
         self.sent: list[int] = []  # per call started: characters of its arguments sent
+        self.ends: dict[int, ObjectEnd] = {}  # what scans of `text` found so far
 
     def feed(self, new: str, finished: bool) -> Piece:
         thought, content = self.thinking.feed(new, finished) if self.thinking else ("", new)
@@ -61,7 +62,7 @@ class ReplyStream:
             if not self.calls:
                 self.calls = False
                 return Piece(thought, self.text)
-        found = scan(self.text, self.tools.syntax)
+        found = scan(self.text, self.tools.syntax, self.ends)
         deltas: list[dict[str, Any]] = []
         for i, call in enumerate(found.calls):
             if i == len(self.sent):

@@ -12,7 +12,8 @@ around it. `SYNTAXES`, the first whose marker the template holds wins:
 
 `OWN` is this server's format for templates without tools (the tools listed in a system message):
 one `{"name": ..., "arguments": {...}}`. A reply is calls when it starts, after whitespace, with
-its syntax's calls (the grammar of tool_choice "auto" lets text start with anything else).
+its syntax's calls (the grammar of tool_choice "auto" lets text start with any character but
+the calls' first: `<`, `{` or `[`).
 """
 
 from __future__ import annotations
@@ -136,9 +137,11 @@ def is_calls(text: str, syntax: ToolSyntax) -> bool | None:
     return False
 
 
-def scan(text: str, syntax: ToolSyntax) -> Scan:
+def scan(text: str, syntax: ToolSyntax, ends: dict[int, ObjectEnd] | None = None) -> Scan:
     """`text` read as calls in `syntax`, as far as it goes: each call whose name is known, with
-    its arguments so far."""
+    its arguments so far. `ends`: what earlier scans of a shorter prefix of the same text found
+    (kept by a stream, filled here)."""
+    ends = {} if ends is None else ends
     pos: int | None = _skip(text, 0)
     if syntax.skipped and not text.startswith(syntax.skipped, pos):  # dropped by the decoder
         pos = _expect(text, pos or 0, syntax.opener[len(syntax.skipped) :])
@@ -152,13 +155,16 @@ def scan(text: str, syntax: ToolSyntax) -> Scan:
         if m is None:
             break
         name = _unquote(m.group(1))
-        end = _json_end(text, m.end())
+        found = ends.setdefault(m.end(), ObjectEnd(m.end()))
+        end = found.find(text)
         if end is None or name is None:
             calls.append(ParsedCall(name or m.group(1), text[m.end() :], False))
             break
         arguments = text[m.end() : end]
         closed = _expect(text, end, "}")
-        if not _is_object(arguments) or closed is None:
+        if found.valid is None:
+            found.valid = _is_object(arguments)
+        if not found.valid or closed is None:
             calls.append(ParsedCall(name, arguments, False))
             break
         calls.append(ParsedCall(name, arguments, True))
@@ -218,29 +224,45 @@ def _is_object(text: str) -> bool:
         return False
 
 
-def _json_end(text: str, start: int) -> int | None:
-    """Past the JSON object that starts at `start` (None: not an object, unfinished, or nested
-    deeper than MAX_JSON_DEPTH)."""
-    if not text.startswith("{", start):
-        return None
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+class ObjectEnd:
+    """Where the JSON object that starts at `start` closes, found as the text grows (a streamed
+    reply is scanned again at each output: each character is looked at once, its arguments
+    parsed once)."""
+
+    def __init__(self, start: int) -> None:
+        self.start = self.next = start
+        self.depth, self.in_string, self.escaped = 0, False, False
+        self.end: int | None = None
+        self.broken = False  # not an object, or nested deeper than MAX_JSON_DEPTH
+        self.valid: bool | None = None  # once closed: its text parses as a JSON object
+
+    def find(self, text: str) -> int | None:
+        """Past the object's closing brace in `text` (None: not closed, or broken)."""
+        if self.end is not None or self.broken or len(text) <= self.start:
+            return self.end
+        if self.next == self.start and text[self.start] != "{":
+            self.broken = True
+            return None
+        for i in range(self.next, len(text)):
+            c = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
             elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return None
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+                self.broken = self.depth > MAX_JSON_DEPTH
+                if self.broken:
+                    return None
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.end = i + 1
+                    return self.end
+        self.next = len(text)
+        return None

@@ -9,8 +9,8 @@ grammar then holds the reply to that syntax:
 
 - `tool_choice` "required" or a named function: the reply is calls, each `name` one of the tools
   (or the named one) and its arguments valid under that tool's parameter schema;
-- "auto" (the default with tools): either such calls or text that does not start as they do, so
-  a reply is calls exactly when it starts as calls;
+- "auto" (the default with tools): either such calls or text whose first character is not
+  theirs (`<`, `{` or `[`), so a reply is calls exactly when it starts as calls;
 - "none": no tools in the prompt, no constraint.
 
 Several calls in one reply where `parallel_tool_calls` is true (the default) and the syntax has

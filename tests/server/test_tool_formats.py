@@ -18,6 +18,7 @@ from specserve.server.tool_formats import (
     LLAMA3_JSON,
     MISTRAL,
     OWN,
+    ObjectEnd,
     ToolSyntax,
     parse,
     scan,
@@ -78,8 +79,10 @@ def test_a_partial_reply_scans_to_a_prefix_of_each_call() -> None:
     a prefix of its final arguments, never the text after them."""
     text = two(HERMES)
     final = [(c.name, c.arguments) for c in parse(text, HERMES) or []]
+    ends: dict[int, ObjectEnd] = {}  # kept from scan to scan, as a stream keeps it
     for n in range(len(text) + 1):
         found = scan(text[:n], HERMES)
+        assert scan(text[:n], HERMES, ends) == found
         for partial, (name, arguments) in zip(found.calls, final, strict=False):
             assert partial.name == name and arguments.startswith(partial.arguments)
     assert scan(text, HERMES).complete
