@@ -10,7 +10,7 @@ the model wrote for them (server/tools.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specserve.server.caps import check_prompt_chars
@@ -38,11 +38,15 @@ class ChatTemplate:
     render: Callable[..., str] | None
     encode: Callable[[Any], list[int]]
     source: str = ""
+    special_id: Callable[[str], int | None] | None = None  # a special token's id (or None)
     tool_syntax: ToolSyntax | None = field(init=False)
     thinks: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tool_syntax", template_syntax(self.source))
+        syntax = template_syntax(self.source)
+        if syntax is not None and syntax.skipped and self.special_id is not None:
+            syntax = replace(syntax, skipped_id=self.special_id(syntax.skipped))
+        object.__setattr__(self, "tool_syntax", syntax)
         object.__setattr__(self, "thinks", thinks(self.source))
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -92,8 +96,17 @@ def template_of(tokenizer: Any, encode: Callable[[str], list[int]]) -> ChatTempl
         )
         return text
 
+    def special_id(text: str) -> int | None:
+        """The id of the one token `text` is, if the detokenizer drops it (a special token)."""
+        token = tokenizer.convert_tokens_to_ids(text)
+        if not isinstance(token, int) or token == getattr(tokenizer, "unk_token_id", None):
+            return None
+        if tokenizer.decode([token]) != text or tokenizer.decode([token], True) != "":
+            return None
+        return token
+
     source = getattr(tokenizer, "chat_template", None)
-    return ChatTemplate(render, encode, source if isinstance(source, str) else "")
+    return ChatTemplate(render, encode, source if isinstance(source, str) else "", special_id)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class ToolSyntax:
     separator: str = ""  # between two calls
     close: str = ""  # after the last call
     skipped: str = ""  # a special token the opener starts with, which decoded text may lack
+    skipped_id: int | None = None  # its id, where the tokenizer has it as one special token
     parallel: bool = True  # can say several calls in one reply
 
     @property
@@ -89,7 +90,7 @@ def calls_grammar(
     lines = [
         "start: " + THINK_FIRST[think] + "body",
         "body: calls" if forced else "body: calls | text",
-        "calls: " + _seq(q(syntax.opener), "call", more, q(syntax.close)),
+        "calls: " + _seq(_opener(syntax), "call", more, q(syntax.close)),
         "call: " + _seq(q(syntax.before), call, q(syntax.after)),
     ]
     if not forced:
@@ -99,6 +100,15 @@ def calls_grammar(
         opener = '"<think>" ' if think == "block" else ""
         lines += [f'think[lazy]: {opener}/(.|\\n)*/ "</think>"', "SPACE: /\\s+/"]
     return "\n".join(lines) + "\n"
+
+
+def _opener(syntax: ToolSyntax) -> str:
+    """The opener in Lark; a special token as the token itself (`<[id]>`), as the model writes
+    it, not as its characters."""
+    if syntax.skipped_id is None:
+        return _lark_string(syntax.opener)
+    rest = _lark_string(syntax.opener[len(syntax.skipped) :])
+    return _seq(f"<[{syntax.skipped_id}]>", rest)
 
 
 def _lark_string(text: str) -> str:

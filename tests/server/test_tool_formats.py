@@ -13,6 +13,7 @@ import pytest
 from specserve.grammar import Grammars
 from specserve.models.tokenizer import load_tokenizer
 from specserve.request import GrammarSpec
+from specserve.server.chat_template import template_of
 from specserve.server.tool_formats import (
     HERMES,
     LLAMA3_JSON,
@@ -152,3 +153,27 @@ def test_which_templates_take_tools_in_which_syntax() -> None:
     llama = '{{ tools }} {"name": function name, "parameters": dictionary of argument name'
     assert template_syntax(llama) is LLAMA3_JSON
     assert template_syntax("{{ tools }} <|tool|>") is None  # a syntax we do not speak
+
+
+def test_a_special_opener_is_written_as_its_token(tiny_llama: Path) -> None:
+    """Mistral's `[TOOL_CALLS]` is one special token: the grammar has the model write that
+    token (not its characters), and the reply, which the detokenizer decodes without it, is
+    still calls."""
+    tok = load_tokenizer(tiny_llama)
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    tok.chat_template = "{{ tools }}[TOOL_CALLS]{{ messages }}"
+    token = tok.convert_tokens_to_ids("[TOOL_CALLS]")
+    template = template_of(tok, lambda text: tok.encode(text, add_special_tokens=False))
+    assert template.tool_syntax is not None and template.tool_syntax.skipped_id == token
+    grammars = Grammars(tok, len(tok), frozenset({tok.convert_tokens_to_ids("<|im_end|>")}))
+    spec = tool_plan(TOOLS, "required", template.tool_syntax).grammar
+    assert spec is not None
+    calls = '[{"name": "f", "arguments": {}}]'
+    matcher = grammars.compile(spec).compiled.deep_copy()
+    assert matcher.consume_tokens([token, *tok.encode(calls, add_special_tokens=False)])
+    assert matcher.is_accepting()
+    as_text = [tok.encode(t, add_special_tokens=False) for t in ("[TOOL", "_CALLS]", calls)]
+    refused = grammars.compile(spec).compiled.deep_copy()  # its characters, not the token
+    assert not refused.consume_tokens([t for ids in as_text for t in ids])
+    reply = tok.decode([token, *tok.encode(calls, add_special_tokens=False)], True)
+    assert [c.name for c in parse(reply, template.tool_syntax) or []] == ["f"]
