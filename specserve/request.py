@@ -8,9 +8,10 @@ import time
 from collections import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from specserve.history import History as History  # re-exported: the engine's row view
+from specserve.history import OutputCounts, SeenTokens
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +45,10 @@ class GrammarSpec:
             raise ValueError(f"grammar kind must be one of {GRAMMAR_KINDS}, got {self.kind!r}")
 
 
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's range)
+MAX_LOGIT_BIAS = 100.0  # a logit bias lies in [-100, 100]
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
@@ -51,7 +56,16 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.0  # over prompt and output (as vLLM and TGI)
+    # OpenAI's: logit -= frequency * count + presence * (count > 0), counting only the
+    # generated tokens before the row (drafts before it included). Each in [-2, 2].
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # OpenAI's: (token id, value in [-100, 100]) added to that token's logit, ids distinct.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: when sampling, drop tokens less likely than min_p x the most likely one's
+    # probability (after temperature). 0 = off.
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -84,6 +98,7 @@ class SamplingParams:
             raise ValueError(
                 f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}"
             )
+        self._check_penalties()
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.speculate is not None and self.speculate < 0:
@@ -100,9 +115,36 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        ids = [t for t, _ in self.logit_bias]
+        if len(set(ids)) != len(ids) or any(t < 0 for t in ids):
+            raise ValueError("logit_bias token ids must be distinct and >= 0")
+        if any(not -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for _, v in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def reads_history(self) -> bool:
+        """A penalty reads the tokens before each row."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy on the raw logits: nothing of these parameters moves the argmax."""
+        return self.greedy and not self.reads_history and not self.logit_bias
 
     def for_choice(self, i: int) -> SamplingParams:
         """Choice i of an n-choice request: choice 0 keeps the request's seed, the others get
@@ -144,44 +186,6 @@ class DraftPause:
     next_pause: int = 1
 
 
-class SeenTokens:
-    """The distinct tokens of a sequence's prompt and output, kept as the output grows
-    (amortised O(1) a token): what a repetition penalty reads, without a set of the whole
-    history built for every row. The output only ever grows (tokens are appended)."""
-
-    def __init__(self) -> None:
-        self._ids = np.empty(64, dtype=np.int64)  # [capacity]; the first `_n` are distinct
-        self._n = 0
-        self._set: set[int] = set()
-        self._counted = 0  # tokens of prompt + output taken in so far
-
-    def ids(self, seq: Sequence) -> np.ndarray:  # [distinct] int64, a view
-        """The distinct tokens of `seq`'s prompt and output, in first-seen order."""
-        n = len(seq.prompt_ids)
-        if self._counted < n:
-            self._take(seq.prompt_ids[self._counted :])
-            self._counted = n
-        if self._counted < seq.num_tokens:
-            self._take(seq.output_ids[self._counted - n :])
-            self._counted = seq.num_tokens
-        return self._ids[: self._n]
-
-    def has(self, token: int) -> bool:
-        return token in self._set
-
-    def _take(self, tokens: list[int]) -> None:
-        new = [t for t in dict.fromkeys(tokens) if t not in self._set]
-        if not new:
-            return
-        self._set.update(new)
-        if self._n + len(new) > len(self._ids):
-            grown = np.empty(max(2 * len(self._ids), self._n + len(new)), dtype=np.int64)
-            grown[: self._n] = self._ids[: self._n]
-            self._ids = grown
-        self._ids[self._n : self._n + len(new)] = new
-        self._n += len(new)
-
-
 @dataclass
 class Sequence:
     """One request's live state. Tokens = prompt + output; KV holds the first `num_computed`."""
@@ -208,7 +212,8 @@ class Sequence:
     # Applied in order to every logits row scored for this sequence, draft rows included, before
     # the sampling parameters (runner/sampler.py).
     logits_processors: tuple[LogitsProcessor, ...] = ()
-    seen: SeenTokens = field(default_factory=SeenTokens, repr=False)  # for the penalty
+    seen: SeenTokens = field(default_factory=SeenTokens, repr=False)  # repetition penalty
+    counts: OutputCounts = field(default_factory=OutputCounts, repr=False)  # presence, frequency
 
     @property
     def token_ids(self) -> list[int]:
@@ -239,55 +244,6 @@ class Sequence:
     def tokens_left(self) -> int:
         """Output tokens still allowed by max_new_tokens."""
         return self.params.max_new_tokens - len(self.output_ids)
-
-
-class History(abc.Sequence[int]):
-    """The tokens before a scored row without copying them: `seq`'s prompt and output, then
-    `drafts` (the row's drafted tokens before it). What the engine hands a row's penalty and
-    logits processors; readers that know it (the grammar, the penalty) take only what changed
-    since their last row, so a row's work does not grow with the context."""
-
-    __slots__ = ("drafts", "seq")
-
-    def __init__(self, seq: Sequence, drafts: list[int]) -> None:
-        self.seq = seq
-        self.drafts = drafts
-
-    def __len__(self) -> int:
-        return self.seq.num_tokens + len(self.drafts)
-
-    @overload
-    def __getitem__(self, i: int) -> int: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[int]: ...
-    def __getitem__(self, i: int | slice) -> int | list[int]:
-        n = self.seq.num_tokens
-        if isinstance(i, slice):
-            start, stop, step = i.indices(len(self))
-            if step != 1:
-                return self.tokens()[i]
-            return (
-                self.seq.token_slice(start, min(stop, n))
-                + self.drafts[max(0, start - n) : max(0, stop - n)]
-            )
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError("history index out of range")
-        if i >= n:
-            return self.drafts[i - n]
-        prompt = self.seq.prompt_ids
-        return prompt[i] if i < len(prompt) else self.seq.output_ids[i - len(prompt)]
-
-    def tokens(self) -> list[int]:
-        """All of it as a list (a copy: O(context))."""
-        return self.seq.token_ids + self.drafts
-
-    def seen_ids(self) -> np.ndarray:  # [distinct] int64
-        """Its distinct tokens (drafts included), without a pass over the context."""
-        ids = self.seq.seen.ids(self.seq)
-        extra = [t for t in dict.fromkeys(self.drafts) if not self.seq.seen.has(t)]
-        return np.concatenate([ids, np.array(extra, dtype=np.int64)]) if extra else ids
 
 
 @dataclass(frozen=True)
@@ -382,6 +338,8 @@ def check_request(
             f"prompt has {len(ids)} tokens; the context window is {max_model_len} "
             "tokens and at least one must be left to generate"
         )
+    if any(t >= vocab_size for t, _ in params.logit_bias):
+        raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
     total = min(len(ids) + params.max_new_tokens, max_model_len)
     if total > kv_capacity:
         raise ValueError(

@@ -46,9 +46,9 @@ def sample_rows(plan: StepPlan) -> list[SampleRow]:
     for p in plan.sampling:
         seq, extra = p.seq, p.draft_tokens
         processors = seq.logits_processors
-        # Only a repetition penalty and the processors read the history: a view of the
-        # sequence and the drafts before the row, nothing copied.
-        reads = seq.params.repetition_penalty != 1.0 or bool(processors)
+        # Only the penalties and the processors read the history: a view of the sequence and
+        # the drafts before the row, nothing copied.
+        reads = seq.params.reads_history or bool(processors)
         for i in range(len(extra) + 1):
             history = History(seq, extra[:i]) if reads else []
             rows.append(SampleRow(seq.params, history, len(seq.output_ids) + i, processors))

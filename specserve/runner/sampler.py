@@ -8,6 +8,7 @@ verification reproduce seeded outputs exactly: accept a draft iff it equals this
 
 from __future__ import annotations
 
+import math
 from collections import abc
 from dataclasses import dataclass
 
@@ -26,8 +27,8 @@ class SampleRow:
 
     params: SamplingParams
     # Tokens before this position (prompt + output + earlier drafts): the engine's `History`
-    # view, or a list; read only by the repetition penalty and the processors, so callers may
-    # leave it empty when the penalty is 1 and there are none.
+    # view, or a list; read only by the penalties and the processors, so callers may leave it
+    # empty when `params.reads_history` is false and there are none.
     history: abc.Sequence[int]
     out_pos: int  # output position t being sampled (0 = first generated token)
     processors: tuple[LogitsProcessor, ...] = ()  # the request's, applied first
@@ -85,22 +86,65 @@ def apply_repetition_penalty(
     logits[idx] = torch.where(seen > 0, seen / penalty, seen * penalty)
 
 
+def apply_logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> None:
+    """In place on [V]: add each (token, value) of `bias` to that token's logit."""
+    if not bias:
+        return
+    ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=logits.device)
+    logits[ids] += torch.tensor([v for _, v in bias], dtype=logits.dtype, device=logits.device)
+
+
+def output_counts(history: abc.Sequence[int], out_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct generated tokens before a row and their counts ([m] int64 each): the last
+    `out_pos` tokens of its history (a `History` keeps them as its sequence grows)."""
+    if isinstance(history, History):
+        return history.output_counts()
+    tail = list(history[max(0, len(history) - out_pos) :]) if out_pos else []
+    ids, counts = np.unique(np.array(tail, dtype=np.int64), return_counts=True)
+    return ids, counts.astype(np.int64)
+
+
+def apply_output_penalties(logits: torch.Tensor, row: SampleRow) -> None:
+    """In place on [V], OpenAI's presence and frequency penalties over the generated tokens:
+    logit[j] -= frequency * count[j] + presence * (count[j] > 0)."""
+    p = row.params
+    if p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+        return
+    ids, counts = output_counts(row.history, row.out_pos)
+    if not len(ids):
+        return
+    idx = torch.from_numpy(ids).to(logits.device)
+    penalty = torch.from_numpy(counts).to(logits.device, logits.dtype) * p.frequency_penalty
+    logits[idx] -= penalty + p.presence_penalty
+
+
+def apply_min_p(logits: torch.Tensor, min_p: float) -> None:
+    """In place on [V] (after temperature): -inf where p < min_p * max p, i.e. where
+    logit < max logit + log(min_p)."""
+    if min_p <= 0.0:
+        return
+    logits[logits < logits.max() + math.log(min_p)] = float("-inf")
+
+
 # Temperatures in (0, MIN_TEMPERATURE) act as MIN_TEMPERATURE (vLLM's floor): float32 logits
 # divided by a tinier one overflow to inf, and inf - inf is NaN. The pick is the same argmax.
 MIN_TEMPERATURE = 1e-2
 
 
 def processed_logits(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
-    """[V] -> [V] float32: the request's processors, penalties, temperature, top-k and top-p
-    (removed tokens are -inf)."""
+    """[V] -> [V] float32: the request's processors, logit bias, penalties, then (sampling)
+    temperature, min-p, top-k and top-p (removed tokens are -inf). vLLM's order."""
     p = row.params
     out = logits.float().clone()
     for processor in row.processors:
         out = processor(row.history, out)
+    apply_logit_bias(out, p.logit_bias)
     apply_repetition_penalty(out, row.history, p.repetition_penalty)
+    apply_output_penalties(out, row)
     if p.greedy:
         return out
     out /= max(p.temperature, MIN_TEMPERATURE)
+    apply_min_p(out, p.min_p)
     if 0 < p.top_k < out.numel():
         kth = torch.topk(out, p.top_k).values[-1]
         out[out < kth] = float("-inf")
@@ -137,8 +181,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def plain_greedy(row: SampleRow) -> bool:
-    """The row's pick is the raw logits' argmax: no penalty, no processor."""
-    return row.params.greedy and row.params.repetition_penalty == 1.0 and not row.processors
+    """The row's pick is the raw logits' argmax: no penalty, bias or processor."""
+    return row.params.plain_greedy and not row.processors
 
 
 def pick_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> list[int]:

@@ -92,7 +92,7 @@ class Chain:
     def plain(self) -> bool:
         """Greedy with nothing that changes the argmax: the head's own top token."""
         p = self.seq.params
-        return p.greedy and p.repetition_penalty == 1.0 and not self.seq.logits_processors
+        return p.plain_greedy and not self.seq.logits_processors
 
     def add(self, token: int, confidence: float) -> None:
         self.tokens.append(token)
