@@ -120,6 +120,12 @@ class ServerMetrics:
         self.output_tokens = _hist(
             r, "specserve_request_output_tokens", "Generated length of completed requests", tok
         )
+        self.ignored_fields = Counter(
+            "specserve_request_ignored_fields",
+            "Request fields no model of the API defines, ignored (and logged) by route",
+            ["route"],
+            registry=r,
+        )
         self.direct_writes = Counter(
             "specserve_stream_direct_writes",
             "Streamed outputs written to their socket by the engine's thread "
@@ -147,6 +153,9 @@ class ServerMetrics:
 
     def count(self, route: str, outcome: str) -> None:
         self.requests.labels(route=route, outcome=outcome).inc()
+
+    def count_ignored(self, route: str, fields: int) -> None:
+        self.ignored_fields.labels(route=route).inc(fields)
 
     def render(self) -> bytes:
         """Exposition text; reads the engine, so call it off the event loop."""

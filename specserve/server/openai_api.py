@@ -35,7 +35,13 @@ from specserve.server.openai_schemas import (
 from specserve.server.openai_stream import ChatChunks, stream
 from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.param_checks import check_choices, check_model
-from specserve.server.params import for_tenant, prepare_chat, prepare_completion, tenant_of
+from specserve.server.params import (
+    for_tenant,
+    prepare_chat,
+    prepare_completion,
+    tenant_of,
+    warn_ignored,
+)
 from specserve.server.sse import EventStream
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -72,6 +78,7 @@ async def model(model_id: str, ctx: Ctx) -> ModelCard:
 async def completions(
     body: CompletionRequest, request: Request, ctx: Ctx
 ) -> CompletionResponse | EventStream:
+    warn_ignored(body, "/v1/completions", ctx.metrics.count_ignored)
     tracked = ctx.service.admit("/v1/completions", check_choices(body.n, ctx.limits))
     tenant = tenant_of(request)
     prep = await prepared(
@@ -123,6 +130,7 @@ async def completions(
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, ctx: Ctx
 ) -> ChatCompletionResponse | EventStream:
+    warn_ignored(body, "/v1/chat/completions", ctx.metrics.count_ignored)
     tracked = ctx.service.admit("/v1/chat/completions", check_choices(body.n, ctx.limits))
     tenant = tenant_of(request)
     prep = await prepared(

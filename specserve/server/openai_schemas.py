@@ -1,23 +1,28 @@
 """OpenAI request and response shapes for /v1/completions, /v1/chat/completions and /v1/models.
 
-Fields OpenAI defines but this server cannot honour are accepted only at their neutral value, so
-that clients sending defaults work and clients asking for more get a clear 400. Extensions:
-`top_k`, `repetition_penalty`, `speculate`, `speculation_policy`, `ignore_eos`; usage reports
-speculation as `completion_tokens_details.accepted_prediction_tokens` /
+Every field of OpenAI's two request schemas is defined: honoured, or accepted and ignored where
+it means nothing here (server/openai_fields.py), or, where this server cannot give what it asks
+for, accepted only at its neutral value (a clear 400 otherwise). A field nobody defines is
+ignored, logged and counted (as vLLM). Extensions: vLLM's `top_k`, `min_p`,
+`repetition_penalty`, `ignore_eos`, `cache_salt`, and our `speculate`, `speculation_policy`;
+usage reports speculation as `completion_tokens_details.accepted_prediction_tokens` /
 `rejected_prediction_tokens`, plus the extension `speculation_steps`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from specserve.request import MAX_LOGIT_BIAS, MAX_PENALTY
+from specserve.server.openai_fields import BothEndpoints, ChatOnly
 from specserve.server.schemas import (
     MAX_REPETITION_PENALTY,
     U64_MAX,
-    Strict,
+    Lenient,
     UnicodeChecked,
+    accepts,
     cache_salt_field,
     speculation_policy_field,
 )
@@ -25,11 +30,15 @@ from specserve.server.schemas import (
 FinishReasonOpenAI = Literal["stop", "length", "tool_calls"]
 
 
-class StreamOptions(Strict):
+class StreamOptions(Lenient):
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(default=None, description="accepted and ignored")
 
 
-class SamplingFields(Strict):
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+
+
+class SamplingFields(BothEndpoints):
     """Fields shared by completions and chat completions."""
 
     model: str | None = Field(
@@ -47,15 +56,31 @@ class SamplingFields(Strict):
     stop: str | list[str] | None = Field(default=None, description="up to 4 stop sequences")
     seed: int | None = Field(default=None, ge=0, le=U64_MAX)
     presence_penalty: float | None = Field(
-        default=None, ge=-2, le=2, description="only 0 is supported"
+        default=None,
+        ge=-MAX_PENALTY,
+        le=MAX_PENALTY,
+        description="-2..2: subtracted from the logit of every token generated so far",
     )
     frequency_penalty: float | None = Field(
-        default=None, ge=-2, le=2, description="only 0 is supported"
+        default=None,
+        ge=-MAX_PENALTY,
+        le=MAX_PENALTY,
+        description="-2..2: subtracted from a token's logit once per time it was generated",
     )
-    logit_bias: dict[str, float] | None = Field(default=None, description="only empty is supported")
-    user: str | None = None
+    logit_bias: dict[str, Bias] | None = Field(
+        default=None,
+        description='{"<token id>": -100..100} added to those tokens\' logits (-100: never '
+        "picked in practice, 100: nearly always)",
+    )
     # Extensions.
-    top_k: int | None = Field(default=None, ge=0, description="extension: 0 = off")
+    top_k: int | None = Field(default=None, ge=-1, description="extension: 0 or -1 = off")
+    min_p: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="extension (vLLM's): when sampling, drop tokens less likely than min_p "
+        "times the most likely one",
+    )
     repetition_penalty: float | None = Field(
         default=None, gt=0, le=MAX_REPETITION_PENALTY, description="extension; at most 100"
     )
@@ -66,24 +91,43 @@ class SamplingFields(Strict):
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
     cache_salt: str | None = cache_salt_field()
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"keys must be token ids (decimal integers); got {key[:32]!r}")
+        return value
+
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
         ..., description="one prompt: text or token ids"
     )
     max_tokens: int | None = Field(default=16, ge=1)
-    echo: bool = Field(default=False, description="not supported; must be false")
+    echo: Annotated[bool, accepts((False,), "must be false")] = Field(
+        default=False, description="not supported; must be false"
+    )
     logprobs: int | None = Field(
         default=None,
         ge=0,
         description="log-probabilities of the chosen tokens and of this many most likely ones "
         "(at most 20)",
     )
-    best_of: int | None = Field(default=None, ge=1, description="only 1 is supported")
-    suffix: str | None = Field(default=None, description="not supported; must be null")
+    best_of: int | None = Field(default=None, ge=1, description="only 1 (or n) is supported")
+    suffix: Annotated[str | None, accepts((None, ""), "must be null")] = Field(
+        default=None, description="not supported; must be null"
+    )
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value not in (None, 1, info.data.get("n", 1)):
+            raise ValueError("not supported by this server (only n)")
+        return value
 
 
-class TextPart(Strict):
+class TextPart(Lenient):
     type: Literal["text"]
     text: str
 
@@ -104,7 +148,7 @@ class ChatMessage(UnicodeChecked):
     )
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatOnly):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, description="default: the context left")
     max_completion_tokens: int | None = Field(default=None, ge=1, description="alias of max_tokens")
@@ -130,11 +174,6 @@ class ChatCompletionRequest(SamplingFields):
         '{"type": "function", "function": {"name": ...}}',
     )
     parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = Field(
-        default=None,
-        description="extension (vLLM's): extra variables for the chat template, e.g. "
-        '{"enable_thinking": false}',
-    )
 
 
 class CompletionTokensDetails(BaseModel):

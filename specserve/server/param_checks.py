@@ -1,11 +1,10 @@
 """The per-field checks of a request body against the server's limits: the prompt, the output
-budget, `speculate`, stop sequences, `model` (404 `model_not_found`), `n`, top logprobs, and
-fields this server accepts only at their defaults. Each failure is an `ApiError` naming the
+budget, `speculate`, stop sequences, `model` (404 `model_not_found`), `n`, top logprobs,
+`logit_bias`'s token ids. (Fields accepted only at their defaults are refused by the request
+models: `schemas.accepts`.) Each failure is an `ApiError` naming the
 field and the limit."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.settings import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, Limits
@@ -114,7 +113,15 @@ def check_top_logprobs(value: int, field: str) -> int:
     return value
 
 
-def require_default(field: str, value: Any, allowed: tuple[Any, ...], what: str) -> None:
-    """Reject a value this server cannot honour; `what` says what is accepted."""
-    if value not in allowed:
-        raise invalid(field, f"not supported by this server ({what})")
+def check_logit_bias(
+    bias: dict[str, float] | None, limits: Limits
+) -> tuple[tuple[int, float], ...]:
+    """`logit_bias` (token id strings, checked by the request model) as (id, value) pairs;
+    every id must be in the vocabulary."""
+    pairs = {int(k): v for k, v in (bias or {}).items()}
+    if len(pairs) < len(bias or {}):
+        raise invalid("logit_bias", "names a token id twice (e.g. as '7' and '07')")
+    bad = next((t for t in pairs if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise invalid("logit_bias", f"token ids must be in [0, {limits.vocab_size}); got {bad}")
+    return tuple(sorted(pairs.items()))

@@ -7,11 +7,13 @@ so a stream never starts for a request the engine would refuse.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.requests import Request
 
 from specserve.request import GrammarSpec, SamplingParams
@@ -27,21 +29,23 @@ from specserve.server.openai_schemas import (
 )
 from specserve.server.param_checks import (
     check_choices,
+    check_logit_bias,
     check_model,
     check_prompt,
     check_speculate,
     check_stop,
     check_top_logprobs,
-    require_default,
     resolve_max_new,
 )
 from specserve.server.reasoning import Reasoning
-from specserve.server.schemas import GenerateParameters, GenerateRequest
+from specserve.server.schemas import GenerateRequest, ignored_fields
 from specserve.server.settings import Limits
 from specserve.server.tools import NO_TOOLS, ToolPlan, calls_text
 
+logger = logging.getLogger(__name__)
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 Encode = Callable[[str], list[int]]
+NAMED_IGNORED = 8  # unknown fields named in one log line (a body may carry thousands)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,18 @@ def tenant_of(request: Request) -> str | None:
     return tenant
 
 
+def warn_ignored(body: BaseModel, route: str, count: Callable[[str, int], None]) -> None:
+    """Log and count (`count(route, n)`) the fields of `body` that no model defines: they are
+    ignored, as vLLM and TGI ignore them, not refused."""
+    names = list(ignored_fields(body))
+    if not names:
+        return
+    shown = ", ".join(repr(n[:64]) for n in names[:NAMED_IGNORED])
+    more = f" and {len(names) - NAMED_IGNORED} more" if len(names) > NAMED_IGNORED else ""
+    logger.warning("%s: ignored fields this server does not define: %s%s", route, shown, more)
+    count(route, len(names))
+
+
 def fresh_seed() -> int:
     return random.getrandbits(63)
 
@@ -82,7 +98,6 @@ def prepare_tgi(
     req: GenerateRequest, encode: Encode, limits: Limits, stream: bool = False
 ) -> Prepared:
     p = req.parameters
-    _tgi_unsupported(p)
     if p.truncate is None:
         check_prompt_chars(len(req.inputs), limits, "inputs")
     ids = encode(req.inputs)
@@ -111,6 +126,7 @@ def prepare_tgi(
         top_k=p.top_k or 0,
         top_p=p.top_p or 1.0,
         repetition_penalty=p.repetition_penalty or 1.0,
+        frequency_penalty=p.frequency_penalty or 0.0,
         seed=(fresh_seed() if p.seed is None else p.seed) if sampling else None,
         stop=check_stop(p.stop, limits, "parameters.stop"),
         ignore_eos=p.ignore_eos,
@@ -124,21 +140,10 @@ def prepare_tgi(
     return Prepared(ids, with_grammar(params, tgi_grammar(p.grammar), "parameters.grammar"))
 
 
-def _tgi_unsupported(p: GenerateParameters) -> None:
-    require_default("parameters.best_of", p.best_of, (None, 1), "max_best_of is 1")
-    require_default("parameters.frequency_penalty", p.frequency_penalty, (None, 0.0), "only 0")
-    require_default("parameters.typical_p", p.typical_p, (None, 1.0), "only 1.0")
-    require_default("parameters.watermark", p.watermark, (False,), "must be false")
-    require_default("parameters.adapter_id", p.adapter_id, (None,), "must be null")
-
-
 # ---------------------------------------------------------------------------------- OpenAI
 def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -> Prepared:
     check_model(req.model, limits)
     check_choices(req.n, limits)
-    require_default("echo", req.echo, (False,), "must be false")
-    require_default("best_of", req.best_of, (None, 1, req.n), "only n")
-    require_default("suffix", req.suffix, (None, ""), "must be null")
     prompt: Any = req.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         if len(prompt) != 1:
@@ -217,17 +222,18 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
 def openai_sampling(
     req: SamplingFields, max_new: int, limits: Limits, logprobs: int | None = None
 ) -> SamplingParams:
-    require_default("presence_penalty", req.presence_penalty, (None, 0.0), "only 0")
-    require_default("frequency_penalty", req.frequency_penalty, (None, 0.0), "only 0")
-    require_default("logit_bias", req.logit_bias or None, (None,), "must be empty")
     temperature = 1.0 if req.temperature is None else req.temperature
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     return SamplingParams(
         max_new_tokens=max_new,
         temperature=temperature,
-        top_k=req.top_k or 0,
+        top_k=max(req.top_k or 0, 0),
         top_p=req.top_p or 1.0,
         repetition_penalty=req.repetition_penalty or 1.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=check_logit_bias(req.logit_bias, limits),
+        min_p=req.min_p or 0.0,
         seed=None if temperature == 0 else (fresh_seed() if req.seed is None else req.seed),
         stop=check_stop(stops, limits, "stop"),
         ignore_eos=req.ignore_eos,

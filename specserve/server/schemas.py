@@ -1,16 +1,20 @@
-"""TGI request and response shapes, plus /info.
+"""TGI request and response shapes, and what every request model shares.
 
 Field names and meanings follow text-generation-inference. Extensions (not in TGI) are marked;
 they are optional, so TGI clients never need them: `speculate`, `speculation_policy`,
 `ignore_eos`, `cache_salt` and `model` in the parameters, and the per-request speculation counts
-`drafted_tokens` / `accepted_tokens` / `speculation_steps` in the details.
+`drafted_tokens` / `accepted_tokens` / `speculation_steps` in the details. As TGI, a field it
+does not define is ignored (here with a warning and a count: `ignored_fields`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from specserve.request import MAX_PENALTY
 
 U64_MAX = 2**64 - 1
 # Above this a penalty only pushes seen tokens' logits towards 0 and -inf.
@@ -76,14 +80,50 @@ class UnicodeChecked(BaseModel):
 
 
 class Strict(UnicodeChecked):
-    """Request models reject unknown fields (a typo must not pass silently) and, as the OpenAI
-    API does, values of the wrong JSON type: `true` or `"5"` is not an integer."""
+    """Models that reject unknown fields and, as the OpenAI API does, values of the wrong JSON
+    type: `true` or `"5"` is not an integer."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class GenerateParameters(Strict):
-    best_of: int | None = Field(default=None, ge=1, description="only 1 is supported")
+class Lenient(UnicodeChecked):
+    """Generation request models: as strict as `Strict` about the fields they define, but a
+    field nobody defines is kept aside (`model_extra`) and ignored, as vLLM and TGI do; the
+    routes log and count it (`ignored_fields`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+def ignored_fields(model: BaseModel, prefix: str = "") -> Iterator[str]:
+    """The dotted names of the fields in `model` (and the models nested in it, lists
+    included) that their model does not define."""
+    for name in model.model_extra or {}:
+        yield prefix + name
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            yield from ignored_fields(value, f"{prefix}{name}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from ignored_fields(item, f"{prefix}{name}[{i}].")
+
+
+def accepts(allowed: tuple[Any, ...], what: str) -> AfterValidator:
+    """A field this server honours only at `allowed` values; `what` says which."""
+
+    def check(value: Any) -> Any:
+        if value not in allowed:
+            raise ValueError(f"not supported by this server ({what})")
+        return value
+
+    return AfterValidator(check)
+
+
+class GenerateParameters(Lenient):
+    best_of: Annotated[int | None, accepts((None, 1), "max_best_of is 1")] = Field(
+        default=None, ge=1, description="only 1 is supported"
+    )
     decoder_input_details: bool = Field(
         default=False,
         description="return the prompt tokens in details, with their log-probabilities (the "
@@ -94,7 +134,13 @@ class GenerateParameters(Strict):
         default=False,
         description="sample; a temperature != 1, top_k or top_p < 1 also turns sampling on",
     )
-    frequency_penalty: float | None = Field(default=None, description="only 0 is supported")
+    frequency_penalty: float | None = Field(
+        default=None,
+        ge=-MAX_PENALTY,
+        le=MAX_PENALTY,
+        description="-2..2: subtracted from a token's logit once per time it was generated "
+        "(OpenAI's semantics: output tokens only, not divided by the length as TGI does)",
+    )
     grammar: dict[str, Any] | None = Field(
         default=None,
         description='constrain the output: {"type": "json", "value": <JSON schema>} or '
@@ -122,9 +168,15 @@ class GenerateParameters(Strict):
     truncate: int | None = Field(
         default=None, ge=1, description="keep only the last N prompt tokens"
     )
-    typical_p: float | None = Field(default=None, gt=0, le=1, description="only 1 is supported")
-    watermark: bool = Field(default=False, description="not supported; must be false")
-    adapter_id: str | None = Field(default=None, description="not supported; must be null")
+    typical_p: Annotated[float | None, accepts((None, 1.0), "only 1.0")] = Field(
+        default=None, gt=0, le=1, description="only 1 is supported"
+    )
+    watermark: Annotated[bool, accepts((False,), "must be false")] = Field(
+        default=False, description="not supported; must be false"
+    )
+    adapter_id: Annotated[str | None, accepts((None,), "must be null")] = Field(
+        default=None, description="not supported; must be null"
+    )
     # Extensions.
     speculate: int | None = Field(
         default=None, ge=0, description="extension: max drafted tokens per step, 0..server N"
@@ -137,7 +189,7 @@ class GenerateParameters(Strict):
     )
 
 
-class GenerateRequest(Strict):
+class GenerateRequest(Lenient):
     inputs: str = Field(..., description="the prompt")
     parameters: GenerateParameters = Field(default_factory=lambda: GenerateParameters())
 

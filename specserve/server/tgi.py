@@ -17,7 +17,7 @@ from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.direct import DirectWriter
 from specserve.server.errors import ApiError, error_body
-from specserve.server.params import Prepared, for_tenant, prepare_tgi, tenant_of
+from specserve.server.params import Prepared, for_tenant, prepare_tgi, tenant_of, warn_ignored
 from specserve.server.schemas import (
     CompatGenerateRequest,
     Details,
@@ -85,6 +85,7 @@ async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> JSONRes
 async def _generate(
     body: GenerateRequest, request: Request, ctx: Ctx, route: str
 ) -> tuple[GenerateResponse, dict[str, str]]:
+    warn_ignored(body, route, ctx.metrics.count_ignored)
     tracked = ctx.service.admit(route)
     tenant = tenant_of(request)
     prep = await prepared(
@@ -149,6 +150,7 @@ async def generate_stream(body: GenerateRequest, request: Request, ctx: Ctx) -> 
 async def _stream(
     body: GenerateRequest, request: Request, ctx: ServerContext, route: str
 ) -> EventStream:
+    warn_ignored(body, route, ctx.metrics.count_ignored)
     tracked = ctx.service.admit(route)
     tenant = tenant_of(request)
     prep = await prepared(

@@ -38,7 +38,7 @@ def tgi(server: Server, parameters: dict[str, object], inputs: str = "Hello") ->
         ({"truncate": 100}, ["parameters.truncate", "64", "--max-input-tokens"]),
         ({"top_n_tokens": 21}, ["parameters.top_n_tokens", "between 0 and 20"]),
         ({"watermark": True}, ["parameters.watermark", "not supported"]),
-        ({"no_such_field": 1}, ["parameters.no_such_field", "unknown field"]),
+        ({"frequency_penalty": 2.5}, ["parameters.frequency_penalty", "less than or equal to 2"]),
         ({"max_new_tokens": "many"}, ["parameters.max_new_tokens", "integer"]),
     ],
 )
@@ -100,8 +100,8 @@ def test_invalid_json(tiny_server: Server, route: str) -> None:
         ({"prompt": "hi", "max_tokens": 5000}, "max_tokens", "4096"),
         ({"prompt": ["a", "b"]}, "prompt", "one prompt"),
         ({"prompt": [1, 2, 999999]}, "prompt", "token ids must be in [0, 320)"),
-        ({"prompt": "hi", "frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
-        ({"prompt": "hi", "bogus": 1}, "bogus", "unknown field"),
+        ({"prompt": "hi", "frequency_penalty": 2.5}, "frequency_penalty", "or equal to 2"),
+        ({"prompt": "hi", "suffix": "x"}, "suffix", "not supported"),
     ],
 )
 def test_openai_bad_parameters(
