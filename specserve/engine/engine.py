@@ -16,8 +16,9 @@ from specserve.config import EngineConfig, SpecConfig
 from specserve.engine import drafting
 from specserve.engine.admission import new_live, prepare_request
 from specserve.engine.drafting import force_drafts, keep_prefixes, open_caps, propose, static_caps
-from specserve.engine.live import Live, describe, take_prompt_rows
+from specserve.engine.live import Live, describe, end, take_prompt_rows
 from specserve.engine.logprobs import span_logprobs
+from specserve.engine.observer import StepClock, from_env
 from specserve.engine.plan import SeqPlan, StepPlan, plan_step
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.engine.resources import EngineResources, load_resources
@@ -30,7 +31,6 @@ from specserve.request import (
     LogitsProcessor,
     RequestOutput,
     SamplingParams,
-    SeqStatus,
     Sequence,
     TokenLogprob,
 )
@@ -57,6 +57,8 @@ class Engine:
         self._outbox: list[RequestOutput] = []  # outputs not yet returned by step()
         self._ids = itertools.count()
         self.last_step: StepRecord | None = None
+        self._clock = StepClock()  # the step in progress
+        self.observers = from_env(self)  # see engine/observer.py
 
     # ----------------------------------------------------------------- requests
     @property
@@ -150,6 +152,8 @@ class Engine:
         ran; a non-finite logits row, a failed verify or detokenization fails its own request;
         anything else fails the step's requests (every live one if scheduling itself failed).
         """
+        clock = self._clock = StepClock()
+        self.observers.step_start()
         batch: ScheduledBatch | None = None
         try:
             batch = self.scheduler.schedule(self._draft_caps if self.res.proposer else None)
@@ -163,24 +167,26 @@ class Engine:
             seqs = [w.seq for w in failed] or [x.seq for x in self._live.values()]
             self._fail(seqs, f"engine step failed: {describe(exc)}")
         done, self._outbox = self._outbox, []
+        self.observers.step_end(clock, done)
         return done
 
     def _run_batch(self, batch: ScheduledBatch) -> None:
-        plan = self._plan(batch)
+        plan = self._clock.plan = self._plan(batch)
+        self.observers.proposed(plan)
         if not plan.seqs:  # the proposer failed every sequence
             return
         try:
-            started = time.perf_counter()
-            run = self.res.runner.run(plan.run_items())
-            elapsed = time.perf_counter() - started
+            with self._clock.phase("forward"):
+                run = self.res.runner.run(plan.run_items())
         except Exception as exc:  # one pass for all: it fails them all, not the engine
             logger.exception("forward pass failed")
             self._fail([p.seq for p in plan.seqs], f"forward pass failed: {describe(exc)}")
             return
         cost = self.res.cost or (self.res.policy.cost if self.res.policy is not None else None)
         if cost is not None:
-            cost.observe(plan.shape(), elapsed)
-        self._verify_and_commit(plan, run)
+            cost.observe(plan.shape(), self._clock.seconds["forward"])
+        with self._clock.phase("verify"):
+            self._verify_and_commit(plan, run)
         self.last_step = self.stats.count_step(plan)
 
     def _plan(self, batch: ScheduledBatch) -> StepPlan:
@@ -189,10 +195,12 @@ class Engine:
         work = batch.work
         vocab = self.res.model.arch.vocab_size
         started = time.perf_counter()
-        proposed = propose(self.res.proposer, work, vocab, lambda s, e: self._fail([s], e))
+        with self._clock.phase("propose"):
+            proposed = propose(self.res.proposer, work, vocab, lambda s, e: self._fail([s], e))
         proposed = force_drafts(work, proposed)
         seconds = time.perf_counter() - started
-        kept = keep_prefixes(self.res.policy, work, proposed, seconds)
+        with self._clock.phase("decide"):
+            kept = keep_prefixes(self.res.policy, work, proposed, seconds)
         lengths = {w.seq.seq_id: len(d.tokens) for w, d in zip(work, kept, strict=True) if d}
         trimmed = self.scheduler.trim_drafts(work, lengths)
         return plan_step(batch.num_running, work, trimmed, proposed, kept, self._prompt_rows)
@@ -246,6 +254,7 @@ class Engine:
             return
         if p.draft is not None:
             self.stats.record_draft(seq, p.draft, result.num_accepted)
+            self.observers.verified(seq, p.draft, result.num_accepted)
             if self.res.policy is not None and not p.draft.forced:
                 self.res.policy.record(p.draft, result.num_accepted)
         if seq.first_token_time is None:
@@ -253,6 +262,7 @@ class Engine:
             self.scheduler.unpark(seq)
         new_ids, reason = live.push_until_stop(result.tokens, self.res.eos_ids, self.max_model_len)
         self.stats.tokens_emitted += len(new_ids)
+        self.observers.committed(seq, new_ids)
         # KV holds every committed token but the last (its K/V come with the next pass); the
         # rejected drafts' slots after it are dropped.
         seq.num_computed = seq.num_tokens - 1
@@ -281,17 +291,6 @@ class Engine:
         logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         """Never raises: it is how failures end requests."""
-        seq = live.seq
-        reason, error = live.flush(reason, error)
-        if reason != "error":  # its committed blocks can serve later prompts (a next turn)
-            try:
-                self.scheduler.cache_committed(seq)
-            except Exception:
-                logger.exception("caching the blocks of %s failed", seq.request_id)
-        seq.status = SeqStatus.FINISHED
-        seq.finish_reason = reason
-        self.scheduler.remove(seq)
-        self.scheduler.unpark(seq)
-        drafting.release(self.res.proposer, seq)
-        self._live.pop(seq.request_id, None)
-        self._outbox.append(live.output(new_ids or [], True, error, logprobs))
+        self._live.pop(live.seq.request_id, None)
+        proposer = self.res.proposer
+        self._outbox.append(end(live, reason, self.scheduler, proposer, new_ids, error, logprobs))

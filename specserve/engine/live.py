@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.engine import drafting
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.logprobs import LogitsOf, prompt_logprobs
 from specserve.engine.plan import StepPlan
-from specserve.request import RequestOutput, Sequence, TokenLogprob
+from specserve.request import RequestOutput, SeqStatus, Sequence, TokenLogprob
 from specserve.runner.model_runner import RunOutput
-from specserve.scheduler.scheduler import SeqWork
+from specserve.scheduler.scheduler import Scheduler, SeqWork
+from specserve.speculation.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,32 @@ def take_prompt_rows(
         if p.prompt.stop > p.prompt.start:
             assert run.hidden_only is not None
             live[p.seq.request_id].add_prompt_logprobs(run.hidden_only[p.prompt], logits_of)
+
+
+def end(
+    live: Live,
+    reason: str,
+    scheduler: Scheduler,
+    proposer: Proposer | None,
+    new_ids: list[int] | None = None,
+    error: str | None = None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> RequestOutput:
+    """Finish `live`'s sequence: out of the scheduler, its proposer state released, its final
+    output returned. Never raises: it is how failures end requests."""
+    seq = live.seq
+    reason, error = live.flush(reason, error)
+    if reason != "error":  # its committed blocks can serve later prompts (a next turn)
+        try:
+            scheduler.cache_committed(seq)
+        except Exception:
+            logger.exception("caching the blocks of %s failed", seq.request_id)
+    seq.status = SeqStatus.FINISHED
+    seq.finish_reason = reason
+    scheduler.remove(seq)
+    scheduler.unpark(seq)
+    drafting.release(proposer, seq)
+    return live.output(new_ids or [], True, error, logprobs)
 
 
 def describe(exc: BaseException) -> str:

@@ -1,0 +1,47 @@
+"""Engine observers tests attach to (engine/observer.py) in place of wrapping `Engine.step`."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from specserve.engine.engine import Engine
+from specserve.engine.observer import EngineObserver, StepTiming
+from specserve.request import RequestOutput
+
+
+class StepFloor(EngineObserver):
+    """Every step lasts at least `seconds` (so that a stream outlasts what a test does)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = 0.0
+
+    def on_step_start(self) -> None:
+        self.started = time.monotonic()
+
+    def on_step_end(self, timing: StepTiming, outputs: list[RequestOutput]) -> None:
+        time.sleep(max(0.0, self.seconds - (time.monotonic() - self.started)))
+
+
+class HoldSteps(EngineObserver):
+    """A step that starts with work waits for `release`; `stepping` is set once one waits."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.stepping, self.release = threading.Event(), threading.Event()
+
+    def on_step_start(self) -> None:
+        if self.engine.has_work() and not self.release.is_set():
+            self.stepping.set()
+            self.release.wait()
+
+
+class OutputSteps(EngineObserver):
+    """Counts the steps that returned outputs."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_step_end(self, timing: StepTiming, outputs: list[RequestOutput]) -> None:
+        self.steps += bool(outputs)
