@@ -8,8 +8,10 @@ with the given proposer, its cells alternating between N = 0 and the adaptive po
 prefix cache and suffix index), and splits every step's wall time into
 
     propose (`engine.drafting.propose`), decide (`keep_prefixes`), forward (`ModelRunner.run`),
-    verify (`Engine._verify_and_commit`: sampling, acceptance, commits, the proposer's sync),
+    verify (sampling, acceptance, commits, the proposer's sync),
     other (scheduling and the rest of `Engine.step`),
+
+as the engine's observer reports them (`engine/observer.py`, `StepTiming`),
 
 with the extra rows verified and the calibrated prediction of the drafts
 verified against what was accepted. Propose per step mixes what one call of the proposer costs
@@ -34,8 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,117 +44,74 @@ from typing import Any
 import numpy as np
 import torch
 
-import specserve.engine.engine as engine_module
-from benchmarks.ledger_report import PARTS, Ledger, Step, report, summarise
+from benchmarks.ledger_report import Ledger, Step, report, summarise
 from benchmarks.machine import machine_info, machine_lines
 from benchmarks.spec_bench import conversations
 from benchmarks.spec_cells import Config, run_cell
 from specserve.bench.workloads import resolve_workload
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
-from specserve.request import SamplingParams
+from specserve.engine.observer import EngineObserver, StepTiming
+from specserve.request import RequestOutput, SamplingParams
+from specserve.request import Sequence as SeqView
 from specserve.speculation.payoff import Payoff
-from specserve.speculation.policy import expected_emitted
+from specserve.speculation.policy import SpeculationPolicy, expected_emitted
 from specserve.speculation.proposer import Draft
 
 
-def _timed(parts: dict[str, float], part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn`, adding the seconds each call takes to parts[part]."""
+class _LedgerObserver(EngineObserver):
+    """Appends a `Step` to `ledger` for each engine step, and each verified draft (not forced
+    by a grammar) with the policy's calibrated prediction of it, read before the policy
+    learns from it. The extra rows are read off the policy's k counts before and after a
+    step: each sequence-step that chose k adds k verified draft rows."""
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            parts[part] = parts.get(part, 0.0) + time.perf_counter() - started
+    def __init__(self, engine: Engine, ledger: Ledger) -> None:
+        self.engine, self.ledger = engine, ledger
+        self.chosen: dict[int, int] = {}
+        self.in_flight = 0
 
-    return timed
+    def _policy(self) -> SpeculationPolicy:
+        policy = self.engine.res.policy
+        assert policy is not None, "the ledger needs the adaptive policy's engine"
+        return policy
 
+    def on_step_start(self) -> None:
+        self.chosen = dict(self._policy().stats.k_chosen)
+        scheduler = self.engine.scheduler
+        self.in_flight = len(scheduler.running) + len(scheduler.waiting)
 
-def _ledger_step(
-    engine: Engine,
-    ledger: Ledger,
-    parts: dict[str, float],
-    sizes: dict[str, int],
-    step: Callable[[], Any],
-) -> Callable[[], Any]:
-    """`step`, appending a `Step` to `ledger` for each call.
+    def on_verified(self, seq: SeqView, draft: Draft, num_accepted: int) -> None:
+        if draft.forced:
+            return
+        probs = self._policy().calibration.probabilities(draft.scores)
+        predicted = expected_emitted(probs, len(draft.tokens)) - 1.0
+        self.ledger.drafts.append((len(draft.tokens), num_accepted, predicted))
 
-    `parts` and `sizes` are filled during the call by the timed wrappers `recording`
-    installs; they are cleared first so each `Step` holds its own step's, and whatever the named
-    parts do not account for is "other". The extra rows are read off the policy's k counts
-    before and after: each sequence-step that chose k adds k verified draft rows."""
-    policy = engine.res.policy
-    assert policy is not None
-
-    def stepped() -> Any:
-        parts.clear()
-        sizes.clear()
-        chosen = dict(policy.stats.k_chosen)
-        in_flight = len(engine.scheduler.running) + len(engine.scheduler.waiting)
-        started = time.perf_counter()
-        outs = step()
-        total = time.perf_counter() - started
-        extra = sum(k * (n - chosen.get(k, 0)) for k, n in policy.stats.k_chosen.items())
-        seconds = {p: parts.get(p, 0.0) for p in PARTS[:-1]}
-        seconds["other"] = total - sum(seconds.values())
-        fed = sizes.get("sequences", 0), sizes.get("rows", 0)
-        asked = sizes.get("proposer_calls", 0) > 0
-        ledger.steps.append(Step(seconds, *fed, in_flight, extra, asked))
-        return outs
-
-    return stepped
+    def on_step_end(self, timing: StepTiming, outputs: list[RequestOutput]) -> None:
+        k_chosen = self._policy().stats.k_chosen
+        extra = sum(k * (n - self.chosen.get(k, 0)) for k, n in k_chosen.items())
+        seconds = dict(timing.seconds) | {"other": timing.other}
+        sequences = rows = 0
+        asked = False
+        if (plan := timing.plan) is not None:
+            sequences, rows = len(plan.seqs), plan.num_tokens
+            # the proposer is asked when some sequence has draft slots (`drafting.propose`)
+            proposer = self.engine.res.proposer
+            asked = proposer is not None and any(p.reserved > 0 for p in plan.scheduled)
+        self.ledger.steps.append(Step(seconds, sequences, rows, self.in_flight, extra, asked))
 
 
 @contextmanager
 def recording(engine: Engine, ledger: Ledger) -> Iterator[None]:
-    """Times the parts of every `engine.step()` into `ledger` while active."""
-    parts: dict[str, float] = {}
-    sizes: dict[str, int] = {}
-    policy = engine.res.policy
-    assert policy is not None, "the ledger needs the adaptive policy's engine"
-    propose, keep = engine_module.propose, engine_module.keep_prefixes
-    run, verify, step, record = (
-        engine.res.runner.run,
-        engine._verify_and_commit,
-        engine.step,
-        policy.record,
-    )
-
-    def forward(items: Any) -> Any:
-        sizes["sequences"] = len(items)
-        sizes["rows"] = sum(len(item.token_ids) for item in items)
-        return _timed(parts, "forward", run)(items)
-
-    def recorded(draft: Draft, num_accepted: int) -> None:
-        probs = policy.calibration.probabilities(draft.scores)
-        predicted = expected_emitted(probs, len(draft.tokens)) - 1.0
-        ledger.drafts.append((len(draft.tokens), num_accepted, predicted))
-        record(draft, num_accepted)
-
-    proposer = engine.res.proposer
-    if proposer is not None:  # counts the calls that reach the proposer itself
-        ask = proposer.propose
-
-        def asked(*args: Any, **kwargs: Any) -> Any:
-            sizes["proposer_calls"] = sizes.get("proposer_calls", 0) + 1
-            return ask(*args, **kwargs)
-
-        proposer.propose = asked  # type: ignore[method-assign]
-    engine_module.propose = _timed(parts, "propose", propose)
-    engine_module.keep_prefixes = _timed(parts, "decide", keep)
-    engine.res.runner.run = forward  # type: ignore[method-assign]
-    engine._verify_and_commit = _timed(parts, "verify", verify)  # type: ignore[method-assign]
-    engine.step = _ledger_step(engine, ledger, parts, sizes, step)  # type: ignore[method-assign]
-    policy.record = recorded  # type: ignore[method-assign]
+    """Times the parts of every `engine.step()` into `ledger` while active (see
+    `engine/observer.py` for the parts)."""
+    assert engine.res.policy is not None, "the ledger needs the adaptive policy's engine"
+    observer = _LedgerObserver(engine, ledger)
+    engine.observers.add(observer)
     try:
         yield
     finally:
-        engine_module.propose = propose
-        engine_module.keep_prefixes = keep
-        del engine.res.runner.run, engine._verify_and_commit, engine.step, policy.record
-        if proposer is not None:
-            del proposer.propose
+        engine.observers.remove(observer)
 
 
 @contextmanager

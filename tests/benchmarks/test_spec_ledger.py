@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.ledger_report import PARTS, Ledger, Step, report, summarise
-from benchmarks.spec_ledger import spread_lengths
+from benchmarks.spec_ledger import recording, spread_lengths
+from specserve.request import SamplingParams
+from tests.engine.helpers import make_engine, run_all
 
 
 def _step(
@@ -73,3 +77,25 @@ def test_lengths_spread_evenly_and_the_same_for_every_side() -> None:
     assert lengths == spread_lengths(ids, 64, 192, seed=0)
     assert [lengths[i] for i in ids] != sorted(lengths.values())  # not in request order
     assert spread_lengths(ids, 128, 128, seed=0) == dict.fromkeys(ids, 128)
+
+
+def test_recording_fills_the_ledger_from_the_engines_observer(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama, speculate=3, policy="adaptive")
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9]]
+    ledger = Ledger()
+    with recording(engine, ledger):
+        run_all(engine, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert not engine.observers  # detached on the way out
+    assert len(ledger.steps) >= engine.stats.steps > 0
+    ran = [s for s in ledger.steps if s.sequences]
+    assert len(ran) == engine.stats.steps
+    for s in ledger.steps:
+        assert list(s.seconds) == list(PARTS)
+        assert all(v >= 0.0 for v in s.seconds.values())
+        assert s.rows >= s.sequences + s.extra_rows and s.in_flight >= s.sequences
+    assert all(s.seconds["forward"] > 0.0 for s in ran)
+    assert any(s.proposed for s in ran) and any(s.extra_rows for s in ran)
+    assert sum(d[0] for d in ledger.drafts) == engine.stats.proposer.drafted_tokens > 0
+    assert all(0 <= a <= k and 0.0 <= p <= k for k, a, p in ledger.drafts)
+    cell = summarise(ledger, slots=2, tokens=48, wall=1.0)
+    assert cell["steps"] == len(ledger.steps)

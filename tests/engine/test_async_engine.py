@@ -19,6 +19,7 @@ from specserve.engine.resources import load_resources
 from specserve.engine.step_thread import one_malloc_arena
 from specserve.request import RequestOutput, SamplingParams
 from tests.engine.helpers import make_engine, run_all
+from tests.engine.observers import OutputSteps, StepFloor
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -80,14 +81,7 @@ def test_a_dead_step_thread_fails_open_requests_and_refuses_new_ones(tiny_llama:
 
 def test_shutdown_aborts_what_outlives_its_timeout(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=256)
-    step = engine.step
-
-    def floored_step() -> list[RequestOutput]:  # 500 tokens outlast the 0.2 s on any machine
-        outputs = step()
-        time.sleep(0.005)
-        return outputs
-
-    engine.step = floored_step  # type: ignore[method-assign]
+    engine.observers.add(StepFloor(0.005))  # 500 tokens outlast the 0.2 s on any machine
     front = AsyncEngine(engine)
 
     async def main() -> tuple[bool, RequestOutput]:
@@ -215,16 +209,8 @@ def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
     from specserve.engine.handover import hand_over
 
     engine = make_engine(tiny_llama)
-    steps = 0
-    step = engine.step
-
-    def counted_step() -> list[RequestOutput]:
-        nonlocal steps
-        outputs = step()
-        steps += bool(outputs)
-        return outputs
-
-    engine.step = counted_step  # type: ignore[method-assign]
+    counted = OutputSteps()
+    engine.observers.add(counted)
     front = AsyncEngine(engine)
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
 
@@ -253,6 +239,7 @@ def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
         return wake_ups
 
     wake_ups = asyncio.run(main())
+    steps = counted.steps
     assert steps >= 16 and wake_ups <= steps  # four requests' outputs, one wake-up a step
 
 

@@ -14,6 +14,7 @@ import pytest
 from benchmarks.bench_structured import Silent
 from specserve.request import GrammarSpec, SamplingParams
 from tests.engine.helpers import assert_no_kv_held, collect, make_engine, run_all
+from tests.engine.observers import HoldSteps
 from tests.engine.test_logits_processors import Insist
 
 PHONE = GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")
@@ -215,20 +216,15 @@ def test_grammar_builds_take_turns_with_steps(
 
     monkeypatch.setattr(async_engine_module, "PACE_TIMEOUT_S", 600.0)  # only a step lets it go
     engine = make_engine(tiny_llama)
-    stepping, release, built = threading.Event(), threading.Event(), threading.Event()
-    real_step, real_text = engine.step, specserve.grammar.grammar_text
-
-    def held_step() -> list[object]:
-        if engine.has_work() and not release.is_set():
-            stepping.set()
-            release.wait()
-        return real_step()  # type: ignore[return-value]
+    held, built = HoldSteps(engine), threading.Event()
+    stepping, release = held.stepping, held.release
+    real_text = specserve.grammar.grammar_text
 
     def text(spec: GrammarSpec) -> str:
         built.set()
         return real_text(spec)
 
-    engine.step = held_step  # type: ignore[method-assign,assignment]
+    engine.observers.add(held)
     monkeypatch.setattr(specserve.grammar, "grammar_text", text)
     runner = AsyncEngine(engine)
 

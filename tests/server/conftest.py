@@ -227,10 +227,11 @@ STEP_FLOOR_S = 0.005
 
 def floored_env(floor_s: float = STEP_FLOOR_S, **hooks: str) -> dict[str, str]:
     """The environment that makes a test process's engine steps last at least `floor_s`, plus
-    other hooks of tests/hooks/sitecustomize.py by variable name."""
+    other hooks of tests/hooks/step_hooks.py by variable name (an engine observer)."""
     path = [str(Path(__file__).parent.parent / "hooks"), os.environ.get("PYTHONPATH", "")]
     return {
         "PYTHONPATH": os.pathsep.join(p for p in path if p),
+        "SPECSERVE_OBSERVERS": "step_hooks:observer",
         "SPECSERVE_TEST_STEP_FLOOR_S": str(floor_s),
         **hooks,
     }

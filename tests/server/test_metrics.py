@@ -10,10 +10,11 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from specserve.engine.async_engine import AsyncEngine
-from specserve.request import RequestOutput, SamplingParams
+from specserve.request import SamplingParams
 from specserve.server.metrics import Coalesced
 from tests import http
 from tests.engine.helpers import make_engine
+from tests.engine.observers import HoldSteps
 from tests.server.conftest import Server, idle, scrape
 
 EXPECTED = {
@@ -149,16 +150,9 @@ def test_a_read_while_a_step_runs_is_made_by_the_step_thread(tiny_llama: Path) -
     """The engine's part of a scrape is read between steps by the step thread itself while a
     step runs, so a scrape never waits on (or takes turns with the step thread for) its lock."""
     engine = make_engine(tiny_llama)
-    stepping, release = threading.Event(), threading.Event()
-    real_step = engine.step
-
-    def held_step() -> list[RequestOutput]:
-        if engine.has_work() and not release.is_set():
-            stepping.set()
-            release.wait()
-        return real_step()
-
-    engine.step = held_step  # type: ignore[method-assign]
+    held = HoldSteps(engine)
+    stepping, release = held.stepping, held.release
+    engine.observers.add(held)
     async_engine = AsyncEngine(engine)
 
     async def generate() -> None:
