@@ -146,6 +146,9 @@ def speculation_info(engine: Engine) -> SpeculationInfo:
         if policy is not None
         else [],
         paused_sequence_steps=policy.stats.paused if policy is not None else 0,
+        proposer_call_ms=1e3 * policy.proposing.value
+        if policy is not None and policy.proposing.n
+        else None,
     )
 
 

@@ -113,6 +113,11 @@ class SpeculationInfo(BaseModel):
         description="adaptive: sequence-steps not proposed, paused after drafts the policy "
         "verified none of",
     )
+    proposer_call_ms: float | None = Field(
+        None,
+        description="adaptive: what one proposer call costs per sequence (ms, running mean of "
+        "measured calls), priced beside the verified rows; null before a call was measured",
+    )
 
 
 class ProfileInfo(BaseModel):

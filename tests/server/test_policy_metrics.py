@@ -141,8 +141,10 @@ def test_info_reports_each_payoff_class(tiny_llama: Path) -> None:
     policy.payoff.record(1, 1, 0.001, Rated([1], 2.0, 0.004, 1.0, 0.003))
     policy.payoff.record(5, 5, 0.002, Rated([], 5.0, 0.010, 5.0, 0.010))
     policy.stats.unpaid_steps = 7
+    assert speculation_info(engine).proposer_call_ms is None  # no call measured yet
+    policy.proposing.add(0.002)
     info = speculation_info(engine)
-    assert info.unpaid_steps == 7
+    assert info.unpaid_steps == 7 and info.proposer_call_ms == pytest.approx(2.0)
     assert [(c.min_batch, c.steps) for c in info.payoff] == [(1, 1), (4, 1)]
     assert info.payoff[0].paid == pytest.approx((2.0 / 0.005) / (1.0 / 0.003))
     assert info.payoff[1].paid == pytest.approx(0.010 / 0.012)
