@@ -24,11 +24,15 @@ def make_engine(
     numerics: Numerics = "q8",
     kv_dtype: str = "float16",
     itl_target_ms: float = 0.0,
+    policy: str = "static",
     **spec: object,
 ) -> Engine:
     """An engine on `model_dir`. No ITL target unless asked: its chunks follow measured step
     times, and tests that count steps must not depend on a clock (test_stall_free injects a
-    cost)."""
+    cost). Static drafts unless asked (the server's default is adaptive): what the adaptive
+    policy verifies follows measured step times, and a busy machine can price every draft out,
+    which would leave a test's "drafted and had drafts rejected" to chance; the adaptive
+    policy's own tests ask for it."""
     return Engine(
         EngineConfig(
             model=str(model_dir) if model_dir else None,
@@ -49,6 +53,7 @@ def make_engine(
             spec=SpecConfig(
                 speculate=speculate,
                 proposer=proposer,  # type: ignore[arg-type]
+                policy=policy,  # type: ignore[arg-type]
                 draft_model=draft_model,
                 **spec,  # type: ignore[arg-type]
             ),

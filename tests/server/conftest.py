@@ -249,12 +249,15 @@ def long_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="session")
 def draft_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The tiny model with a noisy copy of itself as the draft model (its own KV pool); steps
-    floored as `long_server`'s (only the disconnect tests use it)."""
+    floored as `long_server`'s (only the disconnect tests use it); static drafts, as they
+    count them (the adaptive default prices the draft model's calls, which a busy machine can
+    price out)."""
     from tests.tiny import noisy_copy
 
     draft = noisy_copy(tiny_model, tmp_path_factory.mktemp("server-draft"), noise=0.3)
     log = tmp_path_factory.mktemp("logs") / "draft-server.log"
     flags = ["--model", str(tiny_model), *TINY_FLAGS, "--proposer", "draft"]
+    flags += ["--speculation-policy", "static"]
     server = start_server([*flags, "--draft-model", str(draft)], log, env=floored_env())
     yield server
     server.stop()
