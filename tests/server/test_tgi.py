@@ -128,7 +128,8 @@ def test_info_and_health(tiny_server: Server) -> None:
     assert len(calibration) == 10 and calibration[0]["low"] == 0.0
     assert spec.pop("cost_curve") is not None  # the adaptive default profiles at start-up
     for traffic in ("live_cost", "proposed_tokens", "trimmed_tokens", "skipped_steps",
-                    "unpaid_steps", "payoff", "paused_sequence_steps", "proposer_call_ms"):  # fmt: skip
+                    "unpaid_steps", "payoff", "paused_sequence_steps",
+                    "proposer_call_ms"):  # fmt: skip
         spec.pop(traffic)  # what earlier tests' requests left
     assert spec == {
         "speculate": 4,
