@@ -1,8 +1,9 @@
 """Fields of OpenAI's Chat Completions and Completions requests that mean nothing here, the
 vLLM extensions honoured only at one value, and vLLM's `chat_template_kwargs`: defined, so that
 clients sending them (the openai SDK's typed fields) are neither refused nor counted as
-unknown, and so that they keep their JSON types and ranges. Fields whose meaning this server cannot give (audio output, the
-deprecated `functions`) are accepted only at their neutral value: 400 otherwise, not silence.
+unknown, and so that they keep their JSON types and ranges. Fields whose meaning this server
+cannot give (audio output, the deprecated `functions`) are accepted only at their neutral
+value: 400 otherwise, not silence.
 """
 
 from __future__ import annotations
