@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.grammar import GrammarProcessor, Grammars, regex_positions
+from specserve.grammar import GrammarProcessor, Grammars
+from specserve.grammar_limits import regex_positions
 from specserve.models.tokenizer import load_tokenizer
 from specserve.request import GrammarSpec, SamplingParams
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specserve.grammar import check_json_depth, check_value_depth
+from specserve.grammar_limits import check_json_depth, check_value_depth
 from specserve.request import GrammarSpec
 from specserve.server.errors import invalid
 

@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from specserve.grammar import JSON_OPTIONS, MAX_JSON_DEPTH
+from specserve.grammar import JSON_OPTIONS
+from specserve.grammar_limits import MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True)

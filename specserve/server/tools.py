@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from specserve.grammar import check_json_depth, check_value_depth
+from specserve.grammar_limits import check_json_depth, check_value_depth
 from specserve.request import GrammarSpec
 from specserve.server.errors import invalid
 from specserve.server.tool_formats import OWN, ToolSyntax, calls_grammar, parse

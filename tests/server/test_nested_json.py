@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from specserve.grammar import grammar_text, schema_patterns
+from specserve.grammar import grammar_text
+from specserve.grammar_limits import schema_patterns
 from specserve.request import GrammarSpec
 from specserve.server.errors import ApiError
 from specserve.server.grammars import schema_spec
