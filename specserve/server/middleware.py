@@ -45,7 +45,7 @@ def tenant_id(key: str) -> str:
 class GuardMiddleware:
     """With more than one key, each is a tenant: the request's scope state gets `tenant`, the
     key's `tenant_id`, and its requests are isolated from other tenants' (see
-    `params.for_tenant`). `ADMIN_PATHS` take the admin key where one is given; without one,
+    `params.salted`). `ADMIN_PATHS` take the admin key where one is given; without one,
     any accepted key where there is one key (or none), and no key where there are tenants."""
 
     def __init__(

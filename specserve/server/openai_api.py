@@ -35,13 +35,7 @@ from specserve.server.openai_schemas import (
 from specserve.server.openai_stream import ChatChunks, stream
 from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.param_checks import check_choices, check_model
-from specserve.server.params import (
-    for_tenant,
-    prepare_chat,
-    prepare_completion,
-    tenant_of,
-    warn_ignored,
-)
+from specserve.server.params import Preparation, prepare, tenant_of, warn_ignored
 from specserve.server.sse import EventStream
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -80,12 +74,8 @@ async def completions(
 ) -> CompletionResponse | EventStream:
     warn_ignored(body, "/v1/completions", ctx.metrics.count_ignored)
     tracked = ctx.service.admit("/v1/completions", check_choices(body.n, ctx.limits))
-    tenant = tenant_of(request)
-    prep = await prepared(
-        ctx.service,
-        tracked,
-        lambda: for_tenant(prepare_completion(body, ctx.encode, ctx.limits), tenant),
-    )
+    how = Preparation(ctx.limits, ctx.encode, tenant=tenant_of(request))
+    prep = await prepared(ctx.service, tracked, lambda: prepare(body, how))
     rid, created, model = new_id("cmpl"), int(time.time()), ctx.settings.model_id
     top = prep.params.logprobs
 
@@ -135,8 +125,8 @@ async def chat_completions(
     tenant = tenant_of(request)
     prep = await prepared(
         ctx.service,
-        tracked,
-        lambda: for_tenant(prepare_chat(body, chat_encoder(ctx), ctx.limits), tenant),
+        tracked,  # the template is read in the worker thread too
+        lambda: prepare(body, Preparation(ctx.limits, ctx.encode, chat_encoder(ctx), tenant)),
     )
     rid, created, model = new_id("chatcmpl"), int(time.time()), ctx.settings.model_id
     wants_logprobs = prep.params.logprobs is not None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from specserve.request import MAX_LOGIT_BIAS, MAX_PENALTY
 from specserve.server.openai_fields import BothEndpoints, ChatOnly
@@ -24,6 +24,8 @@ from specserve.server.schemas import (
     UnicodeChecked,
     accepts,
     cache_salt_field,
+    check_stops,
+    check_top_logprobs,
     speculation_policy_field,
 )
 
@@ -53,7 +55,9 @@ class SamplingFields(BothEndpoints):
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(default=None, description="up to 4 stop sequences")
+    stop: Annotated[str | list[str] | None, AfterValidator(check_stops)] = Field(
+        default=None, description="up to 4 stop sequences"
+    )
     seed: int | None = Field(default=None, ge=0, le=U64_MAX)
     presence_penalty: float | None = Field(
         default=None,
@@ -97,6 +101,8 @@ class SamplingFields(BothEndpoints):
         for key in value or {}:
             if not (key.isascii() and key.isdigit()):
                 raise ValueError(f"keys must be token ids (decimal integers); got {key[:32]!r}")
+        if len({int(key) for key in value or {}}) < len(value or {}):
+            raise ValueError("names a token id twice (e.g. as '7' and '07')")
         return value
 
 
@@ -108,7 +114,7 @@ class CompletionRequest(SamplingFields):
     echo: Annotated[bool, accepts((False,), "must be false")] = Field(
         default=False, description="not supported; must be false"
     )
-    logprobs: int | None = Field(
+    logprobs: Annotated[int | None, AfterValidator(check_top_logprobs)] = Field(
         default=None,
         ge=0,
         description="log-probabilities of the chosen tokens and of this many most likely ones "
@@ -118,6 +124,13 @@ class CompletionRequest(SamplingFields):
     suffix: Annotated[str | None, accepts((None, ""), "must be null")] = Field(
         default=None, description="not supported; must be null"
     )
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and not isinstance(value[0], int) and len(value) != 1:
+            raise ValueError(f"only one prompt per request is supported; got {len(value)}")
+        return value
 
     @field_validator("best_of")
     @classmethod
@@ -174,6 +187,21 @@ class ChatCompletionRequest(SamplingFields, ChatOnly):
         '{"type": "function", "function": {"name": ...}}',
     )
     parallel_tool_calls: bool | None = None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_budget(cls, value: int | None, info: ValidationInfo) -> int | None:
+        asked = info.data.get("max_tokens")
+        if value is not None and asked is not None and value != asked:
+            raise ValueError(f"conflicts with max_tokens ({value} != {asked}): send one of them")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return check_top_logprobs(value)
 
 
 class CompletionTokensDetails(BaseModel):

@@ -1,13 +1,14 @@
-"""The per-field checks of a request body against the server's limits: the prompt, the output
-budget, `speculate`, stop sequences, `model` (404 `model_not_found`), `n`, top logprobs,
-`logit_bias`'s token ids. (Fields accepted only at their defaults are refused by the request
-models: `schemas.accepts`.) Each failure is an `ApiError` naming the
-field and the limit."""
+"""The checks of a validated request body against the server's limits: the prompt, the output
+budget, `speculate`, how many stop sequences, `model` (404 `model_not_found`), `n`,
+`logit_bias`'s token ids in the vocabulary. What needs no limit (ranges, types, fields accepted
+only at their defaults, stop sequences' lengths, top logprobs' cap, fields that need or exclude
+each other) is on the request models. Each failure is an `ApiError` naming the field and the
+limit."""
 
 from __future__ import annotations
 
 from specserve.server.errors import ApiError, ErrorKind, invalid
-from specserve.server.settings import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, Limits
+from specserve.server.settings import Limits
 
 
 def check_prompt(ids: list[int], limits: Limits, field: str) -> None:
@@ -60,21 +61,15 @@ def check_speculate(value: int | None, limits: Limits, field: str) -> int | None
     return value
 
 
-def check_stop(stops: list[str], limits: Limits, field: str) -> tuple[str, ...]:
+def check_stop(stop: str | list[str] | None, limits: Limits, field: str) -> tuple[str, ...]:
+    """`stop` (a string or a list; each checked by the request model) as a tuple."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if len(stops) > limits.max_stop_sequences:
         raise invalid(
             field,
             f"at most {limits.max_stop_sequences} stop sequences are allowed; got {len(stops)}",
         )
-    if any(not s for s in stops):
-        raise invalid(field, "stop sequences must be non-empty")
-    longest = max((len(s) for s in stops), default=0)
-    if longest > MAX_STOP_CHARS:
-        raise invalid(
-            field,
-            f"stop sequences must be at most {MAX_STOP_CHARS} characters; got one of {longest}",
-        )
-    return tuple(stops)
+    return stops
 
 
 # What TGI's clients put in `model` for "the model this server serves" (TGI ignores the field;
@@ -107,20 +102,12 @@ def check_choices(n: int, limits: Limits) -> int:
     return n
 
 
-def check_top_logprobs(value: int, field: str) -> int:
-    if value > MAX_TOP_LOGPROBS:
-        raise invalid(field, f"must be between 0 and {MAX_TOP_LOGPROBS}; got {value}")
-    return value
-
-
 def check_logit_bias(
     bias: dict[str, float] | None, limits: Limits
 ) -> tuple[tuple[int, float], ...]:
-    """`logit_bias` (token id strings, checked by the request model) as (id, value) pairs;
-    every id must be in the vocabulary."""
+    """`logit_bias` (distinct token id strings, checked by the request model) as (id, value)
+    pairs; every id must be in the vocabulary."""
     pairs = {int(k): v for k, v in (bias or {}).items()}
-    if len(pairs) < len(bias or {}):
-        raise invalid("logit_bias", "names a token id twice (e.g. as '7' and '07')")
     bad = next((t for t in pairs if t >= limits.vocab_size), None)
     if bad is not None:
         raise invalid("logit_bias", f"token ids must be in [0, {limits.vocab_size}); got {bad}")

@@ -1,8 +1,13 @@
-"""Request bodies -> (prompt token ids, SamplingParams), checked against the server's limits.
+"""A validated request body -> `Prepared` (prompt ids, `SamplingParams` with its grammar and
+the tenant's cache salt, the tool plan), in one pass: `prepare(body, Preparation(...))`.
 
-Every rejection is an `ApiError` whose message names the field and the limit (the per-field
-checks are in server/param_checks.py). These checks run before the request reaches the engine,
-so a stream never starts for a request the engine would refuse.
+The request models have checked every range and type already (server/schemas.py,
+openai_schemas.py); what is left needs the server: its limits (server/param_checks.py), its
+tokenizer and chat template (server/chat_template.py, which plans the tools), the tenant of the
+request's API key. Every rejection is an `ApiError` whose message names the field and the
+limit; all of them come before the request reaches the engine, so a stream never starts for a
+request the engine would refuse. Each API's builder makes its `SamplingParams` once, with
+every field, the grammar and the tenant's salt in it: nothing copies a `Prepared` afterwards.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,7 +28,6 @@ from specserve.server.errors import invalid
 from specserve.server.grammars import response_format, tgi_grammar
 from specserve.server.openai_schemas import (
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     SamplingFields,
 )
@@ -34,24 +38,24 @@ from specserve.server.param_checks import (
     check_prompt,
     check_speculate,
     check_stop,
-    check_top_logprobs,
     resolve_max_new,
 )
 from specserve.server.reasoning import Reasoning
 from specserve.server.schemas import GenerateRequest, ignored_fields
 from specserve.server.settings import Limits
-from specserve.server.tools import NO_TOOLS, ToolPlan, calls_text
+from specserve.server.tools import NO_TOOLS, ToolPlan
 
 logger = logging.getLogger(__name__)
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 Encode = Callable[[str], list[int]]
+EncodeChat = ChatTemplate | Callable[[Any], list[int]]
 NAMED_IGNORED = 8  # unknown fields named in one log line (a body may carry thousands)
 
 
 @dataclass(frozen=True)
 class Prepared:
     prompt_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams  # its grammar and cache salt (the tenant's) included
     tools: ToolPlan = NO_TOOLS  # chat: what its tools ask of the reply
     reasoning: Reasoning | None = None  # chat: the model thinks (server/reasoning.py)
 
@@ -60,15 +64,38 @@ class Prepared:
         return None if self.params.greedy else self.params.seed
 
 
-def for_tenant(prep: Prepared, tenant: str | None) -> Prepared:
-    """`prep` in its tenant's namespace (with several API keys, each key is one): its cache
-    salt is the tenant's, with the request's own `cache_salt` under it, so that it reuses
-    cached prompt blocks and suffix drafts of its own tenant's requests only."""
+@dataclass(frozen=True)
+class Preparation:
+    """What preparing a request takes besides its body."""
+
+    limits: Limits
+    encode: Encode  # a text prompt -> ids (no special tokens added)
+    chat: EncodeChat | None = None  # chat requests: the chat template
+    tenant: str | None = None  # the API key's tenant (None: one key or none)
+    stream: bool = False  # TGI: the reply streams (an OpenAI body says so itself)
+
+
+Body = GenerateRequest | CompletionRequest | ChatCompletionRequest
+
+
+def prepare(body: Body, how: Preparation) -> Prepared:
+    """`body` (validated by its model) -> Prepared, checked against the server's limits."""
+    if isinstance(body, GenerateRequest):
+        return prepare_tgi(body, how.encode, how.limits, how.stream, how.tenant)
+    if isinstance(body, CompletionRequest):
+        return prepare_completion(body, how.encode, how.limits, how.tenant)
+    if how.chat is None:
+        raise TypeError("a chat request is prepared with the chat template")
+    return prepare_chat(body, how.chat, how.limits, how.tenant)
+
+
+def salted(tenant: str | None, own: str | None) -> str | None:
+    """The cache salt of a tenant's request: the tenant (with several API keys, each key is
+    one), with the request's own `cache_salt` under it, so that it reuses cached prompt blocks
+    and suffix drafts of its own tenant's requests only."""
     if tenant is None:
-        return prep
-    own = prep.params.cache_salt
-    salt = tenant if own is None else f"{tenant}/{own}"
-    return replace(prep, params=replace(prep.params, cache_salt=salt))
+        return own
+    return tenant if own is None else f"{tenant}/{own}"
 
 
 def tenant_of(request: Request) -> str | None:
@@ -95,7 +122,11 @@ def fresh_seed() -> int:
 
 # ------------------------------------------------------------------------------------- TGI
 def prepare_tgi(
-    req: GenerateRequest, encode: Encode, limits: Limits, stream: bool = False
+    req: GenerateRequest,
+    encode: Encode,
+    limits: Limits,
+    stream: bool = False,
+    tenant: str | None = None,
 ) -> Prepared:
     p = req.parameters
     if p.truncate is None:
@@ -120,6 +151,9 @@ def prepare_tgi(
     # As TGI: any warper (temperature != 1, top_k, top_p < 1) turns sampling on.
     warpers = p.temperature not in (None, 1.0) or p.top_k is not None or p.top_p not in (None, 1.0)
     sampling = p.do_sample or warpers
+    stop = check_stop(p.stop, limits, "parameters.stop")
+    speculate = check_speculate(p.speculate, limits, "parameters.speculate")
+    grammar = grammar_for(tgi_grammar(p.grammar), p.ignore_eos, "parameters.grammar")
     params = SamplingParams(
         max_new_tokens=max_new,
         temperature=(p.temperature or 1.0) if sampling else 0.0,
@@ -128,102 +162,78 @@ def prepare_tgi(
         repetition_penalty=p.repetition_penalty or 1.0,
         frequency_penalty=p.frequency_penalty or 0.0,
         seed=(fresh_seed() if p.seed is None else p.seed) if sampling else None,
-        stop=check_stop(p.stop, limits, "parameters.stop"),
+        stop=stop,
         ignore_eos=p.ignore_eos,
-        speculate=check_speculate(p.speculate, limits, "parameters.speculate"),
+        speculate=speculate,
         speculation_policy=p.speculation_policy,
         # TGI reports every token's logprob (and the top_n_tokens alternatives)
-        logprobs=check_top_logprobs(p.top_n_tokens or 0, "parameters.top_n_tokens"),
+        logprobs=p.top_n_tokens or 0,
         prompt_logprobs=p.decoder_input_details,
-        cache_salt=p.cache_salt,
+        grammar=grammar,
+        cache_salt=salted(tenant, p.cache_salt),
     )
-    return Prepared(ids, with_grammar(params, tgi_grammar(p.grammar), "parameters.grammar"))
+    return Prepared(ids, params)
 
 
 # ---------------------------------------------------------------------------------- OpenAI
-def prepare_completion(req: CompletionRequest, encode: Encode, limits: Limits) -> Prepared:
+def prepare_completion(
+    req: CompletionRequest, encode: Encode, limits: Limits, tenant: str | None = None
+) -> Prepared:
     check_model(req.model, limits)
     check_choices(req.n, limits)
     prompt: Any = req.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise invalid("prompt", f"only one prompt per request is supported; got {len(prompt)}")
-        prompt = prompt[0]
+        prompt = prompt[0]  # the model allows one
     if isinstance(prompt, str):
         check_prompt_chars(len(prompt), limits, "prompt")
     ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     check_prompt(ids, limits, "prompt")
     max_new = resolve_max_new(req.max_tokens, None, len(ids), limits, "max_tokens")
-    logprobs = None if req.logprobs is None else check_top_logprobs(req.logprobs, "logprobs")
-    if logprobs is not None and not req.stream:
-        check_reply_work(req.n, max_new, logprobs, "logprobs")
-    return Prepared(ids, openai_sampling(req, max_new, limits, logprobs))
+    if req.logprobs is not None and not req.stream:
+        check_reply_work(req.n, max_new, req.logprobs, "logprobs")
+    params = openai_params(req, max_new, limits, req.logprobs, None, "", tenant)
+    return Prepared(ids, params)
 
 
 def prepare_chat(
     req: ChatCompletionRequest,
-    encode_chat: ChatTemplate | Callable[[Any], list[int]],
+    encode_chat: EncodeChat,
     limits: Limits,
+    tenant: str | None = None,
 ) -> Prepared:
     check_model(req.model, limits)
     check_choices(req.n, limits)
-    if req.top_logprobs is not None and not req.logprobs:
-        raise invalid("top_logprobs", "needs logprobs: true")
-    logprobs = check_top_logprobs(req.top_logprobs or 0, "top_logprobs") if req.logprobs else None
-    grammar = response_format(req.response_format)
-    if req.tools and req.tool_choice != "none" and grammar is not None:
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    asked_format = response_format(req.response_format)
+    if req.tools and req.tool_choice != "none" and asked_format is not None:
         raise invalid("response_format", "cannot be combined with tools (a call is JSON already)")
     prompt = chat_prompt(req, encode_chat, limits)  # tools, reasoning: server/chat_template.py
     ids, tools = prompt.ids, prompt.tools
     check_prompt(ids, limits, "messages")
-    both = req.max_tokens is not None and req.max_completion_tokens is not None
-    if both and req.max_tokens != req.max_completion_tokens:
-        raise invalid(
-            "max_completion_tokens",
-            f"conflicts with max_tokens ({req.max_completion_tokens} != {req.max_tokens}): "
-            "send one of them",
-        )
-    asked = req.max_completion_tokens or req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    asked = req.max_completion_tokens or req.max_tokens  # equal if both: the model checks
     max_new = resolve_max_new(asked, None, len(ids), limits, field)
     if logprobs is not None and not req.stream:
         check_reply_work(req.n, max_new, logprobs, "top_logprobs")
-    params = openai_sampling(req, max_new, limits, logprobs)
-    if tools.calls:
-        grammar, field = tools.grammar, "tools"
-    else:
-        field = "response_format"
-    return Prepared(ids, with_grammar(params, grammar, field), tools, prompt.reasoning)
+    grammar, field = (tools.grammar, "tools") if tools.calls else (asked_format, "response_format")
+    params = openai_params(req, max_new, limits, logprobs, grammar, field, tenant)
+    return Prepared(ids, params, tools, prompt.reasoning)
 
 
-def with_grammar(params: SamplingParams, grammar: GrammarSpec | None, field: str) -> SamplingParams:
-    if grammar is None:
-        return params
-    if params.ignore_eos:
-        raise invalid(field, "cannot be combined with ignore_eos: the output ends where it does")
-    return replace(params, grammar=grammar)
-
-
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Chat messages as the chat template takes them (text parts joined, developer = system)."""
-    out = []
-    for i, m in enumerate(messages):
-        content = (
-            m.content
-            if isinstance(m.content, str)
-            else "\n".join(part.text for part in m.content or [])
-        )
-        if m.tool_calls:  # an earlier call, as the model wrote it
-            content = calls_text(m.tool_calls, f"messages[{i}].tool_calls")
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
-    return out
-
-
-def openai_sampling(
-    req: SamplingFields, max_new: int, limits: Limits, logprobs: int | None = None
+def openai_params(
+    req: SamplingFields,
+    max_new: int,
+    limits: Limits,
+    logprobs: int | None,
+    grammar: GrammarSpec | None,
+    grammar_field: str,
+    tenant: str | None,
 ) -> SamplingParams:
+    """An OpenAI request's SamplingParams, every field at once."""
     temperature = 1.0 if req.temperature is None else req.temperature
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    logit_bias = check_logit_bias(req.logit_bias, limits)
+    stop = check_stop(req.stop, limits, "stop")
+    speculate = check_speculate(req.speculate, limits, "speculate")
     return SamplingParams(
         max_new_tokens=max_new,
         temperature=temperature,
@@ -232,13 +242,21 @@ def openai_sampling(
         repetition_penalty=req.repetition_penalty or 1.0,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        logit_bias=check_logit_bias(req.logit_bias, limits),
+        logit_bias=logit_bias,
         min_p=req.min_p or 0.0,
         seed=None if temperature == 0 else (fresh_seed() if req.seed is None else req.seed),
-        stop=check_stop(stops, limits, "stop"),
+        stop=stop,
         ignore_eos=req.ignore_eos,
-        speculate=check_speculate(req.speculate, limits, "speculate"),
+        speculate=speculate,
         speculation_policy=req.speculation_policy,
         logprobs=logprobs,
-        cache_salt=req.cache_salt,
+        grammar=grammar_for(grammar, req.ignore_eos, grammar_field),
+        cache_salt=salted(tenant, req.cache_salt),
     )
+
+
+def grammar_for(grammar: GrammarSpec | None, ignore_eos: bool, field: str) -> GrammarSpec | None:
+    """`grammar`, which ends the output where it ends: not with `ignore_eos`."""
+    if grammar is not None and ignore_eos:
+        raise invalid(field, "cannot be combined with ignore_eos: the output ends where it does")
+    return grammar

@@ -22,7 +22,7 @@ from specserve.server.errors import ApiError, ErrorKind
 from specserve.server.openai_api import chat_encoder
 from specserve.server.openai_schemas import ChatCompletionRequest
 from specserve.server.openai_stream import stream
-from specserve.server.params import Prepared, for_tenant, prepare_chat, tenant_of
+from specserve.server.params import Preparation, Prepared, prepare, tenant_of
 from specserve.server.responses_input import chat_request, input_messages, responses_fields
 from specserve.server.responses_output import Turn, item_id, remember
 from specserve.server.responses_schemas import DeletedResponse, ResponseObject, ResponsesRequest
@@ -55,16 +55,16 @@ async def create_response(
     tenant = tenant_of(request)
     rid, created = item_id("resp"), int(time.time())
 
-    def prepare() -> tuple[Turn, ChatCompletionRequest, Prepared]:
+    def prepare_turn() -> tuple[Turn, ChatCompletionRequest, Prepared]:
         with responses_fields():
             history = previous(store, tenant, body.previous_response_id)
             conversation = [*history, *input_messages(body.input)]
             chat = chat_request(body, conversation)
-            prep = for_tenant(prepare_chat(chat, chat_encoder(ctx), ctx.limits), tenant)
+            prep = prepare(chat, Preparation(ctx.limits, ctx.encode, chat_encoder(ctx), tenant))
         turn = Turn(rid, created, ctx.settings.model_id, body, prep.tools, conversation, tenant)
         return turn, chat, prep
 
-    turn, chat, prep = await prepared(ctx.service, tracked, prepare)
+    turn, chat, prep = await prepared(ctx.service, tracked, prepare_turn)
     if body.stream:
         events = ResponseEvents(turn, partial(remember, store, turn))
         return stream(ctx, request, chat, prep, tracked, rid, events, _unused, events.first())

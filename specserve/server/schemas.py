@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from specserve.request import MAX_PENALTY
+from specserve.server.settings import MAX_STOP_CHARS, MAX_TOP_LOGPROBS
 
 U64_MAX = 2**64 - 1
 # Above this a penalty only pushes seen tokens' logits towards 0 and -inf.
@@ -48,6 +49,27 @@ def _check_string(value: str) -> None:
         raise ValueError(
             f"must be valid Unicode: lone surrogate U+{ord(bad):04X} at index {exc.start}"
         ) from None
+
+
+def check_stops(value: str | list[str] | None) -> str | list[str] | None:
+    """Stop sequences: each non-empty and at most MAX_STOP_CHARS long (how many: the server's
+    limit, checked where the request is prepared)."""
+    stops = [value] if isinstance(value, str) else value or []
+    if any(not s for s in stops):
+        raise ValueError("stop sequences must be non-empty")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(
+            f"stop sequences must be at most {MAX_STOP_CHARS} characters; got one of {longest}"
+        )
+    return value
+
+
+def check_top_logprobs(value: int | None) -> int | None:
+    """The alternatives asked for at each position: at most MAX_TOP_LOGPROBS (OpenAI's cap)."""
+    if value is not None and value > MAX_TOP_LOGPROBS:
+        raise ValueError(f"must be between 0 and {MAX_TOP_LOGPROBS}; got {value}")
+    return value
 
 
 def cache_salt_field() -> Any:
@@ -156,12 +178,14 @@ class GenerateParameters(Lenient):
         default=None, description="prepend the prompt to the output"
     )
     seed: int | None = Field(default=None, ge=0, le=U64_MAX)
-    stop: list[str] = Field(default_factory=list, description="stop sequences (at most 4)")
+    stop: Annotated[list[str], AfterValidator(check_stops)] = Field(
+        default_factory=list, description="stop sequences (at most 4)"
+    )
     temperature: float | None = Field(
         default=None, gt=0, description="> 0; below 0.01 it acts as 0.01 (as vLLM)"
     )
     top_k: int | None = Field(default=None, gt=0)
-    top_n_tokens: int | None = Field(
+    top_n_tokens: Annotated[int | None, AfterValidator(check_top_logprobs)] = Field(
         default=None, ge=0, description="the most likely tokens at each position (at most 20)"
     )
     top_p: float | None = Field(default=None, gt=0, le=1)

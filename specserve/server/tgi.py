@@ -17,7 +17,7 @@ from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.direct import DirectWriter
 from specserve.server.errors import ApiError, error_body
-from specserve.server.params import Prepared, for_tenant, prepare_tgi, tenant_of, warn_ignored
+from specserve.server.params import Preparation, Prepared, prepare, tenant_of, warn_ignored
 from specserve.server.schemas import (
     CompatGenerateRequest,
     Details,
@@ -87,10 +87,8 @@ async def _generate(
 ) -> tuple[GenerateResponse, dict[str, str]]:
     warn_ignored(body, route, ctx.metrics.count_ignored)
     tracked = ctx.service.admit(route)
-    tenant = tenant_of(request)
-    prep = await prepared(
-        ctx.service, tracked, lambda: for_tenant(prepare_tgi(body, ctx.encode, ctx.limits), tenant)
-    )
+    how = Preparation(ctx.limits, ctx.encode, tenant=tenant_of(request))
+    prep = await prepared(ctx.service, tracked, lambda: prepare(body, how))
     result = await ctx.service.collect(request, tracked, prep, new_id("gen"))
     elapsed_ms = int((time.monotonic() - tracked.arrival) * 1000)
     n = len(result.token_ids)
@@ -152,12 +150,8 @@ async def _stream(
 ) -> EventStream:
     warn_ignored(body, route, ctx.metrics.count_ignored)
     tracked = ctx.service.admit(route)
-    tenant = tenant_of(request)
-    prep = await prepared(
-        ctx.service,
-        tracked,
-        lambda: for_tenant(prepare_tgi(body, ctx.encode, ctx.limits, stream=True), tenant),
-    )
+    how = Preparation(ctx.limits, ctx.encode, tenant=tenant_of(request), stream=True)
+    prep = await prepared(ctx.service, tracked, lambda: prepare(body, how))
     events = _Events(ctx, body, prep)
     direct = ctx.direct_writer(request, tracked, events)
     return EventStream(

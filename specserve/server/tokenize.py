@@ -17,12 +17,13 @@ from pydantic import BaseModel, Field, model_validator
 
 from specserve.server.admission import prepared
 from specserve.server.caps import check_prompt_chars
+from specserve.server.chat_template import chat_messages
 from specserve.server.context import Ctx, route_label
 from specserve.server.errors import invalid
 from specserve.server.openai_api import chat_encoder
 from specserve.server.openai_schemas import ChatMessage
-from specserve.server.params import message_dicts
 from specserve.server.schemas import Strict
+from specserve.server.tools import NO_TOOLS
 
 router = APIRouter(tags=["tokenizer"])
 
@@ -92,7 +93,7 @@ def _tokenize(ctx: Ctx, body: TokenizeRequest) -> list[TgiToken] | VllmTokens:
         ids = ctx.encode(body.prompt)
     else:
         assert body.messages is not None
-        messages = message_dicts(body.messages)
+        messages = chat_messages(body.messages, NO_TOOLS, structured=False)
         check_prompt_chars(sum(len(m["content"]) for m in messages), ctx.limits, "messages")
         ids = chat_encoder(ctx)(messages)
     return VllmTokens(count=len(ids), max_model_len=ctx.limits.max_total_tokens, tokens=ids)
