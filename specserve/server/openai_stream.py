@@ -77,12 +77,19 @@ class ChatChunks:
             piece = self.replies[i].feed(out.new_text, out.finished)
         out_chunks: list[Any] = []
         if piece.reasoning or piece.calls:
-            delta = Delta(
-                content=piece.content or None,
-                reasoning_content=piece.reasoning or None,
-                tool_calls=piece.calls or None,
-            )
-            out_chunks.append(self.chunk(i, delta, logprobs=self.logprobs(entries)))
+            # One tool-call delta a chunk, as OpenAI sends them: clients merge a chunk's list
+            # into their snapshot by index (the openai SDK's stream helper, instructor's
+            # partials), and lost a call's first arguments sent beside its header.
+            calls: list[dict[str, Any] | None] = [*piece.calls] or [None]
+            for k, call in enumerate(calls):
+                first = k == 0
+                delta = Delta(
+                    content=(piece.content or None) if first else None,
+                    reasoning_content=(piece.reasoning or None) if first else None,
+                    tool_calls=None if call is None else [call],
+                )
+                held = self.logprobs(entries) if first else None
+                out_chunks.append(self.chunk(i, delta, logprobs=held))
         elif piece.content and not self.wants_logprobs:
             out_chunks.append(self.deltas[i](piece.content))
         elif piece.content or (self.plain and self.wants_logprobs and entries):

@@ -114,3 +114,19 @@ def test_the_chat_stream_sends_reasoning_content_then_calls() -> None:
         (None, "b"),
     ]
     assert plain[-1]["finish_reason"] == "stop"
+
+
+def test_one_tool_call_delta_a_chunk() -> None:
+    """Two calls whose headers and arguments come out of one output: a chunk each, as OpenAI
+    sends them (clients merge a chunk's tool_calls into their snapshot by index: the openai
+    SDK's stream helper and instructor's partials lost arguments sent beside their header)."""
+    plan = tool_plan(TOOLS, "required", HERMES, think="block")
+    choices = chunks_of(plan, Reasoning(False), [f"<think>Hm.</think>\n\n{CALL}\n{CALL}"])
+    deltas = [c["delta"] for c in choices]
+    assert [d["reasoning_content"] for d in deltas if d["reasoning_content"]] == ["Hm."]
+    assert deltas[0]["reasoning_content"] == "Hm."
+    calls = [d["tool_calls"] for d in deltas if d["tool_calls"]]
+    assert all(len(c) == 1 for c in calls) and len(calls) == 4  # header, arguments; twice
+    assert [c[0]["index"] for c in calls] == [0, 0, 1, 1]
+    assert [c[0]["function"]["arguments"] for c in calls] == ["", '{"a": "</think>"}'] * 2
+    assert choices[-1]["finish_reason"] == "tool_calls"
