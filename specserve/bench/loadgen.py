@@ -187,10 +187,22 @@ def _chat_event(event: dict[str, Any], rec: RequestRecord) -> bool:
         has_text |= bool(content or calls)
         if content and rec.reply is not None:
             rec.reply += content
-        rec.tool_calls += calls or ()
+        for call in calls or ():
+            merge_call(rec.tool_calls, call)
         if choice.get("finish_reason"):
             rec.finish_reason = choice["finish_reason"]
     return has_text
+
+
+def merge_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
+    """A streamed tool-call delta into the calls so far, by its index: OpenAI streams a call's
+    id and name first, then its arguments in pieces."""
+    i = delta.get("index", len(calls))
+    function = delta.get("function") or {}
+    if i >= len(calls):
+        head = {"id": delta.get("id"), "type": delta.get("type", "function")}
+        calls.append({**head, "function": {"name": function.get("name"), "arguments": ""}})
+    calls[i]["function"]["arguments"] += function.get("arguments") or ""
 
 
 OnDone = Callable[[RequestRecord], None]

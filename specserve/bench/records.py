@@ -39,7 +39,7 @@ class RequestRecord:
     finish_reason: str | None = None
     # the reply text, kept for a conversation turn that has a next and for a structured item
     reply: str | None = None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # streamed whole, in order
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # the deltas merged by index
 
 
 @dataclass
