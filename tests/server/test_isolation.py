@@ -76,14 +76,14 @@ def test_handler_exception_fails_only_that_request(
     inproc: tuple[ThreadServer, ServerContext], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, ctx = inproc
-    real = ctx.encode_chat
+    real = ctx.encode  # the chat route renders the template, then encodes the text with this
 
-    def flaky(messages: list[dict[str, str]]) -> list[int]:
-        if "BOOM" in messages[-1]["content"]:
+    def flaky(text: str) -> list[int]:
+        if "BOOM" in text:
             raise RuntimeError("injected fault")
-        return real(messages)
+        return real(text)
 
-    monkeypatch.setattr(ctx, "encode_chat", flaky)
+    monkeypatch.setattr(ctx, "encode", flaky)
     url = server.url + "/v1/chat/completions"
     r = http.post(url, json={"messages": [{"role": "user", "content": "BOOM"}]})
     assert r.status_code == 500
