@@ -63,6 +63,8 @@ class ReplyStream:
                 self.calls = False
                 return Piece(thought, self.text)
         found = scan(self.text, self.tools.syntax, self.ends)
+        if finished and not found.calls and not self.sent:  # began as calls do, was not one:
+            return Piece(thought, self.text)  # (JSON under the response_format, say)
         deltas: list[dict[str, Any]] = []
         for i, call in enumerate(found.calls):
             if i == len(self.sent):

@@ -120,11 +120,13 @@ def chat_prompt(
     req: ChatCompletionRequest,
     encode_chat: ChatTemplate | Callable[[Any], list[int]],
     limits: Limits,
+    reply: dict[str, Any] | None = None,
 ) -> ChatPrompt:
-    """The request's prompt ids, and the plan for its tools and reasoning."""
+    """The request's prompt ids, and the plan for its tools and reasoning. `reply`: the
+    response_format's schema, for a reply that is not calls."""
     template = as_template(encode_chat)
     syntax = template.tool_syntax
-    plan = tool_plan(req.tools, req.tool_choice, syntax, req.parallel_tool_calls)
+    plan = tool_plan(req.tools, req.tool_choice, syntax, req.parallel_tool_calls, reply=reply)
     messages = chat_messages(req.messages, plan, syntax is not None)
     check_prompt_chars(sum(len(str(m.get("content") or "")) for m in messages), limits, "messages")
     kwargs = req.chat_template_kwargs
@@ -133,7 +135,7 @@ def chat_prompt(
         return ChatPrompt(ids, plan, None)
     if plan.calls:  # the calls may follow a think block
         think = "inside" if inside else "block"
-        plan = tool_plan(req.tools, req.tool_choice, syntax, req.parallel_tool_calls, think)
+        plan = tool_plan(req.tools, req.tool_choice, syntax, req.parallel_tool_calls, think, reply)
     return ChatPrompt(ids, plan, Reasoning(inside))
 
 

@@ -12,6 +12,7 @@ every field, the grammar and the tenant's salt in it: nothing copies a `Prepared
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -205,9 +206,9 @@ def prepare_chat(
     check_choices(req.n, limits)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     asked_format = response_format(req.response_format)
-    if req.tools and req.tool_choice != "none" and asked_format is not None:
-        raise invalid("response_format", "cannot be combined with tools (a call is JSON already)")
-    prompt = chat_prompt(req, encode_chat, limits)  # tools, reasoning: server/chat_template.py
+    # with tools, a reply that is not calls follows the format (OpenAI's semantics)
+    reply = json.loads(asked_format.source) if asked_format is not None else None
+    prompt = chat_prompt(req, encode_chat, limits, reply)  # tools, reasoning: chat_template.py
     ids, tools = prompt.ids, prompt.tools
     check_prompt(ids, limits, "messages")
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"

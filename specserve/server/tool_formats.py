@@ -76,13 +76,19 @@ THINK_FIRST = {"": "", "block": "(think SPACE?)? ", "inside": "think SPACE? "}
 
 
 def calls_grammar(
-    syntax: ToolSyntax, schemas: list[dict[str, Any]], forced: bool, parallel: bool, think: str = ""
+    syntax: ToolSyntax,
+    schemas: list[dict[str, Any]],
+    forced: bool,
+    parallel: bool,
+    think: str = "",
+    reply: dict[str, Any] | None = None,
 ) -> str:
     """A Lark grammar (llguidance's, `%json` for each call) of a reply that is calls under
     `syntax`, each call's object valid under one of `schemas` (a tool's `{"name": {"const":
     ...}, <args key>: parameters}`), several only if `parallel`. Not `forced`: or text that does
-    not start as calls do. `think`: "block", a `<think>...</think>` block may come first;
-    "inside", the reply starts inside one (the prompt opened it) and goes on past `</think>`."""
+    not start as calls do, or, given a `reply` schema (the request's response_format), JSON
+    valid under it. `think`: "block", a `<think>...</think>` block may come first; "inside", the
+    reply starts inside one (the prompt opened it) and goes on past `</think>`."""
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     many = parallel and syntax.parallel
     q = _lark_string
@@ -94,7 +100,9 @@ def calls_grammar(
         "calls: " + _seq(_opener(syntax), "call", more, q(syntax.close)),
         "call: " + _seq(q(syntax.before), call, q(syntax.after)),
     ]
-    if not forced:
+    if not forced and reply is not None:
+        lines.append("text: %json " + json.dumps({**reply, "x-guidance": JSON_OPTIONS}))
+    elif not forced:
         first = re.escape(syntax.start[0]).replace("/", "\\/")
         lines.append(f"text: /[^{first}](.|\\n)*/")
     if think:

@@ -118,10 +118,12 @@ def tool_plan(
     syntax: ToolSyntax | None = None,
     parallel: bool | None = None,
     think: str = "",
+    reply: dict[str, Any] | None = None,
 ) -> ToolPlan:
     """`syntax`: the chat template's (None: ours, tools in a system message). `parallel`:
     `parallel_tool_calls` (None: true). `think`: "block", a reasoning block may come first;
-    "inside", the reply starts in one (the prompt opened it)."""
+    "inside", the reply starts in one (the prompt opened it). `reply`: the response_format's
+    schema, which a reply that is not calls follows (tool_choice "auto")."""
     parsed = parse_tools(tools)
     if choice is None:
         choice = "auto" if parsed else "none"
@@ -145,7 +147,7 @@ def tool_plan(
         )
     own = syntax or OWN
     schemas = [_call_schema(t, own.args_key) for t in chosen]
-    lark = calls_grammar(own, schemas, forced, parallel is not False, think)
+    lark = calls_grammar(own, schemas, forced, parallel is not False, think, reply)
     return ToolPlan(parsed, GrammarSpec("lark", lark), forced, own, syntax is not None)
 
 

@@ -130,3 +130,15 @@ def test_one_tool_call_delta_a_chunk() -> None:
     assert [c[0]["index"] for c in calls] == [0, 0, 1, 1]
     assert [c[0]["function"]["arguments"] for c in calls] == ["", '{"a": "</think>"}'] * 2
     assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000])
+def test_json_that_begins_as_calls_do_ends_as_content(size: int) -> None:
+    """Our own syntax's calls and a response_format's JSON both open with `{`: a reply that
+    turns out not to be a call goes out as content when it ends, streamed or whole."""
+    plan = tool_plan(TOOLS, "auto", reply={"type": "object"})
+    text = '{"name": "Tom", "age": 3}'
+    fed = feed_all(ReplyStream(plan, None), text, size)
+    assert "".join(p.content for p in fed) == text and not any(p.calls for p in fed)
+    message, is_calls = reply_message(text, plan, None)
+    assert not is_calls and message.content == text

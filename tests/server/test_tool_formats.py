@@ -177,3 +177,18 @@ def test_a_special_opener_is_written_as_its_token(tiny_llama: Path) -> None:
     assert not refused.consume_tokens([t for ids in as_text for t in ids])
     reply = tok.decode([token, *tok.encode(calls, add_special_tokens=False)], True)
     assert [c.name for c in parse(reply, template.tool_syntax) or []] == ["f"]
+
+
+@pytest.mark.parametrize("syntax", [HERMES, LLAMA3_JSON, MISTRAL, OWN], ids=lambda s: s.name)
+def test_auto_with_a_response_format_admits_calls_or_the_format(
+    grammars: Grammars, syntax: ToolSyntax
+) -> None:
+    """OpenAI's tools with a response_format: the reply calls a tool or answers in the schema,
+    never free text (an agent with tools and an output type asks this)."""
+    pet = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    auto = tool_plan(TOOLS, "auto", syntax, reply=pet).grammar
+    assert admits(grammars, auto, reply(syntax, call(syntax, "f", '{"a": 1}')))
+    assert admits(grammars, auto, '{"name": "Tom"}')
+    assert not admits(grammars, auto, "Sure.") and not admits(grammars, auto, '{"age": 3}')
+    required = tool_plan(TOOLS, "required", syntax, reply=pet).grammar
+    assert not admits(grammars, required, '{"name": "Tom"}')  # a call it must be

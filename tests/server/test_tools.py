@@ -163,7 +163,6 @@ def test_a_conversation_sends_calls_and_results_back(client: openai.OpenAI) -> N
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0]"),
         ({"tools": [WEATHER, WEATHER]}, "unique"),
         ({"tool_choice": "required"}, "needs tools"),
-        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "cannot be combined"),
     ],
 )  # fmt: skip
 def test_bad_tools_are_a_400(smol_server: Server, extra: dict[str, Any], message: str) -> None:
