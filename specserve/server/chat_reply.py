@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specserve.request import RequestOutput
-from specserve.server.openai_schemas import AssistantMessage
+from specserve.server.openai_replies import AssistantMessage
 from specserve.server.reasoning import Reasoning, ReasoningStream, split
 from specserve.server.tool_formats import ObjectEnd, is_calls, scan
 from specserve.server.tools import ToolPlan, as_call, openai_call, parse_calls

@@ -19,19 +19,18 @@ from specserve.server.chat_reply import reply_message
 from specserve.server.chat_template import ChatTemplate, template_of
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.openai_logprobs import chat_logprobs, completion_logprobs
-from specserve.server.openai_schemas import (
+from specserve.server.openai_replies import (
     ChatChoice,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
     CompletionChoice,
     CompletionLogprobs,
-    CompletionRequest,
     CompletionResponse,
     Delta,
     ModelCard,
     ModelList,
 )
+from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest
 from specserve.server.openai_stream import ChatChunks, stream
 from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.param_checks import check_choices, check_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from specserve.request import TokenLogprob
-from specserve.server.openai_schemas import (
+from specserve.server.openai_replies import (
     ChatLogprobs,
     CompletionLogprobs,
     TokenLogprobEntry,

@@ -19,14 +19,13 @@ from specserve.server.chat_reply import Piece, ReplyStream
 from specserve.server.context import ServerContext
 from specserve.server.direct import DirectWriter
 from specserve.server.errors import ApiError, ErrorKind, error_body
-from specserve.server.openai_schemas import (
+from specserve.server.openai_replies import (
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatLogprobs,
-    CompletionRequest,
     Delta,
 )
+from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest
 from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.params import Prepared
 from specserve.server.sse import EventStream, TextEvents, sse

@@ -4,7 +4,7 @@ and the reply's `usage` (with the speculation counts), streamed or not."""
 from __future__ import annotations
 
 from specserve.request import RequestOutput
-from specserve.server.openai_schemas import CompletionTokensDetails, FinishReasonOpenAI, Usage
+from specserve.server.openai_replies import CompletionTokensDetails, FinishReasonOpenAI, Usage
 
 
 def openai_finish(out: RequestOutput) -> FinishReasonOpenAI:

@@ -27,11 +27,7 @@ from specserve.server.caps import check_prompt_chars, check_reply_work
 from specserve.server.chat_template import ChatTemplate, chat_prompt
 from specserve.server.errors import invalid
 from specserve.server.grammars import response_format, tgi_grammar
-from specserve.server.openai_schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    SamplingFields,
-)
+from specserve.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specserve.server.param_checks import (
     check_choices,
     check_logit_bias,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from specserve.server.openai_schemas import ChatChunkChoice, ChatCompletionChunk, Delta
+from specserve.server.openai_replies import ChatChunkChoice, ChatCompletionChunk, Delta
 from specserve.server.schemas import StreamResponse, Token
 from specserve.server.sse import TextEvents, sse
 from specserve.server.tgi import token_event
