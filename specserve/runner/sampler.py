@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import abc
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -90,8 +91,17 @@ def apply_logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) 
     """In place on [V]: add each (token, value) of `bias` to that token's logit."""
     if not bias:
         return
-    ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=logits.device)
-    logits[ids] += torch.tensor([v for _, v in bias], dtype=logits.dtype, device=logits.device)
+    ids, values = _bias_tensors(bias, logits.device)
+    logits[ids] += values
+
+
+@lru_cache(maxsize=256)
+def _bias_tensors(
+    bias: tuple[tuple[int, float], ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request's bias as (ids, float32 values), built once, not for every row it scores."""
+    ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=device)
+    return ids, torch.tensor([v for _, v in bias], dtype=torch.float32, device=device)
 
 
 def output_counts(history: abc.Sequence[int], out_pos: int) -> tuple[np.ndarray, np.ndarray]:

@@ -203,7 +203,7 @@ def prepare_chat(
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     asked_format = response_format(req.response_format)
     # with tools, a reply that is not calls follows the format (OpenAI's semantics)
-    reply = json.loads(asked_format.source) if asked_format is not None else None
+    reply = json.loads(asked_format.source) if asked_format is not None and req.tools else None
     prompt = chat_prompt(req, encode_chat, limits, reply)  # tools, reasoning: chat_template.py
     ids, tools = prompt.ids, prompt.tools
     check_prompt(ids, limits, "messages")
