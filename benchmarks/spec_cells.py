@@ -24,7 +24,8 @@ from specserve.bench.workload_items import (
     with_history,
 )
 from specserve.engine.engine import Engine
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 
 
 @dataclass(frozen=True)

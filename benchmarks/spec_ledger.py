@@ -52,7 +52,8 @@ from specserve.bench.workloads import resolve_workload
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.engine.observer import EngineObserver, StepTiming
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 from specserve.request import Sequence as SeqView
 from specserve.speculation.payoff import Payoff
 from specserve.speculation.policy import SpeculationPolicy, expected_emitted

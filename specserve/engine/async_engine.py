@@ -54,7 +54,8 @@ from typing import TypeVar, cast
 from specserve.engine.engine import Engine
 from specserve.engine.handover import Listener, Outputs, Sink, Ticket, hand_over
 from specserve.engine.step_thread import compute_takes_every_core, one_malloc_arena
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -27,13 +27,8 @@ from specserve.engine.stats import EngineStats, StepRecord
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verified
 from specserve.grammar import Grammars
-from specserve.request import (
-    LogitsProcessor,
-    RequestOutput,
-    SamplingParams,
-    Sequence,
-    TokenLogprob,
-)
+from specserve.outputs import RequestOutput, TokenLogprob
+from specserve.request import LogitsProcessor, SamplingParams, Sequence
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
 from specserve.speculation.proposer import HiddenRows

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 
 # A streaming request's consumer on the step thread (engine/async_engine.py): called with
 # each output that is not the last, while the event loop has nothing of that request's left to

@@ -12,7 +12,8 @@ from specserve.engine import drafting
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.logprobs import LogitsOf, prompt_logprobs
 from specserve.engine.plan import StepPlan
-from specserve.request import RequestOutput, SeqStatus, Sequence, TokenLogprob
+from specserve.outputs import RequestOutput, TokenLogprob
+from specserve.request import SeqStatus, Sequence
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import Scheduler, SeqWork
 from specserve.speculation.proposer import Proposer

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from specserve.engine.plan import SeqPlan
-from specserve.request import TokenLogprob
+from specserve.outputs import TokenLogprob
 from specserve.runner.sampler import SampleRow, processed_logits
 
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specserve.engine.plan import StepPlan
-from specserve.request import RequestOutput, Sequence
+from specserve.outputs import RequestOutput
+from specserve.request import Sequence
 from specserve.runner.cost import StepShape
 from specserve.speculation.proposer import Draft
 

@@ -13,7 +13,8 @@ from typing import Any
 from specserve.engine.handover import Sink
 from specserve.engine.prompt import encode_messages, encode_text
 from specserve.fleet.replica import PoolDescription, ReplicaState
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 from specserve.server.context import ServerContext
 from specserve.server.metrics import ServerMetrics
 from specserve.server.service import GenerationService

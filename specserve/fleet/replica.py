@@ -25,7 +25,8 @@ from specserve.config import EngineConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.fleet.flags import LIVE_FIELDS, with_defaults
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 from specserve.server.info import engine_info
 from specserve.server.metrics import EngineSnapshot, snapshot
 from specserve.server.provenance import Provenance

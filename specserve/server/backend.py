@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.handover import Sink
 from specserve.engine.prompt import encode_messages, encode_text
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 
 
 class Backend(Protocol):

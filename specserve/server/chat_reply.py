@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.openai_replies import AssistantMessage
 from specserve.server.reasoning import Reasoning, ReasoningStream, split
 from specserve.server.tool_formats import ObjectEnd, is_calls, scan

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends, Request
 
 from specserve.engine.async_engine import AsyncEngine
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.backend import Backend, LocalBackend
 from specserve.server.direct import DirectWriter, writer
 from specserve.server.metrics import ServerMetrics

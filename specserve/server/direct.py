@@ -33,7 +33,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 
 EXTENSION = "specserve.connection"
 # Where uvicorn's httptools protocol keeps a response's state (`chunked_encoding`, ...).

@@ -24,7 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.engine_metrics import EngineCollector, Labelled
 from specserve.server.engine_snapshot import EngineSnapshot, snapshot
 

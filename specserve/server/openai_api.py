@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from specserve.request import RequestOutput, TokenLogprob
+from specserve.outputs import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.chat_reply import reply_message
 from specserve.server.chat_template import ChatTemplate, template_of

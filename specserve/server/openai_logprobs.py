@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specserve.request import TokenLogprob
+from specserve.outputs import TokenLogprob
 from specserve.server.openai_replies import (
     ChatLogprobs,
     CompletionLogprobs,

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import Request
 
-from specserve.request import RequestOutput, TokenLogprob
+from specserve.outputs import RequestOutput, TokenLogprob
 from specserve.server.chat_reply import HeldCalls as HeldCalls  # the Responses stream's
 from specserve.server.chat_reply import Piece, ReplyStream
 from specserve.server.context import ServerContext

@@ -3,7 +3,7 @@ and the reply's `usage` (with the speculation counts), streamed or not."""
 
 from __future__ import annotations
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.openai_replies import CompletionTokensDetails, FinishReasonOpenAI, Usage
 
 

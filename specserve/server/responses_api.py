@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx
 from specserve.server.errors import ApiError, ErrorKind

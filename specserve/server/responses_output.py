@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.openai_usage import openai_finish, usage
 from specserve.server.responses_schemas import (
     FunctionCall,

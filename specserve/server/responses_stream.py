@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.openai_stream import HeldCalls
 from specserve.server.responses_output import Turn, call_item, status_of
 from specserve.server.responses_schemas import OutputText, ResponseObject

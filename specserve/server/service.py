@@ -22,7 +22,7 @@ from typing import cast
 from starlette.requests import Request
 
 from specserve.engine.handover import Sink
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.metrics import ServerMetrics, queue_seconds

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from specserve.request import RequestOutput, TokenLogprob
+from specserve.outputs import RequestOutput, TokenLogprob
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.direct import DirectWriter

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specserve.request import RequestOutput, TokenLogprob
+from specserve.outputs import RequestOutput, TokenLogprob
 
 
 @dataclass

@@ -7,7 +7,7 @@ import time
 
 from specserve.engine.engine import Engine
 from specserve.engine.observer import EngineObserver, StepTiming
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 
 
 class StepFloor(EngineObserver):

@@ -17,7 +17,8 @@ from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.engine import Engine
 from specserve.engine.resources import load_resources
 from specserve.engine.step_thread import one_malloc_arena
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 from tests.engine.helpers import make_engine, run_all
 from tests.engine.observers import OutputSteps, StepFloor
 

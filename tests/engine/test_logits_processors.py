@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.request import LogitsProcessor, RequestOutput, SamplingParams, Sequence
+from specserve.outputs import RequestOutput
+from specserve.request import LogitsProcessor, SamplingParams, Sequence
 from specserve.speculation.proposer import Draft, Proposer
 from tests.engine.helpers import assert_no_kv_held, make_engine
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.request import SamplingParams, TokenLogprob
+from specserve.outputs import TokenLogprob
+from specserve.request import SamplingParams
 from tests.engine.helpers import assert_no_kv_held, make_engine
 from tests.engine.test_speculation import LOOPY
 from tests.speculation.test_medusa import write_tgi_checkpoint

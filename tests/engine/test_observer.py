@@ -11,7 +11,8 @@ import pytest
 from specserve.engine.engine import Engine
 from specserve.engine.observer import ENV, PHASES, EngineObserver, StepTiming
 from specserve.engine.plan import StepPlan
-from specserve.request import RequestOutput, SamplingParams, Sequence
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams, Sequence
 from specserve.speculation.proposer import Draft
 from tests.engine.helpers import make_engine, run_all
 

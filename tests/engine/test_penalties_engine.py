@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from specserve.kernels import ggml
-from specserve.request import SamplingParams, TokenLogprob
+from specserve.outputs import TokenLogprob
+from specserve.request import SamplingParams
 from tests.engine.helpers import assert_no_kv_held, make_engine, run_all
 from tests.engine.test_logprobs import run
 from tests.engine.test_speculation import LOOPY

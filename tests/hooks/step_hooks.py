@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.engine.observer import EngineObserver, StepTiming
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 
 
 class InjectedDeath(BaseException):

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.direct import Connection, DirectWriter
 from tests.server.conftest import (
     TINY_FLAGS,

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from specserve.request import RequestOutput, SamplingParams
+from specserve.outputs import RequestOutput
+from specserve.request import SamplingParams
 from specserve.server.chat_reply import ReplyStream, reply_message
 from specserve.server.openai_stream import ChatChunks
 from specserve.server.params import Prepared

@@ -9,7 +9,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from specserve.request import RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.server.errors import ApiError, invalid
 from specserve.server.responses_input import chat_request, input_messages, renamed
 from specserve.server.responses_output import Turn
