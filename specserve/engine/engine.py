@@ -16,6 +16,7 @@ from specserve.config import EngineConfig, SpecConfig
 from specserve.engine import drafting
 from specserve.engine.admission import new_live, prepare_request
 from specserve.engine.drafting import force_drafts, keep_prefixes, open_caps, propose, static_caps
+from specserve.engine.facts import EngineFacts, KvPool, engine_facts, kv_pool
 from specserve.engine.live import Live, describe, end, take_prompt_rows
 from specserve.engine.logprobs import span_logprobs
 from specserve.engine.observer import StepClock, from_env
@@ -27,11 +28,13 @@ from specserve.engine.stats import EngineStats, StepRecord
 from specserve.engine.tokenizer import locked
 from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verified
 from specserve.grammar import Grammars
+from specserve.models.llama import DecoderLM
 from specserve.outputs import RequestOutput, TokenLogprob
 from specserve.request import LogitsProcessor, SamplingParams, Sequence
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
-from specserve.speculation.proposer import HiddenRows
+from specserve.speculation.policy import SpeculationPolicy
+from specserve.speculation.proposer import HiddenRows, Proposer
 from specserve.speculation.registry import REGISTRY
 from specserve.speculation.verify import VerifyResult
 
@@ -39,12 +42,18 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, resources: EngineResources | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        resources: EngineResources | None = None,
+        eos_ids: frozenset[int] | None = None,
+    ) -> None:
+        """`eos_ids`: the tokens that end a request (default: the model's own)."""
         self.config = config
         self.res = resources or load_resources(config)
-        self.grammars = Grammars(
-            self.res.tokenizer, self.res.model.arch.vocab_size, self.res.eos_ids
-        )
+        self.eos_ids = self.res.eos_ids if eos_ids is None else eos_ids
+        self.facts: EngineFacts = engine_facts(self.res)
+        self.grammars = Grammars(self.res.tokenizer, self.facts.vocab_size, self.eos_ids)
         self.res.tokenizer = locked(self.res.tokenizer)  # shared by the event loop and steps
         self.scheduler = self.res.scheduler
         self.stats = EngineStats()
@@ -63,6 +72,31 @@ class Engine:
     @property
     def max_model_len(self) -> int:
         return self.res.max_model_len
+
+    # ------------------------------------------- what it runs (read-only outside the engine)
+    @property
+    def model(self) -> DecoderLM:
+        return self.res.model
+
+    @property
+    def proposer(self) -> Proposer | None:
+        """None with speculation off; changed by `set_speculation` or `use_proposer`."""
+        return self.res.proposer
+
+    @property
+    def policy(self) -> SpeculationPolicy | None:
+        return self.res.policy
+
+    def kv_pool(self) -> KvPool:
+        return kv_pool(self.res)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prompt prefix; how many blocks held one."""
+        return self.res.allocator.reset_cache()
+
+    def reset_proposer_cache(self) -> bool:
+        """Forget what the proposer learned across requests; False if it keeps nothing."""
+        return self.res.proposer.reset() if self.res.proposer is not None else False
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         return encode_messages(self.res.tokenizer, messages)
@@ -128,11 +162,18 @@ class Engine:
         Requests in flight go on; sequences forget their drafting state if the proposer changes.
         ValueError when `spec` needs artifacts this engine has not loaded (then restart it)."""
         proposer, policy = respeculate(self.res, self.config, spec)
-        for live in self._live.values():
-            if proposer is not self.res.proposer:
-                drafting.release(self.res.proposer, live.seq)
-        self.res.proposer, self.res.policy = proposer, policy
+        self.use_proposer(proposer)
+        self.res.policy = policy
         self.config = replace(self.config, spec=spec)
+
+    def use_proposer(self, proposer: Proposer | None) -> None:
+        """Draft with `proposer` from the next step on: one the registry does not build (trained
+        in process, or a test's); N and the policy stay. Sequences in flight forget their
+        drafting state if it changes."""
+        if proposer is not self.res.proposer:
+            for live in self._live.values():
+                drafting.release(self.res.proposer, live.seq)
+        self.res.proposer = proposer
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._outbox)
@@ -188,7 +229,7 @@ class Engine:
         """Propose, keep the policy's prefix of each draft, give the KV slots reserved for the
         rest (and for drafts that found nothing) back to the pool: the step's plan."""
         work = batch.work
-        vocab = self.res.model.arch.vocab_size
+        vocab = self.facts.vocab_size
         started = time.perf_counter()
         with self._clock.phase("propose"):
             proposed = propose(self.res.proposer, work, vocab, lambda s, e: self._fail([s], e))
@@ -255,7 +296,7 @@ class Engine:
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
             self.scheduler.unpark(seq)
-        new_ids, reason = live.push_until_stop(result.tokens, self.res.eos_ids, self.max_model_len)
+        new_ids, reason = live.push_until_stop(result.tokens, self.eos_ids, self.max_model_len)
         self.stats.tokens_emitted += len(new_ids)
         self.observers.committed(seq, new_ids)
         # KV holds every committed token but the last (its K/V come with the next pass); the

@@ -57,7 +57,7 @@ def create_app(
     app.state.ctx = ctx
     if provenance is not None and provenance.profile is not None:
         metrics.show_profile(provenance.profile.stale)
-    metrics.show_block_fallback(engine.res.model.block_kernel_fallback is not None)
+    metrics.show_block_fallback(engine.model.block_kernel_fallback is not None)
     app.add_api_route("/health", health, methods=["GET"], tags=["status"])
     app.add_api_route(
         "/health", health, methods=["HEAD"], tags=["status"], operation_id="health_head"

@@ -179,14 +179,12 @@ def log_startup(
     }
     logger.info("engine config: %s", asdict(config))
     logger.info("server settings: %s", shown)
-    res = engine.res
-    alloc = res.allocator
-    kv_tokens = alloc.num_blocks * alloc.block_size
-    proposer = res.proposer.name if res.proposer is not None else "off"
+    facts, kv = engine.facts, engine.kv_pool()
+    proposer = engine.proposer.name if engine.proposer is not None else "off"
     logger.info(
         "model %s on %s: context %d tokens; speculation N=%d proposer=%s",
-        res.model_dir,
-        res.device,
+        facts.model_dir,
+        facts.device,
         engine.max_model_len,
         config.spec.speculate,
         proposer,
@@ -194,12 +192,12 @@ def log_startup(
     logger.info(
         "memory budget: weights %.1f MiB + KV cache %.1f MiB (%d blocks x %d = %d tokens) "
         "= %.1f MiB",
-        res.weight_bytes / 2**20,
-        res.runner.kv_bytes / 2**20,
-        alloc.num_blocks,
-        alloc.block_size,
-        kv_tokens,
-        (res.weight_bytes + res.runner.kv_bytes) / 2**20,
+        facts.weight_bytes / 2**20,
+        kv.kv_bytes / 2**20,
+        kv.num_blocks,
+        kv.block_size,
+        kv.tokens,
+        (facts.weight_bytes + kv.kv_bytes) / 2**20,
     )
     if provenance.fingerprints is not None:
         fps = provenance.fingerprints

@@ -7,7 +7,7 @@ speculation and policy counters, and calibration into an `EngineSnapshot`, which
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specserve.engine.engine import Engine
 from specserve.scheduler.kv_blocks import CacheStats
@@ -74,17 +74,17 @@ class EngineSnapshot:
 
 def snapshot(engine: Engine) -> EngineSnapshot:
     """Call under the engine lock."""
-    stats, alloc, sched = engine.stats, engine.res.allocator, engine.scheduler
-    prop = engine.res.proposer
+    stats, kv, sched = engine.stats, engine.kv_pool(), engine.scheduler
+    prop, policy = engine.proposer, engine.policy
     return EngineSnapshot(
         running=len(sched.running),
         waiting=len(sched.waiting),
-        kv_blocks_used=alloc.num_used,
-        kv_blocks_total=alloc.num_blocks,
+        kv_blocks_used=kv.used,
+        kv_blocks_total=kv.num_blocks,
         draft_kv_blocks_used=prop.kv_blocks_in_use() if prop is not None else 0,
         preemptions=sched.num_preemptions,
-        cache=replace(alloc.stats) if alloc.caching else None,
-        kv_blocks_cached=alloc.num_cached,
+        cache=kv.cache,
+        kv_blocks_cached=kv.cached,
         spec_steps=stats.spec_steps,
         nonspec_steps=stats.nonspec_steps,
         tokens_emitted=stats.tokens_emitted,
@@ -96,8 +96,6 @@ def snapshot(engine: Engine) -> EngineSnapshot:
         forced_drafted_tokens=stats.forced.drafted_tokens,
         forced_accepted_tokens=stats.forced.accepted_tokens,
         policy=(
-            policy_snapshot(engine.res.policy, engine.config.spec.speculate)
-            if engine.res.policy is not None
-            else None
+            policy_snapshot(policy, engine.config.spec.speculate) if policy is not None else None
         ),
     )

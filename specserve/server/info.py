@@ -40,7 +40,7 @@ async def reset_prefix_cache(ctx: Ctx) -> dict[str, int]:
     another's prompts); how many blocks held one."""
 
     def reset(engine: Engine) -> int:
-        return engine.res.allocator.reset_cache()
+        return engine.reset_prefix_cache()
 
     return {"blocks": await asyncio.to_thread(ctx.async_engine.run_locked, reset)}
 
@@ -51,8 +51,7 @@ async def reset_suffix_cache(ctx: Ctx) -> dict[str, bool]:
     from a replay of another's prompts, or starts from another workload's outcomes)."""
 
     def reset(engine: Engine) -> bool:
-        proposer = engine.res.proposer
-        return proposer.reset() if proposer is not None else False
+        return engine.reset_proposer_cache()
 
     return {"reset": await asyncio.to_thread(ctx.async_engine.run_locked, reset)}
 
@@ -81,19 +80,19 @@ def engine_info(
     engine: Engine, s: ServerSettings, limits: Limits, provenance: Provenance | None
 ) -> Info:
     """Call under the engine lock. A fleet pool's replica answers with the same record."""
-    res, cfg = engine.res, engine.config
-    alloc, numerics = res.allocator, block_numerics(res.model)
+    facts, cfg, model, kv = engine.facts, engine.config, engine.model, engine.kv_pool()
+    numerics = block_numerics(model)
     return Info(
         model_id=s.model_id,
         model_dtype=cfg.dtype,
-        model_weight_blocks=block_kinds(res.model),
+        model_weight_blocks=block_kinds(model),
         model_numerics=numerics,
         model_q8_kernels=ggml.q8_path() if numerics == "q8" else None,
-        model_block_kernel_fallback=res.model.block_kernel_fallback,
-        model_native_refusal=None if res.model.native_stack else res.model.native_refusal,
-        model_weights=weights_info(res.model.weight_report),
-        attention="ragged" if res.runner.ragged else "reference",
-        model_device_type=res.device.type,
+        model_block_kernel_fallback=model.block_kernel_fallback,
+        model_native_refusal=None if model.native_stack else model.native_refusal,
+        model_weights=weights_info(model.weight_report),
+        attention=facts.attention,
+        model_device_type=facts.device.type,
         max_concurrent_requests=s.max_concurrent_requests,
         max_running_requests=cfg.scheduler.max_running_requests,
         max_stop_sequences=limits.max_stop_sequences,
@@ -106,27 +105,26 @@ def engine_info(
         speculation_profile=profile_info(provenance),
         fingerprints=fingerprints_info(provenance),
         memory=MemoryInfo(
-            weights_bytes=res.weight_bytes,
-            kv_cache_bytes=res.runner.kv_bytes,
-            kv_cache_dtype=str(res.runner.kv.dtype).removeprefix("torch."),
-            kv_cache_tokens=alloc.num_blocks * alloc.block_size,
-            kv_block_size=alloc.block_size,
-            kv_blocks=alloc.num_blocks,
-            prefix_caching=alloc.caching,
-            kv_blocks_cached=alloc.num_cached,
-            budget=_budget(res),
-            available_bytes=available_memory(res.device),
+            weights_bytes=facts.weight_bytes,
+            kv_cache_bytes=kv.kv_bytes,
+            kv_cache_dtype=kv.dtype,
+            kv_cache_tokens=kv.tokens,
+            kv_block_size=kv.block_size,
+            kv_blocks=kv.num_blocks,
+            prefix_caching=kv.prefix_caching,
+            kv_blocks_cached=kv.cached,
+            budget=dict(facts.budget.as_dict()) if facts.budget is not None else None,
+            available_bytes=available_memory(facts.device),
         ),
     )
 
 
 def speculation_info(engine: Engine) -> SpeculationInfo:
-    spec, res = engine.config.spec, engine.res
-    policy = res.policy
+    spec, policy, proposer = engine.config.spec, engine.policy, engine.proposer
     live = policy.cost if policy is not None else None
     return SpeculationInfo(
         speculate=spec.speculate,
-        proposer=res.proposer.name if res.proposer is not None else None,
+        proposer=proposer.name if proposer is not None else None,
         configured_proposer=spec.proposer,
         draft_model=spec.draft_model,
         policy=spec.policy,
@@ -137,7 +135,7 @@ def speculation_info(engine: Engine) -> SpeculationInfo:
         calibration=[CalibrationBucket(**vars(row)) for row in policy.calibration.table()]
         if policy is not None
         else [],
-        suffix_cache=suffix_cache_info(res.proposer),
+        suffix_cache=suffix_cache_info(proposer),
         proposed_tokens=engine.stats.proposer.proposed_tokens,
         trimmed_tokens=policy.stats.trimmed_tokens if policy is not None else 0,
         skipped_steps=policy.stats.skipped_steps if policy is not None else 0,
@@ -213,11 +211,6 @@ def fingerprints_info(provenance: Provenance | None) -> FingerprintsInfo | None:
     if fps is None:
         return None
     return FingerprintsInfo(target=fps.target, proposer=fps.proposer)
-
-
-def _budget(res: object) -> dict[str, int] | None:
-    plan = getattr(res, "memory", None)  # present when the engine planned memory itself
-    return dict(plan.as_dict()) if plan is not None else None
 
 
 def available_memory(device: torch.device) -> int | None:

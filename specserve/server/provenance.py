@@ -77,7 +77,7 @@ class Provenance:
 def fingerprint_engine(engine: Engine) -> Fingerprints:
     """Hash the loaded target and proposer artifact (digests are cached on disk per file, so
     only the first start after a checkpoint changes reads its bytes)."""
-    proposer, model_dir = engine.res.proposer, engine.res.model_dir
+    proposer, model_dir = engine.proposer, engine.facts.model_dir
     if proposer is None:
         return Fingerprints(target=target_fingerprint(model_dir), proposer=None)
     settings = asdict(engine.config.spec)

@@ -110,8 +110,7 @@ class Limits:
     @classmethod
     def from_engine(cls, engine: Engine, settings: ServerSettings) -> Limits:
         total = engine.max_model_len
-        alloc = engine.res.allocator
-        kv = alloc.num_blocks * alloc.block_size
+        kv = engine.kv_pool().tokens
         # One token must be left to generate, within the window and within the pool.
         bounds = [(total - 1, "the context window minus one"), (kv - 1, "the KV cache minus one")]
         if settings.max_input_tokens is not None:
@@ -124,7 +123,7 @@ class Limits:
             kv_capacity_tokens=kv,
             speculate=engine.config.spec.speculate,
             max_stop_sequences=settings.max_stop_sequences,
-            vocab_size=engine.res.model.arch.vocab_size,
+            vocab_size=engine.facts.vocab_size,
             model_names=settings.model_names or model_names(settings.model_id),
             max_choices=settings.max_choices,
             max_prompt_chars=total * longest_token_chars(engine.tokenizer),

@@ -88,7 +88,7 @@ def train_eagle(
     conts = continuations(engine, base_dir, opts, data, progress)
     collect_s = time.perf_counter() - started
     train_set, held_set = split_heldout(conts, opts)
-    model = engine.res.model
+    model = engine.model
     vocab = draft_vocab(train_set)
     scores = vocab_head(model.lm_head, vocab)  # frozen: [..., H] -> [..., K]
     head = EagleHead(HeadShape.for_target(model.arch, intermediate_size, window))

@@ -61,7 +61,10 @@ class _HiddenRecorder(Proposer):
         del seq  # the rows are the data; a preempted sequence re-syncs the same positions
 
 
-def recording_engine(base_dir: Path, opts: TrainOptions) -> Engine:
+def recording_engine(
+    base_dir: Path, opts: TrainOptions, eos_ids: frozenset[int] | None = None
+) -> Engine:
+    """`eos_ids`: the tokens that end a continuation, if not the model's."""
     # speculate=1 makes the engine sync its proposer after every step; the recorder then
     # replaces the proposer and never drafts.
     config = EngineConfig(
@@ -72,7 +75,9 @@ def recording_engine(base_dir: Path, opts: TrainOptions) -> Engine:
         spec=SpecConfig(speculate=1, proposer="ngram"),
     )
     res = load_resources(config)
-    return Engine(config, dataclasses.replace(res, proposer=_HiddenRecorder(), policy=None))
+    return Engine(
+        config, dataclasses.replace(res, proposer=_HiddenRecorder(), policy=None), eos_ids
+    )
 
 
 def training_prompts(engine: Engine, opts: TrainOptions) -> list[tuple[WorkloadItem, list[int]]]:
@@ -100,7 +105,7 @@ def collect(
     progress: bool = True,
 ) -> list[Continuation]:
     """The base's greedy continuation of every prompt, with its hidden states."""
-    recorder = engine.res.proposer
+    recorder = engine.proposer
     assert isinstance(recorder, _HiddenRecorder)
     params = SamplingParams(max_new_tokens=opts.new_tokens)
     ids = [engine.add_request(p, params) for _, p in prompts]

@@ -65,8 +65,8 @@ def train_medusa(
     vocab = draft_vocab(train_set)
     train = head_data(train_set, heads, vocab)
     held = head_data(held_set, heads, vocab)
-    lm_head = vocab_head(engine.res.model.lm_head, vocab)
-    model = MedusaHeads(engine.res.model.arch.hidden_size, heads, layers)
+    lm_head = vocab_head(engine.model.lm_head, vocab)
+    model = MedusaHeads(engine.model.arch.hidden_size, heads, layers)
     model.draft_vocab = vocab
     loss_before = heldout_loss(model, lm_head, held)
     started = time.perf_counter()
