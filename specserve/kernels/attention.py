@@ -1,4 +1,5 @@
-"""Paged attention over a float32 or fp16 KV cache (`paged_attention.c`), built on first use.
+"""Paged attention over a float32 or fp16 KV cache (`paged_attention.c`), built on first use with
+RoPE (`rope.c`) and the grammar mask (`mask.c`) in one library.
 
 `library()` is None where the CPU lacks AVX2/FMA/F16C or no compiler works; the model then runs
 the padded reference attention (gathers + SDPA, `models/attention_reference.py`).
@@ -17,12 +18,10 @@ from specserve.kernels import build
 
 logger = logging.getLogger(__name__)
 
+_UNITS = ("paged_attention", "rope", "mask")
 KERNEL = build.KernelSource(
-    Path(__file__).with_name("paged_attention.c"), build.AVX2_FLAGS, build.AVX2_CPU,
-    "paged attention kernel",
-    tuple(
-        Path(__file__).with_name(h) for h in ("simd.h", "attention_simd.h", "rope.h", "mask.h")
-    ),
+    "paged_attention", tuple(Path(__file__).with_name(f"{unit}.c") for unit in _UNITS),
+    build.AVX2_FLAGS, build.AVX2_CPU, "paged attention kernel",
 )  # fmt: skip
 
 

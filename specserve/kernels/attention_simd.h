@@ -1,5 +1,6 @@
 // Vector building blocks of the paged attention kernel: scores of a query row against 8 keys,
-// the p-weighted sum of value rows, and fp16 rows widened to float32.
+// the p-weighted sum of value rows, and fp16 rows widened to float32. Static inline: they are
+// the kernel's innermost loops, inlined into its per-chunk update.
 #pragma once
 
 #include <immintrin.h>

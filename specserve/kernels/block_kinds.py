@@ -10,7 +10,7 @@ QK_K = 256  # weights per K-quant super-block
 
 
 class BlockKind(IntEnum):
-    """GGUF quantisation types the kernels read; the value is the C enum's (`ggml_blocks.c`,
+    """GGUF quantisation types the kernels read; the value is the C enum's (`block_kinds.h`,
     layouts in `subblocks.h`). The *_X8 kinds are the same blocks with rows interleaved eight
     at a time (`x8_layout.h`, `ggml.repack_x8`), which the q8 numerics multiplies with fewer
     instructions per extra activation row: Q4_1 and Q8_0 (`x8.h`, their own block sums) and

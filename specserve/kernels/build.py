@@ -1,8 +1,11 @@
-"""Compile a kernel's C file with the system compiler on first use, cache it, load it.
+"""Compile a kernel library's C units with the system compiler on first use, cache it, load it.
 
-Each kernel module (`ggml.py`, `attention.py`) names its source, flags and the CPU features
-those flags assume. The shared object lands in the specserve cache (`kernels/`, 0700) under a
-name keyed by the source, the flags, the compiler and the CPU; the compile has a timeout.
+Each kernel module (`ggml.py`, `attention.py`) names its library's units (`.c` files, compiled
+each on its own, in parallel, then linked), flags and the CPU features those flags assume. The
+shared object lands in the specserve cache (`kernels/`, 0700) under a name keyed by every file
+the compiler reads to build it (the units, their headers and the system headers under those,
+as its own dependency output `-M` lists them: no list kept by hand), the flags, the compiler
+and the CPU; every compiler run has a timeout.
 Beside it goes the sha256 of what was built; a cached library is loaded only if it and that
 record are regular files of this user that nobody else may write, and its bytes still hash to
 the record. Anything else (a planted or damaged file) is rebuilt, never loaded. A machine that lacks
@@ -19,9 +22,13 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +43,11 @@ from specserve.hashing import (
 from specserve.storage import default_cache_dir, private_dir
 
 # -ffp-contract=off: an a * b + c stays two roundings, as torch's elementwise ops round it;
-# the kernels write their FMAs explicitly where they want them.
+# the kernels write their FMAs explicitly where they want them. -fvisibility=hidden: a library
+# exports only what its headers mark KERNEL_API (export.h); what its units share stays inside.
 AVX2_FLAGS = (
-    "-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared",
+    "-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC",
+    "-fvisibility=hidden",
 )  # fmt: skip
 AVX2_CPU = ("avx2", "fma", "f16c")
 COMPILE_TIMEOUT_S = 120.0  # a compiler that hangs must not hang the server's start
@@ -46,11 +55,18 @@ COMPILE_TIMEOUT_S = 120.0  # a compiler that hangs must not hang the server's st
 
 @dataclass(frozen=True)
 class KernelSource:
-    source: Path
+    """A shared library and the C units it is built from (their headers are found by the
+    compiler, `files_read`)."""
+
+    name: str  # the library's file stem: "ggml_blocks"
+    sources: tuple[Path, ...]  # its .c units, all in one directory
     cflags: tuple[str, ...]
     cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags the compiled code needs
     label: str  # for log lines: "GGUF block kernels"
-    headers: tuple[Path, ...] = ()  # files the source includes (part of the cache key)
+
+    @property
+    def home(self) -> Path:
+        return self.sources[0].parent
 
 
 def _cpuinfo(field: str) -> str:
@@ -89,12 +105,49 @@ def _compiler_id(compiler: str) -> str:
     return f"{shutil.which(compiler) or compiler} {version}"
 
 
-def cache_key(spec: KernelSource, compiler_id: str) -> str:
-    """Source, flags, compiler and CPU (model and flags): a library is only ever loaded on the
-    kind of machine, and from the compiler, that built it."""
-    parts = [
-        spec.source.read_bytes(),
-        *(h.read_bytes() for h in spec.headers),
+def _run(command: Sequence[str], cwd: Path, what: str, deadline: float | None = None) -> str:
+    """The command's stdout; RuntimeError if it runs past COMPILE_TIMEOUT_S (or the monotonic
+    `deadline`), CalledProcessError (its stderr kept) if it fails."""
+    timeout = COMPILE_TIMEOUT_S if deadline is None else max(deadline - time.monotonic(), 0.0)
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, check=True, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{what} took over {COMPILE_TIMEOUT_S:.0f} s") from exc
+    return done.stdout
+
+
+def make_prerequisites(rules: str) -> list[str]:
+    """The prerequisites of make rules as `cc -M` writes them (`t.o: a.c b.h \\` newline
+    ` c.h`): a backslash-newline continues a rule, `\\ ` is a space in a name, `$$` a `$`."""
+    names = []
+    for rule in rules.replace("\\\n", " ").splitlines():
+        _, colon, prerequisites = rule.partition(": ")
+        if colon:
+            for name in re.split(r"(?<!\\)\s+", prerequisites.strip()):
+                names.append(re.sub(r"\\(.)", r"\1", name).replace("$$", "$"))
+    return [n for n in names if n]
+
+
+def files_read(spec: KernelSource, compiler: str) -> list[Path]:
+    """Every file the compiler reads to build `spec`: its units, the headers they include and
+    the system headers under those, as its dependency output (`-M`, preprocessing only) says."""
+    rules = _run([compiler, *spec.cflags, "-M", *map(str, spec.sources)], spec.home, "cc -M")
+    return sorted({(spec.home / name).resolve() for name in make_prerequisites(rules)})
+
+
+def cache_key(spec: KernelSource, read: Sequence[Path], compiler_id: str) -> str:
+    """The bytes of every file read (`files_read`; those in the units' directory by their name
+    there, so that two checkouts of the same sources share a library), flags, compiler and CPU
+    (model and flags): a library is only ever loaded on the kind of machine, and from the
+    compiler and the files, that built it."""
+    home = spec.home.resolve()
+    parts = []
+    for path in sorted(read):
+        name = path.relative_to(home) if path.is_relative_to(home) else path
+        parts += [str(name).encode(), hashlib.sha256(path.read_bytes()).digest()]
+    parts += [
         " ".join(spec.cflags).encode(),
         compiler_id.encode(),
         _cpuinfo("model name").encode(),
@@ -121,18 +174,21 @@ def untrusted_library(target: Path) -> str | None:
 
 
 def _compile(spec: KernelSource, compiler: str, target: Path) -> None:
+    """Each unit to an object (as many at once as there are CPUs), then the library, all
+    within COMPILE_TIMEOUT_S."""
+    deadline = time.monotonic() + COMPILE_TIMEOUT_S
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = [Path(tmp) / f"{i}-{src.stem}.o" for i, src in enumerate(spec.sources)]
+        units = [
+            [compiler, *spec.cflags, "-c", str(src), "-o", str(obj)]
+            for src, obj in zip(spec.sources, objects, strict=True)
+        ]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for _ in pool.map(lambda unit: _run(unit, spec.home, "compiling", deadline), units):
+                pass  # a failed compile raises here
         staged = Path(tmp) / target.name
-        try:
-            subprocess.run(
-                [compiler, *spec.cflags, str(spec.source), "-o", str(staged), "-lm"],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=COMPILE_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"compiling took over {COMPILE_TIMEOUT_S:.0f} s") from exc
+        link = [compiler, *spec.cflags, "-shared", *map(str, objects), "-o", str(staged), "-lm"]
+        _run(link, spec.home, "linking", deadline)
         staged.chmod(0o700)
         write_json_atomically(record_path(target), {"sha256": sha256_file(staged)})
         if target.is_symlink() or target.is_dir():
@@ -148,8 +204,8 @@ def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
         return None
     try:
         compiler = _compiler()
-        target = private_dir(default_cache_dir() / "kernels")
-        target /= f"{spec.source.stem}-{cache_key(spec, _compiler_id(compiler))}.so"
+        key = cache_key(spec, files_read(spec, compiler), _compiler_id(compiler))
+        target = private_dir(default_cache_dir() / "kernels") / f"{spec.name}-{key}.so"
         why = untrusted_library(target)
         if why is not None:
             if why != "not built yet":
@@ -158,5 +214,5 @@ def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
         return ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None) or exc
-        logger.warning("%s off: cannot build %s: %s", spec.label, spec.source.name, detail)
+        logger.warning("%s off: cannot build %s: %s", spec.label, spec.name, detail)
         return None

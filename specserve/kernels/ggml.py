@@ -1,4 +1,5 @@
-"""CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`, `q8_*.h`), built on first use.
+"""CPU kernels for GGUF block-quantised weights (`ggml_blocks.c`, `q8_*.c`, `x8*.c`), built on
+first use.
 
 Two numerics: exact (float32 products on the blocks expanded to float32) and q8 (activations
 quantised per row to 8 bits per 32 values, integer dot products; `q8=True`).
@@ -27,14 +28,14 @@ from specserve.kernels.block_kinds import QK_K as QK_K
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-# decoder.h (the stack's layers in one call) brings the paged attention kernel in as well, and
-# eagle_chain.h (the EAGLE head's drafting chain) builds on it.
-_HEADERS = ("simd.h", "subblocks.h", "q8_dot.h", "x8_layout.h", "x8.h", "x8_kquants.h",
-            "q8_matmul.h", "decoder.h", "paged_attention.c", "eagle_chain.h")  # fmt: skip
-_ATTENTION_HEADERS = ("attention_simd.h", "rope.h", "mask.h")
+# The exact numerics and the fused projection, the blocks' reading, the q8 numerics on plain and
+# interleaved rows and its driver, the interleaved layout; the decoder stack in one call
+# (decoder.c, with the paged attention and RoPE units) and the EAGLE chain built on it.
+_UNITS = ("ggml_blocks", "subblocks", "q8_dot", "q8_matmul", "x8_layout", "x8", "x8_kquants",
+          "decoder", "eagle_chain", "paged_attention", "rope")  # fmt: skip
 KERNEL = build.KernelSource(
-    _HERE / "ggml_blocks.c", build.AVX2_FLAGS, build.AVX2_CPU, "GGUF block kernels",
-    tuple(_HERE / h for h in _HEADERS + _ATTENTION_HEADERS),
+    "ggml_blocks", tuple(_HERE / f"{unit}.c" for unit in _UNITS), build.AVX2_FLAGS,
+    build.AVX2_CPU, "GGUF block kernels",
 )  # fmt: skip
 Q8A_BYTES = 40  # a quantised activation block: float32 d, float32 s, 32 int8
 X8_ROWS = 8  # weight rows interleaved together in the *_X8 kinds

@@ -1,6 +1,7 @@
 // Matrix products on GGUF block-quantised weights (AVX2 + FMA + F16C), in two numerics:
-// "exact" (below: blocks expanded to float32, float32 products) and "q8" (q8_dot.h: activations
-// quantised to 8 bits per 32 values, integer dot products; q8_matmul.h: the driver).
+// "exact" (this unit: blocks expanded to float32, float32 products) and "q8" (q8_dot.c:
+// activations quantised to 8 bits per 32 values, integer dot products; q8_matmul.c: the
+// driver); and the projection with its neighbours fused in, in either (ggml_matmul_fused).
 //
 // A weight matrix W [N, K] is stored as llama.cpp stores it: each row is K/32 blocks of 32
 // values (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or K/256 super-blocks of 256 (Q4_K, Q5_K, Q6_K);
@@ -19,72 +20,20 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "block_kinds.h"
+#include "ggml_blocks.h"
+#include "q8_dot.h"
+#include "q8_matmul.h"
 #include "simd.h"
+#include "subblocks.h"
+#include "x8_layout.h"
 
-// *_X8: the same blocks with rows interleaved eight at a time (x8.h), for the q8 numerics only.
-enum {
-    KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q4_1_X8 = 2, KIND_Q8_0_X8 = 3,
-    KIND_Q4_0 = 4, KIND_Q5_0 = 5, KIND_Q5_1 = 6, KIND_Q4_K = 7, KIND_Q5_K = 8, KIND_Q6_K = 9,
-    KIND_Q4_K_X8 = 10, KIND_Q6_K_X8 = 11, KIND_Q5_K_X8 = 12, KIND_Q5_1_X8 = 13,
-    KIND_COUNT
-};
-#define QK 32
-// Bytes ahead of the block being expanded to prefetch: the weights are streamed once per
-// product, and without it the loop waits on memory (3x slower once W leaves the cache).
-#define PREFETCH_AHEAD 2048
-
-// The GGUF kind an interleaved kind's blocks hold (a plain kind: itself).
-static inline int plain_kind(int kind) {
-    switch (kind) {
-        case KIND_Q4_1_X8: return KIND_Q4_1;
-        case KIND_Q8_0_X8: return KIND_Q8_0;
-        case KIND_Q4_K_X8: return KIND_Q4_K;
-        case KIND_Q6_K_X8: return KIND_Q6_K;
-        case KIND_Q5_K_X8: return KIND_Q5_K;
-        case KIND_Q5_1_X8: return KIND_Q5_1;
-        default: return kind;
-    }
-}
-static inline int is_x8(int kind) { return plain_kind(kind) != kind; }
-
-// Bytes and values of one block (x8 kinds: the per-row share of an interleaved block, the same).
-// Switches rather than tables, so that a kernel inlined for one kind folds them to constants.
-static inline int valid_kind(int kind) { return kind >= 0 && kind < KIND_COUNT; }
-static inline int64_t block_bytes(int kind) {
-    switch (plain_kind(kind)) {
-        case KIND_Q4_1: return 20;
-        case KIND_Q8_0: return 34;
-        case KIND_Q4_0: return 18;
-        case KIND_Q5_0: return 22;
-        case KIND_Q5_1: return 24;
-        case KIND_Q4_K: return 144;
-        case KIND_Q5_K: return 176;
-        default: return 210;  // Q6_K
-    }
-}
-static inline int64_t block_values(int kind) {
-    kind = plain_kind(kind);
-    return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K ? 256 : 32;
-}
-static inline int64_t row_bytes(int kind, int64_t K) {
-    return K / block_values(kind) * block_bytes(kind);
-}
-
-// Every fp16 bit pattern as float32, so a block's scales are broadcast by a plain load rather
-// than by conversion and shuffle instructions, which compete with the nibble unpacking.
-static float half_table[1 << 16];
-
-__attribute__((constructor)) static void fill_half_table(void) {
-    for (uint32_t h = 0; h < (1u << 16); h++) half_table[h] = _cvtsh_ss((uint16_t)h);
-}
-
+// A block's fp16 scale broadcast from half_table (subblocks.h).
 static inline __attribute__((always_inline)) __m256 half_to_ps(const uint8_t* p) {
     uint16_t h;
     __builtin_memcpy(&h, p, 2);
     return _mm256_broadcast_ss(&half_table[h]);
 }
-
-#include "subblocks.h"
 
 // Sub-block blk of a row (32 values) expanded into 4 x 8 floats: Q4_1 and Q8_0 straight from
 // their bytes, the other kinds through subblocks.h's form, each value dv * q (+ m). sc: the
@@ -143,19 +92,6 @@ static inline __attribute__((always_inline)) void next_scales(int kind, const ui
         read_block_scales(kind, row + blk / (QK_K / QK) * block_bytes(kind), sc);
 }
 
-#include "q8_dot.h"
-#include "x8_layout.h"
-#include "x8.h"
-#include "x8_kquants.h"
-
-
-// y = dot (+ bias) (+ residual), rounded in that order, as x @ W^T + b then r + y would be.
-static inline void store(float* y, const float* bias, const float* res, int64_t i, int64_t n,
-                         float dot) {
-    if (bias) dot += bias[n];
-    y[i] = res ? res[i] + dot : dot;
-}
-
 // ROWS activation rows against one weight row. Each product y[m][n] sums in one fixed order,
 // whatever the tile: two accumulators (lanes of w0 and w2 of each block into one, w1 and w3
 // into the other), block after block, then their sum, then one horizontal sum. So a row's
@@ -207,76 +143,45 @@ static inline __attribute__((always_inline)) void matmul_impl(
     }
 }
 
+// One plain row of `kind` (K values) expanded to float32 into o [K].
+static inline __attribute__((always_inline)) void dequantize_row(int kind, const uint8_t* row,
+                                                                 float* o, int64_t K) {
+    block_scales sc;
+    for (int64_t blk = 0; blk < K / QK; blk++) {
+        __m256 v[4];
+        next_scales(kind, row, blk, &sc);
+        expand(kind, row, blk, &sc, v);
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + blk * QK + 8 * i, v[i]);
+    }
+}
+
 static inline __attribute__((always_inline)) void dequantize_impl(
     int kind, const uint8_t* w, float* out, int64_t N, int64_t K, int threads) {
-    const int64_t nb = K / QK, rb = row_bytes(kind, K);
+    const int64_t rb = row_bytes(kind, K);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        block_scales sc;
-        for (int64_t blk = 0; blk < nb; blk++) {
-            __m256 v[4];
-            next_scales(kind, w + n * rb, blk, &sc);
-            expand(kind, w + n * rb, blk, &sc, v);
-            float* o = out + n * K + blk * QK;
-            for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
-        }
-    }
+    for (int64_t n = 0; n < N; n++) dequantize_row(kind, w + n * rb, out + n * K, K);
 }
 
-// dequantize_impl for interleaved weights: each row's blocks put back in GGUF's layout, expanded.
+// dequantize_impl for interleaved weights: each row's blocks put back in GGUF's layout
+// (x8_plain_row), then expanded as the plain kind's.
 static void dequantize_x8(int kind, const uint8_t* w, float* out, int64_t N, int64_t K,
                           int threads) {
-    const int plain = plain_kind(kind), per = (int)(block_values(kind) / QK);
-    const int64_t nb = K / block_values(kind), gb = x8_block_bytes(kind);
+    const int plain = plain_kind(kind);
+    const int64_t rb = row_bytes(kind, K);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
-        const uint8_t* g = w + (n / X8_ROWS) * nb * gb;
-        for (int64_t blk = 0; blk < nb; blk++) {
-            uint8_t b[X8_MAX_BLOCK_BYTES];
-            block_scales sc;
-            x8_row_block(kind, g + blk * gb, (int)(n % X8_ROWS), b);
-            for (int s = 0; s < per; s++) {
-                __m256 v[4];
-                next_scales(plain, b, s, &sc);
-                expand(plain, b, s, &sc, v);
-                float* o = out + n * K + (blk * per + s) * QK;
-                for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
-            }
-        }
+        uint8_t row[rb];
+        x8_plain_row(kind, w, n, K, row);
+        EACH_PLAIN_KIND(plain, dequantize_row, row, out + n * K, K)
     }
 }
 
-// FN(kind, ...) for a plain kind, with the kind a constant in each call: every kind gets its
-// own inlined kernel.
-#define EACH_PLAIN_KIND(kind, FN, ...)                          \
-    switch (kind) {                                             \
-        case KIND_Q4_1: FN(KIND_Q4_1, __VA_ARGS__); break;      \
-        case KIND_Q8_0: FN(KIND_Q8_0, __VA_ARGS__); break;      \
-        case KIND_Q4_0: FN(KIND_Q4_0, __VA_ARGS__); break;      \
-        case KIND_Q5_0: FN(KIND_Q5_0, __VA_ARGS__); break;      \
-        case KIND_Q5_1: FN(KIND_Q5_1, __VA_ARGS__); break;      \
-        case KIND_Q4_K: FN(KIND_Q4_K, __VA_ARGS__); break;      \
-        case KIND_Q5_K: FN(KIND_Q5_K, __VA_ARGS__); break;      \
-        case KIND_Q6_K: FN(KIND_Q6_K, __VA_ARGS__); break;      \
-        default: break;                                         \
-    }
-
-// Whether W's rows of K values can be read as `kind`: a known kind whose blocks divide K.
-static inline int fits(int kind, int64_t K) {
-    return valid_kind(kind) && K % block_values(kind) == 0;
-}
-
-// y [M, N] = x [M, K] @ W^T. K must be a multiple of the kind's block (32 or 256 values); x
-// and y are contiguous float32; W plain rows.
 void ggml_matmul(int kind, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
                  int64_t K, int threads) {
     if (fits(kind, K)) EACH_PLAIN_KIND(kind, matmul_impl, x, w, y, M, N, K, threads, 0, 0)
 }
 
-#include "q8_matmul.h"
-
-// One input row of a fused projection (see ggml_matmul_fused), RMSNorm'd or gated.
-static void prepare_row(const float* x, float* o, int64_t K, const float* norm_w, float eps,
+void prepare_row(const float* x, float* o, int64_t K, const float* norm_w, float eps,
                         int swiglu) {
     if (swiglu) {
         // silu(a) = a / (1 + e^-a), e^x by simd.h's polynomial (within 2 ulp of expf)
@@ -298,16 +203,6 @@ static void prepare_row(const float* x, float* o, int64_t K, const float* norm_w
     for (int64_t k = 0; k < K; k++) o[k] = (x[k] * inv) * norm_w[k];
 }
 
-// A decoder's projection with what surrounds it fused in, so one call replaces the several
-// framework calls of the unfused form:
-//   input  x [M, K]:  norm_w given: x * (1 / sqrt(mean(x^2) + eps)) * norm_w  (RMSNorm)
-//          x [M, 2K]: swiglu: silu(x[:, :K]) * x[:, K:]                    (gated MLP)
-//   output y [M, N] = input @ W^T (+ bias[n]) (+ res[M, N]); res may be y itself.
-// q8: the input rows are quantised to Q8A and multiplied in integers; else float32.
-// Elementwise steps round as the unfused float32 forms do; the RMSNorm mean and the products
-// are summed in another order (float32 summation-order differences only).
-// Returns 0; -1 when a buffer could not be allocated, -2 for interleaved rows in the exact
-// numerics, -3 for an unknown kind or a K that is not whole blocks of it.
 int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* norm_w, float eps,
                       int swiglu, const float* bias, const float* res, int q8) {
@@ -335,12 +230,8 @@ int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int6
     return 0;
 }
 
-// out [N, K] = the float32 weights of W.
 void ggml_dequantize(int kind, const uint8_t* w, float* out, int64_t N, int64_t K, int threads) {
     if (!fits(kind, K)) return;
     if (is_x8(kind)) dequantize_x8(kind, w, out, N, K, threads);
     else EACH_PLAIN_KIND(kind, dequantize_impl, w, out, N, K, threads)
 }
-
-#include "decoder.h"  // decoder_layers: the stack's layers in one call (with paged attention)
-#include "eagle_chain.h"  // eagle_chain: the EAGLE head's drafting chain in one call

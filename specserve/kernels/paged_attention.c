@@ -36,8 +36,7 @@
 #include <string.h>
 
 #include "attention_simd.h"
-#include "mask.h"  // mask_logits: the same library exports it
-#include "rope.h"  // rope_rotate_half: the same library exports it
+#include "paged_attention.h"
 #include "simd.h"
 
 #define CHUNK 32          // keys per online-softmax update
@@ -247,12 +246,6 @@ static int64_t plan_sequence(const Problem* P, const int64_t* info, int64_t b, T
     return i;
 }
 
-// q rows are q_stride floats apart (heads contiguous within a row); K/V elements are esize bytes
-// (4: float32, 2: fp16). seq_info [B, 3] = (first query row in q/out, q_len, ctx_len); tables
-// [B, max_blocks] int32. out [T, H, D] receives the rows of these sequences only. Returns 0, or -1
-// when the shapes are outside what the kernel handles (D not a multiple of 8 or above MAX_D, H not
-// a multiple of Hkv), a sequence's indices are out of range (`sequence_in_range`) or memory runs
-// out.
 int paged_attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                     int64_t esize, float* out, const int64_t* seq_info, const int32_t* tables,
                     int64_t max_blocks, int64_t B, int64_t H, int64_t Hkv, int64_t D,

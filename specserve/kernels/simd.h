@@ -1,4 +1,5 @@
-// Shared AVX2 helpers of the C kernels: horizontal reductions and a vectorised e^x.
+// Shared AVX2 helpers of the C kernels: horizontal reductions and a vectorised e^x. Static
+// inline: every unit runs them inside its vector loops.
 #pragma once
 
 #include <immintrin.h>

@@ -21,15 +21,21 @@
 //   Q6_K (210 B / 256): ql[128], qh[64], int8 scales[16], fp16 d; q = 6 bits - 32, one scale
 //     per 16 values: dv[0..3] = d * sc[2s], dv[4..7] = d * sc[2s + 1]
 // d * sc is exact in float32 (an fp16 significand times an integer of at most 8 bits).
-// Included once, by ggml_blocks.c (which defines QK, the KIND_* enum and half_table).
+// The readers are static inline (always_inline where it matters): the vector kernels of every
+// unit inline them with the kind a constant. The scalar reference, unpack_scalar, is in
+// subblocks.c.
 
 #pragma once
 
 #include <stdint.h>
 
+#include "block_kinds.h"
 #include "simd.h"
 
-#define QK_K 256  // values of a K-quant super-block
+// Every fp16 bit pattern as float32 (subblocks.c fills it at load), so a block's scales are
+// read by a plain load rather than by conversion and shuffle instructions, which compete with
+// the nibble unpacking. Hidden: the kernels reach it directly, not through the GOT.
+extern float half_table[1 << 16] __attribute__((visibility("hidden")));
 
 static inline float sub_half(const uint8_t* p) {
     uint16_t h;
@@ -90,46 +96,15 @@ static inline __attribute__((always_inline)) void sub_scales(int kind, const uin
     if (kind == KIND_Q4_1 || kind == KIND_Q5_1) *m = sub_half(b + 2);
 }
 
-// Scalar reference: sub-block sb of a row in the common form.
+// A sub-block in the common form (the scalar reference's).
 typedef struct {
     float dv[8];
     float m;
     int8_t q[QK];
 } subblock;
 
-static void unpack_scalar(int kind, const uint8_t* row, int64_t sb, subblock* o) {
-    int s;
-    const uint8_t* b = sub_block(kind, row, sb, &s);
-    sub_scales(kind, b, s, o->dv, &o->m);
-    for (int j = 0; j < QK; j++) {
-        const int lo = j < 16 ? j : j - 16, shift = j < 16 ? 0 : 4;  // 32-value kinds' nibbles
-        uint32_t qh;
-        int q;
-        switch (kind) {
-            case KIND_Q8_0: q = (int8_t)b[2 + j]; break;
-            case KIND_Q4_1: q = (b[4 + lo] >> shift) & 15; break;
-            case KIND_Q4_0: q = ((b[2 + lo] >> shift) & 15) - 8; break;
-            case KIND_Q5_0:
-            case KIND_Q5_1: {
-                const int at = kind == KIND_Q5_0 ? 2 : 4;  // qh, then the nibbles
-                __builtin_memcpy(&qh, b + at, 4);
-                q = ((b[at + 4 + lo] >> shift) & 15) | (int)((qh >> j) & 1) << 4;
-                if (kind == KIND_Q5_0) q -= 16;
-                break;
-            }
-            case KIND_Q4_K: q = (b[16 + 32 * (s / 2) + j] >> (4 * (s & 1))) & 15; break;
-            case KIND_Q5_K:
-                q = ((b[48 + 32 * (s / 2) + j] >> (4 * (s & 1))) & 15) | ((b[16 + j] >> s) & 1) << 4;
-                break;
-            default: {  // Q6_K: 128 values per 64 bytes of ql and 32 of qh
-                const int c = s / 4, t = s % 4;
-                const int low = (b[64 * c + 32 * (t & 1) + j] >> (4 * (t >> 1))) & 15;
-                q = (low | ((b[128 + 32 * c + j] >> (2 * t)) & 3) << 4) - 32;
-            }
-        }
-        o->q[j] = (int8_t)q;
-    }
-}
+// Sub-block sb of a row in the common form (the scalar reference of both numerics).
+void unpack_scalar(int kind, const uint8_t* row, int64_t sb, subblock* o);
 
 // AVX2: a sub-block's quants as vectors (its scales: block_scales below). ws: q as signed
 // bytes; wu: the unsigned operand of maddubs, |q| for signed kinds, else q itself.
