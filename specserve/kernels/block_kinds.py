@@ -13,8 +13,8 @@ class BlockKind(IntEnum):
     """GGUF quantisation types the kernels read; the value is the C enum's (`block_kinds.h`,
     layouts in `subblocks.h`). The *_X8 kinds are the same blocks with rows interleaved eight
     at a time (`x8_layout.h`, `ggml.repack_x8`), which the q8 numerics multiplies with fewer
-    instructions per extra activation row: Q4_1 and Q8_0 (`x8.h`, their own block sums) and
-    the K-quants and Q5_1 (`x8_kquants.h`, bit for bit the plain rows' product); Q4_0 and
+    instructions per extra activation row: Q4_1 and Q8_0 (`x8.c`, their own block sums) and
+    the K-quants and Q5_1 (`x8_kquants.c`, bit for bit the plain rows' product); Q4_0 and
     Q5_0 have no interleaved form (the loader transcodes them to Q4_1 and Q8_0)."""
 
     Q4_1 = 0

@@ -224,7 +224,7 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch
 
 
 def quantize_q8(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32 -> its Q8A blocks as bytes [M, K/32 * 40] (for tests; see q8_dot.h)."""
+    """x [M, K] float32 -> its Q8A blocks as bytes [M, K/32 * 40] (for tests; see q8_dot.c)."""
     lib = _require()
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % QK:
         raise ValueError(f"activations must be float32 [M, 32 n], got {x.dtype} {list(x.shape)}")

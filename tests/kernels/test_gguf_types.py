@@ -87,7 +87,7 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def q8_transcription(coded: Coded, x: torch.Tensor) -> np.ndarray:
-    """q8_dot.h's arithmetic in numpy, from the codes: per 32-value block the eight exact lane
+    """q8_dot.c's arithmetic in numpy, from the codes: per 32-value block the eight exact lane
     sums, acc[l] = fma(dv[l] * d_a, lane[l], acc[l]) and summ = fma(m, s_a, summ) in block
     order, then hsum8(acc) + summ."""
     d_a, s_a, q_a = reference_q8(x.numpy())  # [M, nb], [M, nb], [M, nb, 32]

@@ -20,7 +20,7 @@ from tests.kernels.blocks import coded_blocks, width_for
 from tests.kernels.test_ggml import quantised
 
 X8_KINDS = [kind for kind in ggml.GGUF_KINDS if kind.has_x8]  # all but Q4_0 and Q5_0
-BLOCK_SUM_KINDS = [BlockKind.Q4_1, BlockKind.Q8_0]  # x8.h's own arithmetic per block
+BLOCK_SUM_KINDS = [BlockKind.Q4_1, BlockKind.Q8_0]  # x8.c's own arithmetic per block
 OnPath = Literal["widest", "avx2"]  # "widest": what runs by default
 
 pytestmark = pytest.mark.usefixtures("block_kernels")  # skip, or fail where expected
@@ -82,7 +82,7 @@ def test_quantize_is_llama_cpps_q8_with_float_scales() -> None:
 
 
 def widest_q8_path() -> str:
-    """The path q8_matmul.h should pick on this CPU, from its flags as Linux lists them."""
+    """The path q8_matmul.c should pick on this CPU, from its flags as Linux lists them."""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())

@@ -1,4 +1,4 @@
-"""Interleaved K-quant and Q5_1 rows (`x8_layout.h`, `x8_kquants.h`): the same bytes as the
+"""Interleaved K-quant and Q5_1 rows (`x8_layout.h`, `x8_kquants.c`): the same bytes as the
 plain rows, and in the q8 numerics the plain rows' product bit for bit, on the scalar reference
 and AVX2, for every M, whatever the row's neighbours."""
 
@@ -23,7 +23,7 @@ OUT = 72  # nine groups of eight rows, enough for dequantize to decode them in p
 
 
 def width(kind: BlockKind) -> int:
-    """Three super-blocks; Q5_1: 25 blocks, three spans of eight and one more (x8_kquants.h)."""
+    """Three super-blocks; Q5_1: 25 blocks, three spans of eight and one more (x8_kquants.c)."""
     return 800 if kind.block_values == ggml.QK else 768
 
 
