@@ -77,6 +77,19 @@ class CacheConfig:
             "and outputs (prefix caching is on by default; outputs are the same either way)",
         ),
     )
+    # A model with sliding-window layers beside full ones (Gemma 3) keeps the sliding layers'
+    # K/V in a pool of their own holding only each sequence's window (scheduler/window_blocks.py).
+    window_pool: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-window-kv-pool",
+            "NO_WINDOW_KV_POOL",
+            "keep every layer's K/V for the whole context, sliding-window layers included (by "
+            "default a model with sliding-window layers beside full ones, as Gemma 3, keeps "
+            "only the window for those: the same --kv-cache-bytes hold several times the "
+            "tokens; outputs are the same either way)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:

@@ -197,6 +197,9 @@ class Sequence:
     params: SamplingParams
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
+    # the sliding-window layers' blocks of the same positions, where the model has such layers
+    # (scheduler/window_blocks.py: behind the window, NULL)
+    window_table: list[int] = field(default_factory=list)
     num_computed: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None

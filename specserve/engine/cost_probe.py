@@ -20,6 +20,7 @@ import time
 from specserve.runner.cost import CostCurve, StepCostModel
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator
+from specserve.scheduler.window_blocks import WindowBlocks
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +49,14 @@ def measure_step_cost(
     context: int = 256,
     budget_s: float = 4.0,
     repeats: int = 3,
+    window: WindowBlocks | None = None,
 ) -> StepCostModel:
     """The step cost model for this runner, measured on the shapes of the module docstring
-    within about `budget_s` seconds (logged)."""
+    within about `budget_s` seconds (logged). `window`: the sliding layers' pool, where the
+    runner keeps one."""
     started = time.perf_counter()
     shapes = probe_shapes(max_seqs, max_drafts, max_tokens)
-    timer = _Timer(runner, allocator)
+    timer = _Timer(runner, allocator, window)
     widest = max(b for b, _ in shapes)
     context = max(1, min(context, timer.room(widest) - max_drafts - 1))
     shapes = [(b, k) for b, k in shapes if timer.room(b) >= context + k + 1]
@@ -170,8 +173,10 @@ class _Timer:
     """Runs step shapes on scratch KV blocks; `best` keeps each shape's fastest time (noise
     from other processes only ever adds time)."""
 
-    def __init__(self, runner: ModelRunner, allocator: BlockAllocator) -> None:
-        self.runner, self.allocator = runner, allocator
+    def __init__(
+        self, runner: ModelRunner, allocator: BlockAllocator, window: WindowBlocks | None
+    ) -> None:
+        self.runner, self.allocator, self.window = runner, allocator, window
         self.best: dict[tuple[int, int, int, int], float] = {}  # (B, k, context, prefill)
 
     def room(self, batch: int) -> int:
@@ -188,26 +193,25 @@ class _Timer:
                 self.decode(*shape)
 
     def decode(self, batch: int, k: int, context: int, prefill: int = 0) -> float:
-        tables: list[list[int]] = []
-        items = []
-        for _ in range(batch):
-            tables.append(self._table(context + k + 1))
-            items.append(RunItem([0] * (k + 1), context, tables[-1], k + 1))
+        items = [self._item(k + 1, context, k + 1) for _ in range(batch)]
         if prefill:
-            tables.append(self._table(prefill))
-            items.append(RunItem([0] * prefill, 0, tables[-1], 1))
+            items.append(self._item(prefill, 0, 1))
         try:
             started = time.perf_counter()
             self.runner.run(items)
             seconds = time.perf_counter() - started
         finally:
-            for table in tables:
-                self.allocator.free(table)
+            for item in items:
+                self.allocator.free(item.block_table)
+                if self.window is not None and item.window_table is not None:
+                    self.window.free(item.window_table)
         key = (batch, k, context, prefill)
         self.best[key] = min(seconds, self.best.get(key, float("inf")))
         return self.best[key]
 
-    def _table(self, num_tokens: int) -> list[int]:
+    def _item(self, rows: int, start: int, logits: int) -> RunItem:
+        """`rows` fed from `start` on scratch blocks (a window table where there is a pool)."""
         table: list[int] = []
-        self.allocator.grow(table, num_tokens)
-        return table
+        self.allocator.grow(table, start + rows)
+        window = self.window.scratch(start, start + rows) if self.window is not None else None
+        return RunItem([0] * rows, start, table, logits, window_table=window)

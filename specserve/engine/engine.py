@@ -306,7 +306,7 @@ class Engine:
         if reason:
             self._finish(live, reason, new_ids, logprobs=lps)
             return
-        self.res.allocator.truncate(seq.block_table, seq.num_computed)
+        self.scheduler.truncate(seq, seq.num_computed)
         self.scheduler.cache_committed(seq)
         if self.res.proposer is not None:
             self.res.proposer.sync(seq, hidden)

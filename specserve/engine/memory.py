@@ -9,6 +9,10 @@ holds twice the tokens of a float32 one in the same bytes.
 
 The draft keeps a KV entry for every token the target does, so both pools are sized to the same
 token count. Enabling speculation therefore shrinks the target pool instead of risking OOM.
+
+A model with sliding-window layers beside full ones keeps those layers' K/V in a window pool
+sized never to run out (scheduler/window_blocks.py): its bytes come off the top (`split_kv`),
+and a token costs only the full layers' bytes in the rest.
 """
 
 from __future__ import annotations
@@ -27,21 +31,52 @@ from specserve.config_schema import BYTE_UNITS, parse_bytes
 from specserve.models.native_stack import python_layers
 
 
+def split_kv(
+    budget: int, block_bytes: int, window_block_bytes: int, window_bound: int, cap: int
+) -> tuple[int, int]:
+    """(full-layer blocks, window-pool blocks) that `budget` bytes hold. The window pool
+    needs at most `window_bound` blocks, and never more than one per full block (plus its NULL
+    block): a live window block sits at positions whose full block is live. `cap`: full blocks
+    beyond this are never used. Without a window pool (`window_bound` 0), (blocks, 0)."""
+    if not window_bound:
+        return max(0, min(budget // block_bytes, cap)), 0
+    window = min(window_bound, cap + 1)
+    blocks = (budget - window * window_block_bytes) // block_bytes
+    if blocks + 1 < window:  # too few bytes for the bound: pools of equal blocks
+        blocks = (budget - window_block_bytes) // (block_bytes + window_block_bytes)
+    blocks = max(0, min(blocks, cap))
+    return blocks, min(window_bound, blocks + 1)
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     max_memory: int
     target_weights: int
     draft_weights: int
     activation_peak: int
-    kv_bytes_per_token: int  # target, at its cache's element size
+    # target, at its cache's element size (the full layers' only, where there is a window pool)
+    kv_bytes_per_token: int
     draft_kv_bytes_per_token: int
     block_size: int
+    window_block_bytes: int = 0  # one window-pool block over the sliding layers
+    window_bound: int = 0  # window-pool blocks that never run out (0: no window pool)
+
+    def _split(self) -> tuple[int, int]:
+        per_block = (self.kv_bytes_per_token + self.draft_kv_bytes_per_token) * self.block_size
+        budget = max(0, self.free_for_kv)
+        return split_kv(budget, per_block, self.window_block_bytes, self.window_bound, 1 << 40)
 
     @property
     def kv_tokens(self) -> int:
-        per_token = self.kv_bytes_per_token + self.draft_kv_bytes_per_token
-        tokens = self.free_for_kv // per_token
-        return tokens - tokens % self.block_size
+        return self._split()[0] * self.block_size
+
+    @property
+    def window_blocks(self) -> int:
+        return self._split()[1]
+
+    @property
+    def window_kv(self) -> int:
+        return self.window_blocks * self.window_block_bytes
 
     @property
     def free_for_kv(self) -> int:
@@ -76,8 +111,9 @@ class MemoryBudget:
             "activation_peak": self.activation_peak,
             "target_kv": self.target_kv,
             "draft_kv": self.draft_kv,
+            "window_kv": self.window_kv,
             "kv_tokens": self.kv_tokens,
-            "headroom": self.free_for_kv - self.target_kv - self.draft_kv,
+            "headroom": self.free_for_kv - self.target_kv - self.draft_kv - self.window_kv,
         }
 
 

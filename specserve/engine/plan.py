@@ -57,6 +57,7 @@ class SeqPlan:
             seq.block_table,
             rows,
             self.prompt.stop - self.prompt.start,
+            seq.window_table,
         )
 
 

@@ -14,15 +14,16 @@ import torch
 
 from specserve.config import EngineConfig
 from specserve.engine.cost_probe import measure_step_cost
-from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory
+from specserve.engine.memory import MemoryBudget, measure_peak, resolve_max_memory, split_kv
 from specserve.models.llama import DecoderLM
 from specserve.models.loader import resolve_model_dir
 from specserve.models.registry import build_model, read_config
 from specserve.models.tokenizer import load_tokenizer
 from specserve.runner.cost import LiveCost
-from specserve.runner.model_runner import ModelRunner, RunItem, kv_cache_dtype
+from specserve.runner.model_runner import ModelRunner, RunItem, kv_cache_dtype, splits_kv
 from specserve.scheduler.kv_blocks import BlockAllocator, blocks_for
 from specserve.scheduler.scheduler import Scheduler
+from specserve.scheduler.window_blocks import WindowBlocks, window_pool_blocks
 from specserve.speculation.policy import Gate, SpeculationPolicy
 from specserve.speculation.proposer import Loaded, Proposer, Target
 from specserve.speculation.registry import REGISTRY
@@ -50,6 +51,8 @@ class EngineResources:
     # the live step cost the scheduler's ITL target and the adaptive policy share (the engine
     # feeds it its steps' timings); None where neither needs one
     cost: LiveCost | None = None
+    # the sliding-window layers' pool, where the model has such layers beside full ones
+    window: WindowBlocks | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -89,35 +92,72 @@ def load_resources(config: EngineConfig) -> EngineResources:
     block_size = config.cache.block_size
     weight_bytes = param_bytes(model)
     memory = None
+    kinds = KvKinds.of(config, model, device)
     if config.max_memory is not None:
-        memory = plan_memory(config, model, device, weight_bytes, draft)
-        num_blocks = memory.num_blocks
+        memory = plan_memory(config, model, device, weight_bytes, draft, kinds)
+        num_blocks, window_blocks = memory.num_blocks, memory.window_blocks
     else:
         draft_kv = draft.arch.kv_bytes_per_token if draft is not None else 0
-        target_kv = target_kv_bytes_per_token(config, model, device)
-        num_blocks = kv_blocks_for(config, target_kv + draft_kv, max_model_len)
+        num_blocks, window_blocks = kv_blocks_for(config, kinds, draft_kv, max_model_len)
     allocator = BlockAllocator(num_blocks, block_size, caching=config.cache.prefix_caching)
+    window = WindowBlocks(window_blocks, block_size, kinds.window) if window_blocks else None
     runner = ModelRunner(
-        model, num_blocks, block_size, device, config.attention, config.cache.kv_dtype
+        model,
+        num_blocks,
+        block_size,
+        device,
+        config.attention,
+        config.cache.kv_dtype,
+        window_blocks=window_blocks,
     )
     proposer = REGISTRY.build(Loaded(config, target, draft, num_blocks))
-    cost = step_cost(config, runner, allocator)
+    cost = step_cost(config, runner, allocator, window)
     return EngineResources(
         model_dir=model_dir,
         model=model,
         tokenizer=tokenizer,
         runner=runner,
         allocator=allocator,
-        scheduler=Scheduler(config.scheduler, allocator, max_model_len, cost),
+        scheduler=Scheduler(config.scheduler, allocator, max_model_len, cost, window),
         proposer=proposer,
-        policy=make_policy(config, runner, allocator, cost),
+        policy=make_policy(config, runner, allocator, cost, window),
         eos_ids=eos_token_ids(model_dir, tokenizer),
         max_model_len=max_model_len,
         device=device,
         weight_bytes=weight_bytes + (param_bytes(draft) if draft is not None else 0),
         memory=memory,
         cost=cost,
+        window=window,
     )
+
+
+@dataclass(frozen=True)
+class KvKinds:
+    """The target's K/V bytes by layer kind, and the window pool's bound (0: every layer in
+    one pool: no sliding layers beside full ones, or `--no-window-kv-pool`)."""
+
+    full_bytes_per_token: int  # the layers in the block pool
+    window_block_bytes: int  # one window-pool block over the sliding layers
+    window_bound: int
+    window: int  # the sliding layers' window (0: none)
+
+    @classmethod
+    def of(cls, config: EngineConfig, model: DecoderLM, device: torch.device) -> KvKinds:
+        arch, sched, bs = model.arch, config.scheduler, config.cache.block_size
+        per_token = target_kv_bytes_per_token(config, model, device)
+        if not (config.cache.window_pool and splits_kv(model)) or arch.sliding_window is None:
+            return cls(per_token, 0, 0, 0)
+        sliding = sum(arch.layer_type(i) == "sliding" for i in range(arch.num_layers))
+        per_layer = per_token // arch.num_layers
+        bound = window_pool_blocks(
+            arch.sliding_window, bs, sched.max_running_requests, sched.max_batch_tokens
+        )
+        return cls(
+            per_layer * (arch.num_layers - sliding),
+            per_layer * sliding * bs,
+            bound,
+            arch.sliding_window,
+        )
 
 
 def target_kv_bytes_per_token(config: EngineConfig, model: DecoderLM, device: torch.device) -> int:
@@ -147,6 +187,7 @@ def plan_memory(
     device: torch.device,
     weight_bytes: int,
     draft: DecoderLM | None = None,
+    kinds: KvKinds | None = None,
 ) -> MemoryBudget:
     """Measure the largest steps' peak activation on a scratch KV pool and size the rest."""
     bs = config.cache.block_size
@@ -164,14 +205,17 @@ def plan_memory(
         # the draft's largest step: a catch-up of max_batch_tokens (the bound its proposer keeps)
         draft_peak(draft, prefill, bs, device) if draft is not None else 0,
     )
+    kinds = kinds or KvKinds.of(config, model, device)
     budget = MemoryBudget(
         max_memory=resolve_max_memory(config.max_memory or "", device),
         target_weights=weight_bytes,
         draft_weights=param_bytes(draft) if draft is not None else 0,
         activation_peak=peak,
-        kv_bytes_per_token=target_kv_bytes_per_token(config, model, device),
+        kv_bytes_per_token=kinds.full_bytes_per_token,
         draft_kv_bytes_per_token=draft.arch.kv_bytes_per_token if draft is not None else 0,
         block_size=bs,
+        window_block_bytes=kinds.window_block_bytes,
+        window_bound=kinds.window_bound,
     )
     budget.check()
     logger.info("memory budget: %s", budget.as_dict())
@@ -185,15 +229,21 @@ def draft_peak(draft: DecoderLM, tokens: int, bs: int, device: torch.device) -> 
     return measure_peak(lambda: scratch.run([RunItem([0] * tokens, 0, table, 1)]), device)
 
 
-def kv_blocks_for(config: EngineConfig, kv_bytes_per_token: int, max_model_len: int) -> int:
-    """Blocks from the explicit count, else from the byte budget, capped at what the running
-    limit can ever use."""
+def kv_blocks_for(
+    config: EngineConfig, kinds: KvKinds, draft_kv_bytes_per_token: int, max_model_len: int
+) -> tuple[int, int]:
+    """(blocks, window-pool blocks) from the explicit count, else from the byte budget, capped
+    at what the running limit can ever use."""
     bs = config.cache.block_size
-    if config.cache.num_blocks is not None:
-        return config.cache.num_blocks
-    by_bytes = config.cache.max_kv_bytes // (kv_bytes_per_token * bs)
     usable = config.scheduler.max_running_requests * -(-max_model_len // bs)
-    return max(1, min(by_bytes, usable))
+    if config.cache.num_blocks is not None:
+        blocks = config.cache.num_blocks
+        return blocks, min(kinds.window_bound, blocks + 1)
+    per_block = (kinds.full_bytes_per_token + draft_kv_bytes_per_token) * bs
+    blocks, window = split_kv(
+        config.cache.max_kv_bytes, per_block, kinds.window_block_bytes, kinds.window_bound, usable
+    )
+    return max(1, blocks), window
 
 
 def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
@@ -212,7 +262,10 @@ def eos_token_ids(model_dir: Path, tokenizer: Any) -> frozenset[int]:
 
 
 def step_cost(
-    config: EngineConfig, runner: ModelRunner, allocator: BlockAllocator
+    config: EngineConfig,
+    runner: ModelRunner,
+    allocator: BlockAllocator,
+    window: WindowBlocks | None = None,
 ) -> LiveCost | None:
     """The step cost measured at start-up (engine/cost_probe.py) where the adaptive policy or
     the ITL target needs one (the target alone: a shorter profile, speculation's shapes left
@@ -228,6 +281,7 @@ def step_cost(
         max_drafts=spec.speculate if adaptive else 0,
         max_tokens=sched.max_batch_tokens,
         budget_s=4.0 if adaptive else 1.0,
+        window=window,
     )
     return LiveCost(model)
 
@@ -237,6 +291,7 @@ def make_policy(
     runner: ModelRunner,
     allocator: BlockAllocator,
     cost: LiveCost | None = None,
+    window: WindowBlocks | None = None,
 ) -> SpeculationPolicy | None:
     """`cost`: a step-cost model profiled before; the adaptive policy profiles one without."""
     spec = config.spec
@@ -250,6 +305,7 @@ def make_policy(
             max_seqs=sched.max_running_requests,
             max_drafts=spec.speculate,
             max_tokens=sched.max_batch_tokens,
+            window=window,
         )
         cost = LiveCost(model)
     return SpeculationPolicy(

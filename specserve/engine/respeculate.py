@@ -31,7 +31,7 @@ def respeculate(
     old = res.policy
     cost = res.cost or (old.cost if old is not None and isinstance(old.cost, LiveCost) else None)
     adaptive_cost = cost if spec.policy == "adaptive" else None
-    policy = make_policy(new_config, res.runner, res.allocator, adaptive_cost)
+    policy = make_policy(new_config, res.runner, res.allocator, adaptive_cost, res.window)
     if old is not None and policy is not None:
         policy.stats = old.stats
     return proposer, policy

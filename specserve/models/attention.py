@@ -48,6 +48,28 @@ class AttentionMetadata(Protocol):
 
 
 @dataclass(frozen=True)
+class ByLayerKind:
+    """A step's metadata where the full and the sliding layers keep their K/V in pools of their
+    own (scheduler/window_blocks.py): each kind's layers write and read through theirs."""
+
+    full: AttentionMetadata  # the block tables
+    sliding: AttentionMetadata  # the window tables
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        full: bool = False,
+    ) -> torch.Tensor:
+        kind = self.full if full else self.sliding
+        return kind.attend(q, k, v, k_cache, v_cache, scale, full=full)
+
+
+@dataclass(frozen=True)
 class RaggedMetadata:
     slot_mapping: torch.Tensor  # [T] int64: cache slot written by each new token
     seqs: torch.Tensor  # [B, 3] int64: first row, q_len, ctx_len

@@ -81,7 +81,9 @@ def config_from_gguf(g: GGUFFile) -> dict[str, Any]:
         cfg["sliding_window_pattern"] = int(key("attention.sliding_window_pattern", GEMMA3_PATTERN))
         cfg["rope_local_base_freq"] = GEMMA3_LOCAL_BASE
         scale = key("attention.scale")
-        cfg["query_pre_attn_scalar"] = 1.0 / float(scale) ** 2 if scale else cfg["head_dim"]
+        # an integer in Gemma 3's config.json (transformers refuses a float): the GGUF stores
+        # its -1/2 power in float32, so 24 comes back as 23.999998
+        cfg["query_pre_attn_scalar"] = round(1.0 / float(scale) ** 2) if scale else cfg["head_dim"]
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
     if arch == "phi3":
         dims = int(key("rope.dimension_count", cfg["head_dim"]))

@@ -12,7 +12,12 @@ import torch
 
 from specserve.config import AttentionImpl, KvDtype
 from specserve.models import huge_pages
-from specserve.models.attention import build_ragged_metadata, kernel_usable
+from specserve.models.attention import (
+    AttentionMetadata,
+    ByLayerKind,
+    build_ragged_metadata,
+    kernel_usable,
+)
 from specserve.models.attention_reference import build_metadata
 from specserve.models.llama import DecoderLM
 
@@ -28,6 +33,9 @@ class RunItem:
     # The `hidden_rows` positions just before those: their final-normed states only, which the
     # caller turns into logits a few rows at a time (no [rows, vocab] tensor for all of them).
     hidden_rows: int = 0
+    # The sliding-window layers' blocks of the same positions, for a runner that keeps them in a
+    # pool of their own (`window_blocks`); NULL (0) behind the window.
+    window_table: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,10 +62,20 @@ def kv_cache_dtype(
     return next(model.parameters()).dtype
 
 
+def splits_kv(model: DecoderLM) -> bool:
+    """Layers of both kinds, full and sliding: their K/V can live in pools of their own."""
+    kinds = {model.arch.layer_type(i) for i in range(model.arch.num_layers)}
+    return kinds == {"full", "sliding"}
+
+
 class ModelRunner:
     """`kv_dtype`: the cache's element type where the paged kernel reads it. The engine passes
     `CacheConfig.kv_dtype` (float16 by default); direct users (tests, the draft model) keep
-    float32, K/V as computed, unless they ask."""
+    float32, K/V as computed, unless they ask.
+
+    `window_blocks`: for a model with layers of both kinds (`splits_kv`), its sliding layers
+    keep their K/V in a pool of this many blocks of their own, addressed by each item's
+    `window_table` (scheduler/window_blocks.py); 0: every layer in the `num_blocks` pool."""
 
     def __init__(
         self,
@@ -67,26 +85,47 @@ class ModelRunner:
         device: torch.device,
         attention: AttentionImpl = "auto",
         kv_dtype: KvDtype = "float32",
+        window_blocks: int = 0,
     ) -> None:
         arch = model.arch
         self.model, self.device, self.block_size = model, device, block_size
         self.num_blocks = num_blocks
         self.ragged = uses_ragged(model, device, attention)
+        self.window_blocks = window_blocks if splits_kv(model) else 0
+        layers = range(arch.num_layers)
+        kinds = [arch.layer_type(i) if self.window_blocks else "full" for i in layers]
+        dtype = kv_cache_dtype(model, device, attention, kv_dtype)
+        pools = {"full": num_blocks, "sliding": self.window_blocks}
+        self.caches = {
+            kind: self._zeros(kinds.count(kind), blocks * block_size, dtype)
+            for kind, blocks in pools.items()
+            if kind in kinds
+        }
+        seen = {kind: 0 for kind in self.caches}
+        self.kv_layers = []
+        for kind in kinds:
+            cache, seen[kind] = self.caches[kind][seen[kind]], seen[kind] + 1
+            self.kv_layers.append((cache[0], cache[1]))
+
+    def _zeros(self, layers: int, slots: int, dtype: torch.dtype) -> torch.Tensor:
+        arch = self.model.arch
         # Head-major: one KV head's rows of consecutive slots are contiguous (a block of a head is
         # block_size * head_dim elements in a row), which is how attention streams them.
-        shape = (arch.num_layers, 2, arch.num_kv_heads, num_blocks * block_size, arch.head_dim)
-        dtype = kv_cache_dtype(model, device, attention, kv_dtype)
+        shape = (layers, 2, arch.num_kv_heads, slots, arch.head_dim)
         # Zeroed so that masked (never written) slots hold finite values: 0 * garbage = NaN. On
         # the CPU in a mapping of its own on huge pages (models/huge_pages.py).
-        if device.type == "cpu":
-            self.kv = huge_pages.zeros(shape, dtype)
-        else:
-            self.kv = torch.zeros(shape, dtype=dtype, device=device)
-        self.kv_layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(arch.num_layers)]
+        if self.device.type == "cpu":
+            return huge_pages.zeros(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    @property
+    def kv(self) -> torch.Tensor:
+        """The full layers' cache (every layer's, where the runner keeps one pool)."""
+        return self.caches["full"]
 
     @property
     def kv_bytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
+        return sum(c.numel() * c.element_size() for c in self.caches.values())
 
     @torch.inference_mode()
     def run(self, items: list[RunItem]) -> RunOutput:
@@ -101,15 +140,12 @@ class ModelRunner:
             first_logit = len(ids) - item.num_logits
             hidden_rows += range(first_logit - item.hidden_rows, first_logit)
             logit_rows += range(first_logit, len(ids))
-        build = build_ragged_metadata if self.ragged else build_metadata
-        meta = build(
-            q_lens=[len(i.token_ids) for i in items],
-            ctx_lens=[i.start + len(i.token_ids) for i in items],
-            block_tables=[i.block_table for i in items],
-            block_size=self.block_size,
-            device=self.device,
-            sliding_window=self.model.arch.sliding_window,
-        )
+        meta = self._metadata(items, [i.block_table for i in items])
+        if self.window_blocks:
+            tables = [i.window_table for i in items if i.window_table is not None]
+            if len(tables) < len(items):
+                raise ValueError("this runner keeps sliding layers' K/V apart: give window tables")
+            meta = ByLayerKind(full=meta, sliding=self._metadata(items, tables))
         dev = self.device
         hidden = self.model(
             torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_layers, meta
@@ -119,3 +155,14 @@ class ModelRunner:
             hidden[torch.tensor(hidden_rows, dtype=torch.long, device=dev)] if hidden_rows else None
         )
         return RunOutput(logits=self.model.logits(rows).float(), hidden=rows, hidden_only=only)
+
+    def _metadata(self, items: list[RunItem], tables: list[list[int]]) -> AttentionMetadata:
+        build = build_ragged_metadata if self.ragged else build_metadata
+        return build(
+            q_lens=[len(i.token_ids) for i in items],
+            ctx_lens=[i.start + len(i.token_ids) for i in items],
+            block_tables=tables,
+            block_size=self.block_size,
+            device=self.device,
+            sliding_window=self.model.arch.sliding_window,
+        )

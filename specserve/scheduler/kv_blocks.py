@@ -76,6 +76,8 @@ class BlockAllocator:
         self._content: dict[int, tuple[_Identity, tuple[int, ...]]] = {}
         self._by_key: dict[int, int] = {}
         self.hash_fn: Callable[[int, tuple[int, ...]], int] = block_hash
+        # told each block that leaves the cache (the sliding-window pool's attachments)
+        self.on_uncache: Callable[[int], None] | None = None
         self.stats = CacheStats()
 
     @property
@@ -121,9 +123,16 @@ class BlockAllocator:
         self.truncate(table, 0)
 
     # ------------------------------------------------------------------ prefix cache
-    def match(self, tokens: list[int], max_tokens: int, salt: str | None = None) -> PrefixMatch:
+    def match(
+        self,
+        tokens: list[int],
+        max_tokens: int,
+        salt: str | None = None,
+        usable: Callable[[list[int]], int] | None = None,
+    ) -> PrefixMatch:
         """The longest cached run of whole blocks at the start of `tokens`, covering at most
-        `max_tokens` of them, cached under the same `salt`. Pure: takes no reference."""
+        `max_tokens` of them, cached under the same `salt`; `usable` cuts it to the blocks a
+        sequence can start from (the sliding layers' window). Pure: takes no reference."""
         if not self.caching:
             return NO_MATCH
         blocks: list[int] = []
@@ -137,6 +146,8 @@ class BlockAllocator:
                 break
             blocks.append(block)
             parent = (block, self._gen[block])
+        if usable is not None:
+            del blocks[usable(blocks) :]
         return PrefixMatch(blocks, sum(self._refs[b] == 0 for b in blocks))
 
     def share(self, table: list[int], match: PrefixMatch) -> None:
@@ -207,6 +218,8 @@ class BlockAllocator:
             del self._by_key[key]
             del self._content[block]
             self._key[block] = None
+            if self.on_uncache is not None:
+                self.on_uncache(block)
         self._gen[block] += 1  # cached children naming this block as parent no longer match
         if block in self._evictable:
             del self._evictable[block]

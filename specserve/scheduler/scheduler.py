@@ -19,6 +19,10 @@ The rule that keeps KV pressure from turning into thrash:
 4. "Free" always means free minus the reservations of protected running sequences. Drafts take
    slots only from free blocks: speculation never causes a preemption.
 
+A model with sliding-window layers also keeps their blocks in a `WindowBlocks` pool, sized never
+to run out: those grow with each step's rows, not at admission, and give back what falls behind
+the window; the rules above count full-layer blocks only.
+
 Hence each request is preempted at most once, and there is no livelock: every step computes
 tokens for the oldest running sequence or preempts someone (at most once per request); running
 sequences finish; the queue's head is admitted at the latest when nothing else runs (its worst
@@ -37,6 +41,7 @@ from specserve.request import SeqStatus, Sequence
 from specserve.runner.cost import LiveCost
 from specserve.scheduler.chunking import prefill_budget
 from specserve.scheduler.kv_blocks import NO_MATCH, BlockAllocator, PrefixMatch, blocks_for
+from specserve.scheduler.window_blocks import WindowBlocks
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,13 @@ class Scheduler:
         allocator: BlockAllocator,
         max_model_len: int | None = None,
         cost: LiveCost | None = None,
+        window: WindowBlocks | None = None,
     ) -> None:
         self.config = config
+        # the sliding-window layers' pool (None: every layer's K/V in the allocator's blocks)
+        self.window = window
+        if window is not None:
+            allocator.on_uncache = window.detach
         self.cost = cost  # sizes prefill chunks to the ITL target (none: the token budget)
         self.allocator = allocator
         self.max_model_len = max_model_len  # caps a sequence's worst case (rule 3)
@@ -118,7 +128,25 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
         self.allocator.free(seq.block_table)
+        if self.window is not None:
+            self.window.free(seq.window_table)
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Shrink `seq`'s tables to `num_tokens` positions (drafts verification rejected)."""
+        self.allocator.truncate(seq.block_table, num_tokens)
+        if self.window is not None:
+            self.window.truncate(seq.window_table, num_tokens)
+
+    def _grow_window(self, seq: Sequence, num_tokens: int) -> None:
+        """The sliding layers' blocks for rows from `seq.num_computed` up to `num_tokens`,
+        less those no row from there on sees."""
+        if self.window is not None:
+            self.window.drop_behind(seq.window_table, seq.num_computed)
+            self.window.grow(seq.window_table, num_tokens)
 
     def worst_case_blocks(self, seq: Sequence) -> int:
         """Blocks `seq` holds at its longest: prompt + max_new_tokens, within the context."""
@@ -184,6 +212,7 @@ class Scheduler:
             if victim is seq:
                 return False
         self._grow(seq, seq.num_computed + n)
+        self._grow_window(seq, seq.num_computed + n)
         return True
 
     def _victim(self, seq: Sequence) -> Sequence:
@@ -194,7 +223,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self._reserved -= self._still_reserved(seq)
         self.running.remove(seq)
-        self.allocator.free(seq.block_table)
+        self._free(seq)
         seq.num_computed = seq.cached_blocks = 0
         seq.cache_broken = False
         seq.num_preemptions += 1
@@ -223,7 +252,8 @@ class Scheduler:
         if seq.params.prompt_logprobs:  # its prompt's logits are wanted: compute every position
             return NO_MATCH
         tokens = seq.token_slice(0, seq.num_tokens)
-        return self.allocator.match(tokens, seq.num_tokens - 1, seq.params.cache_salt)
+        usable = self.window.usable if self.window is not None else None
+        return self.allocator.match(tokens, seq.num_tokens - 1, seq.params.cache_salt, usable)
 
     def cache_committed(self, seq: Sequence) -> None:
         """Offer `seq`'s blocks that are now full of committed tokens to the prefix cache."""
@@ -236,6 +266,8 @@ class Scheduler:
             if not self.allocator.register(seq.block_table, i, tokens, seq.params.cache_salt):
                 seq.cache_broken = True  # its later blocks cannot chain to this one
                 return
+            if self.window is not None:
+                self.window.attach(seq.block_table[i], seq.window_table[i])
             seq.cached_blocks += 1
 
     def _admit(self, work: list[SeqWork], budget: int, prefill: int) -> int:
@@ -256,6 +288,8 @@ class Scheduler:
                 stats.queried_tokens += seq.num_tokens
                 stats.hit_tokens += match.num_tokens(self.allocator.block_size)
             self.allocator.share(seq.block_table, match)
+            if self.window is not None:
+                self.window.share(seq.window_table, match.blocks)
             seq.cached_blocks = len(match.blocks)
             seq.num_computed = match.num_tokens(self.allocator.block_size)
             self.allocator.grow(seq.block_table, seq.num_tokens)
@@ -265,6 +299,7 @@ class Scheduler:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             n = min(seq.num_uncomputed, budget, prefill)
+            self._grow_window(seq, seq.num_computed + n)
             work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
             budget, prefill = budget - n, prefill - n
         return budget
@@ -284,6 +319,7 @@ class Scheduler:
                 k -= 1
             if k > 0:
                 self._grow(seq, seq.num_tokens + k)
+                self._grow_window(seq, seq.num_tokens + k)
                 out[i] = SeqWork(seq, 1, samples=True, max_drafts=k)
                 budget -= k
         return out
@@ -295,7 +331,7 @@ class Scheduler:
         for w in work:
             k = kept.get(w.seq.seq_id, 0)
             if w.max_drafts > k:
-                self.allocator.truncate(w.seq.block_table, w.seq.num_tokens + k)
+                self.truncate(w.seq, w.seq.num_tokens + k)
                 w = replace(w, max_drafts=k)
             out.append(w)
         return out

@@ -23,6 +23,7 @@ def make_engine(
     prefix_caching: bool = True,
     numerics: Numerics = "q8",
     kv_dtype: str = "float16",
+    window_pool: bool = True,
     itl_target_ms: float = 0.0,
     policy: str = "static",
     **spec: object,
@@ -44,6 +45,7 @@ def make_engine(
                 num_blocks=num_blocks,
                 prefix_caching=prefix_caching,
                 kv_dtype=kv_dtype,  # type: ignore[arg-type]
+                window_pool=window_pool,
             ),
             scheduler=SchedulerConfig(
                 max_batch_tokens=max_batch_tokens,
@@ -113,6 +115,8 @@ def assert_no_kv_held(engine: Engine) -> None:
 
     alloc = engine.res.allocator
     assert alloc.num_free == alloc.num_blocks, f"target holds {alloc.num_used} blocks"
+    window = engine.res.window
+    assert window is None or window.num_used == 0, f"window pool holds {window.num_used}"
     proposer = engine.res.proposer
     if isinstance(proposer, DraftModelProposer):
         held = proposer.num_blocks - proposer.num_free_blocks

@@ -119,7 +119,7 @@ def test_kv_cache_bytes_takes_the_byte_forms_max_memory_takes() -> None:
 
 def test_fp16_kv_cache_holds_twice_the_blocks_in_the_same_bytes(tiny_llama: Path) -> None:
     from specserve.config import CacheConfig
-    from specserve.engine.resources import kv_blocks_for, target_kv_bytes_per_token
+    from specserve.engine.resources import KvKinds, kv_blocks_for, target_kv_bytes_per_token
     from specserve.models.registry import build_model
     from specserve.runner.model_runner import ModelRunner, kv_cache_dtype
 
@@ -128,7 +128,9 @@ def test_fp16_kv_cache_holds_twice_the_blocks_in_the_same_bytes(tiny_llama: Path
     for dtype in ("float16", "float32"):
         config = EngineConfig(cache=CacheConfig(max_kv_bytes=1 << 20, kv_dtype=dtype))
         per_token[dtype] = target_kv_bytes_per_token(config, model, CPU)
-        blocks[dtype] = kv_blocks_for(config, per_token[dtype], max_model_len=4096)
+        kinds = KvKinds.of(config, model, CPU)
+        blocks[dtype], window = kv_blocks_for(config, kinds, 0, max_model_len=4096)
+        assert kinds.full_bytes_per_token == per_token[dtype] and window == 0  # no sliding layers
     assert per_token["float32"] == model.arch.kv_bytes_per_token == 2 * per_token["float16"]
     assert blocks["float16"] == 2 * blocks["float32"]
     runner = ModelRunner(model, blocks["float16"], 16, CPU, kv_dtype="float16")
