@@ -4,7 +4,7 @@ For B sequences at once (each with 64 verified positions in the head's cache), o
 proposer work as the engine runs it: `sync` with one new feature row, then `propose` of k
 tokens (the pending pair, then k - 1 chain steps). Beside it, the target's own decode step (one
 row per sequence at a 256-token context) on the same machine. The ratio per drafted token is
-what `speculation/eagle_gate.py` charges the head (HEAD_TOKEN_COST). The same drafting
+what `speculation/eagle_proposer.py` charges the head (HEAD_TOKEN_COST). The same drafting
 with the head's layer as torch operations (the path for heads not on GGUF blocks) runs beside
 it, batch by batch. And the native drafting again with the target's decode step run (untimed)
 before each drafting step, as in the engine: that step streams every weight through the caches,
@@ -35,9 +35,9 @@ from specserve.request import SamplingParams
 from specserve.request import Sequence as Seq
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator
-from specserve.speculation import eagle_proposer, eagle_state
+from specserve.speculation import eagle_proposer
+from specserve.speculation.eagle_head import eagle_head_dir
 from specserve.speculation.eagle_proposer import EagleProposer
-from specserve.speculation.eagle_resolve import eagle_head_dir
 
 MODULE = "benchmarks.bench_eagle"
 HISTORY = 64
@@ -95,7 +95,7 @@ def proposers(model_dir: Path, model: Any) -> tuple[EagleProposer, EagleProposer
     proposer = EagleProposer.load(head_dir, model, model_dir)
     torch_path = EagleProposer.load(head_dir, model, model_dir)
     torch_path.native = None
-    eagle_state.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
+    eagle_proposer.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
     eagle_proposer.HEAD_TOKEN_COST = (
         0.0  # every step drafted, whatever its drafts on random features
     )

@@ -20,7 +20,13 @@ from specserve.models.registry import build_model
 from specserve.request import SamplingParams
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.speculation.draft import DraftModelProposer
-from specserve.speculation.eagle import EagleConfig, EagleHead, HeadShape, fingerprint, save_eagle
+from specserve.speculation.eagle_head import (
+    EagleConfig,
+    EagleHead,
+    HeadShape,
+    fingerprint,
+    save_eagle,
+)
 from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.speculation.hybrid import HybridProposer
 from tests.engine.helpers import make_engine, mixed_prompts

@@ -23,10 +23,13 @@ import torch
 
 from specserve.request import Sequence
 from specserve.speculation.calibration import Calibration
-from specserve.speculation.eagle_gate import HEAD_TOKEN_COST, head_mean
-from specserve.speculation.eagle_proposer import EagleProposer
-from specserve.speculation.eagle_resolve import REGISTRATION as EAGLE
-from specserve.speculation.eagle_resolve import eagle_proposer
+from specserve.speculation.eagle_proposer import (
+    HEAD_TOKEN_COST,
+    EagleProposer,
+    eagle_proposer,
+    head_mean,
+)
+from specserve.speculation.eagle_proposer import REGISTRATION as EAGLE
 from specserve.speculation.policy import expected_emitted
 from specserve.speculation.proposer import (
     Draft,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specserve.models.loader import resolve_model_dir
-from specserve.speculation.eagle import DEFAULT_DEPTH
+from specserve.speculation.eagle_head import DEFAULT_DEPTH
 from specserve.speculation.medusa import (
     SHIPPED_DIR,
     fingerprint,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.models.loader import resolve_model_dir
-from specserve.speculation.eagle import DEFAULT_DEPTH
+from specserve.speculation.eagle_head import DEFAULT_DEPTH
 from specserve.training.eagle_train import EagleReport, train_eagle
 from specserve.training.medusa_cli import DEFAULT_BASE_NAME, add_collect_args, train_options
 from specserve.training.medusa_options import TrainOptions

@@ -16,8 +16,8 @@ import torch
 from specserve.models.registry import build_model
 from specserve.request import SamplingParams, Sequence
 from specserve.runner.sampler import SampleRow, sample_row
-from specserve.speculation import eagle_padded
-from specserve.speculation.eagle import (
+from specserve.speculation import eagle_proposer
+from specserve.speculation.eagle_head import (
     EagleConfig,
     EagleHead,
     HeadShape,
@@ -25,12 +25,15 @@ from specserve.speculation.eagle import (
     load_eagle,
     save_eagle,
 )
-from specserve.speculation.eagle_gate import HEAD_PRIOR, HEAD_RECHECK, HEAD_TOKEN_COST
-from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.eagle_proposer import (
+    HEAD_PRIOR,
+    HEAD_RECHECK,
+    HEAD_TOKEN_COST,
+    EagleProposer,
+)
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
-from specserve.training.eagle_data import Batch
-from specserve.training.eagle_train import unrolled
+from specserve.training.eagle_train import Batch, unrolled
 from specserve.training.medusa_data import IGNORE
 
 CPU = torch.device("cpu")
@@ -59,7 +62,7 @@ def _target(hidden: int = HIDDEN, vocab: int = VOCAB, head_dim: int = 8) -> Any:
 @pytest.fixture
 def full_chains(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random heads are unsure of everything: draft every chain to its k."""
-    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
     monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
 
 
@@ -189,7 +192,7 @@ def _cost_012(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_head_stops_drafting_in_a_sequence_where_it_does_not_pay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
     _cost_012(monkeypatch)
     proposer = EagleProposer(_head(), _target(), None)
     seq, other = _seq([5, 7, 9], 0), _seq([5, 7, 11], 1)
@@ -220,13 +223,13 @@ def test_a_closed_head_is_asked_again_after_catching_up_in_one_call(
     sequences' pending pairs go in with one batched call, and the drafts are those of a head
     kept caught up every step."""
     calls: list[int] = []
-    catch_up = eagle_padded.catch_up
+    catch_up = eagle_proposer.padded_catch_up
 
     def counted(head: Any, embed: Any, states: list[Any], device: Any) -> None:
         calls.append(len(states))
         catch_up(head, embed, states, device)
 
-    monkeypatch.setattr(eagle_padded, "catch_up", counted)
+    monkeypatch.setattr(eagle_proposer, "padded_catch_up", counted)
     head, target = _head(window=4), _target()
     gated, always = EagleProposer(head, target, None), EagleProposer(head, target, None)
     always.gated = False
@@ -257,14 +260,14 @@ def test_a_chain_stops_where_the_head_doubts_it(monkeypatch: pytest.MonkeyPatch)
     head, target = _head(), _target()
     seqs = [_seq([5, 7, 9], 0), _seq([5, 7, 11], 1)]
     full = EagleProposer(head, target, None)
-    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
     monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
     feats = torch.randn(3, HIDDEN)
     for s in seqs:
         full.sync(s, feats)
     chains = full.propose(seqs, [4, 4])
     threshold = 0.5 * float(torch.tensor(chains[0].scores[:2]).prod())
-    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", threshold)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", threshold)
     cut = EagleProposer(head, target, None)
     for s in seqs:
         cut.sync(s, feats)
@@ -322,7 +325,7 @@ def test_save_load_round_trip_and_foreign_base(
     with pytest.raises(ValueError, match="--force-eagle") as err:
         EagleProposer.load(out, build_model(other, CPU), other)
     assert str(fingerprint(tiny_llama)) in str(err.value)
-    with caplog.at_level(logging.WARNING, logger="specserve.speculation.eagle"):
+    with caplog.at_level(logging.WARNING, logger="specserve.speculation.eagle_head"):
         EagleProposer.load(out, build_model(other, CPU), other, force=True)
     assert "--force-eagle" in caplog.text
 
@@ -418,7 +421,7 @@ def test_a_served_head_draft_left_unverified_gains_nothing(
     hybrid.sync(_seq([1, 2, 7]), torch.zeros(1, 4))  # one row: the step's own token only
     assert hybrid.head_gained.mean(0) == pytest.approx(1.0 + 0.2 * (-0.36 - 1.0))
     assert hybrid.calibration["head"].table()[9].accepted == 1  # it would have been right
-    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
     eagle = EagleProposer(_head(), _target(), None)
     seq = _seq([5, 7, 9])
     eagle.sync(seq, torch.randn(3, HIDDEN))
@@ -448,7 +451,7 @@ def test_hybrid_stops_asking_the_head_in_a_sequence_where_it_fails() -> None:
 def test_inside_the_hybrid_the_head_does_not_gate_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """The hybrid decides where to ask the head, on the drafts the head served; the head's own
     gate would count the lookup's accepted tokens as its own, so it is off there."""
-    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
     _cost_012(monkeypatch)
     eagle = EagleProposer(_head(), _target(), None)
     hybrid = HybridProposer(_Fixed("suffix", Draft([])), eagle)  # type: ignore[arg-type]
@@ -468,7 +471,7 @@ def test_inside_the_hybrid_the_head_does_not_gate_itself(monkeypatch: pytest.Mon
 # ----------------------------------------------------------------------- real default model
 def _real_engine(proposer: str | None, speculate: int, num_blocks: int = 512) -> Any:
     """An engine on the embedded model (loaded once) with the shipped head's proposer."""
-    from specserve.speculation.eagle_resolve import eagle_head_dir
+    from specserve.speculation.eagle_head import eagle_head_dir
     from specserve.speculation.suffix import SuffixProposer
     from tests.integration.test_real_model import base_engine, engine_with
 
@@ -486,8 +489,7 @@ def _real_engine(proposer: str | None, speculate: int, num_blocks: int = 512) ->
 @pytest.mark.integration
 def test_shipped_head_matches_the_default_model() -> None:
     from specserve.models.loader import resolve_model_dir
-    from specserve.speculation.eagle import SHIPPED_DIR
-    from specserve.speculation.eagle_resolve import eagle_head_dir
+    from specserve.speculation.eagle_head import SHIPPED_DIR, eagle_head_dir
     from specserve.speculation.registry import REGISTRY
 
     model_dir = resolve_model_dir(None)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from specserve.request import SamplingParams
-from specserve.speculation.eagle import fingerprint, load_eagle
+from specserve.speculation.eagle_head import fingerprint, load_eagle
 from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.training.eagle_cli import add_eagle_parser
 from specserve.training.eagle_train import EagleReport, train_eagle
@@ -64,11 +64,11 @@ def test_collected_data_is_reused_only_for_the_same_options(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import specserve.training.eagle_data as eagle_data
+    import specserve.training.eagle_train as eagle_train
 
     _, report, data = tiny_head
     calls: list[int] = []
-    real = eagle_data.collect
+    real = eagle_train.collect
 
     def counted(*args: Any) -> list[Continuation]:
         calls.append(1)
@@ -80,7 +80,7 @@ def test_collected_data_is_reused_only_for_the_same_options(
             progress=False,
         )  # fmt: skip
 
-    monkeypatch.setattr(eagle_data, "collect", counted)
+    monkeypatch.setattr(eagle_train, "collect", counted)
     again = train(tmp_path / "again", replace(OPTIONS, epochs=1))
     assert calls == [] and again.heldout_positions == report.heldout_positions  # read back
     train(tmp_path / "other", replace(OPTIONS, new_tokens=16))

@@ -1,4 +1,5 @@
-"""An EAGLE-style drafting head: one decoder layer over the target's own features.
+"""An EAGLE-style drafting head: one decoder layer over the target's own features; its artifact
+(read, written, checked against the base) and which head serves a base.
 
 At output position p the head reads the pair (f_p, e(x_p)): f_p the target's final-normed
 hidden state at the row that chose token x_p, e(x_p) that token's embedding in the target. It
@@ -10,8 +11,9 @@ ships no lm_head and a drafted token costs a small fraction of a target step).
 Drafting is autoregressive: the head's normalised output g_p stands in for f_{p+1}, the target
 feature it has not computed yet, so the next input is (g_p, e(drafted token)). Keys and values
 of positions the target has verified are recomputed from its true features (`sync`); only the
-current chain's positions use the head's own. Training (training/eagle_train.py) unrolls the
-same chain ("training-time test", as EAGLE-3 does), so the head learns from its own predictions.
+current chain's positions use the head's own (eagle_proposer.py drafts, eagle_native.py runs
+the layer in one native call). Training (training/eagle_train.py) unrolls the same chain
+("training-time test", as EAGLE-3 does), so the head learns from its own predictions.
 
 Artifact directory::
 
@@ -258,3 +260,12 @@ def shipped_head_for(model_dir: Path) -> Path | None:
         return None
     actual = fingerprint(model_dir)
     return next((d for d in candidates if read_eagle_config(d).base_fingerprint == actual), None)
+
+
+def eagle_head_dir(model_dir: Path, eagle: str | None) -> Path | None:
+    """Which head serves: `--eagle DIR`, else the shipped head trained for exactly this base
+    (None: none)."""
+    if eagle is not None:
+        read_eagle_config(Path(eagle))  # a clear error when it is not a head directory
+        return Path(eagle)
+    return shipped_head_for(model_dir)
