@@ -28,6 +28,19 @@ class EngineFacts:
 
 
 @dataclass(frozen=True)
+class WindowPool:
+    """The sliding-window layers' own pool (scheduler/window_blocks.py), at one instant."""
+
+    window: int  # positions a sliding layer attends to
+    layers: int  # sliding layers (the rest are in the block pool)
+    num_blocks: int
+    kv_bytes: int
+    used: int  # blocks a sequence holds
+    peak_used: int  # the most held at once so far
+    attached: int  # blocks kept with cached prefixes
+
+
+@dataclass(frozen=True)
 class KvPool:
     """The target's KV pool: its size and, at one instant, its use."""
 
@@ -39,6 +52,7 @@ class KvPool:
     used: int  # blocks a sequence holds
     cached: int  # blocks holding a cached prefix (held or not)
     cache: CacheStats | None  # a copy of the prefix cache's counters; None without caching
+    window: WindowPool | None = None  # the sliding layers' pool, where they keep one
 
     @property
     def tokens(self) -> int:
@@ -68,4 +82,21 @@ def kv_pool(res: EngineResources) -> KvPool:
         used=alloc.num_used,
         cached=alloc.num_cached,
         cache=replace(alloc.stats) if alloc.caching else None,
+        window=window_pool(res),
+    )
+
+
+def window_pool(res: EngineResources) -> WindowPool | None:
+    pool, caches = res.window, res.runner.caches
+    if pool is None:
+        return None
+    sliding = caches["sliding"]
+    return WindowPool(
+        window=pool.window,
+        layers=sliding.shape[0],
+        num_blocks=pool.num_blocks,
+        kv_bytes=sliding.numel() * sliding.element_size(),
+        used=pool.num_used,
+        peak_used=pool.peak_used,
+        attached=pool.num_attached,
     )

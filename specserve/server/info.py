@@ -10,6 +10,7 @@ import torch
 
 from specserve import __version__
 from specserve.engine.engine import Engine
+from specserve.engine.facts import WindowPool
 from specserve.kernels import ggml
 from specserve.models.block_linear import block_kinds, block_numerics
 from specserve.models.weight_report import WeightReport
@@ -29,6 +30,7 @@ from specserve.server.info_schemas import (
     ProfileInfo,
     SpeculationInfo,
     SuffixCacheInfo,
+    WindowPoolInfo,
 )
 from specserve.server.provenance import Provenance
 from specserve.server.settings import Limits, ServerSettings
@@ -113,9 +115,24 @@ def engine_info(
             kv_blocks=kv.num_blocks,
             prefix_caching=kv.prefix_caching,
             kv_blocks_cached=kv.cached,
+            kv_window_pool=window_pool_info(kv.window),
             budget=dict(facts.budget.as_dict()) if facts.budget is not None else None,
             available_bytes=available_memory(facts.device),
         ),
+    )
+
+
+def window_pool_info(pool: WindowPool | None) -> WindowPoolInfo | None:
+    if pool is None:
+        return None
+    return WindowPoolInfo(
+        window=pool.window,
+        layers=pool.layers,
+        blocks=pool.num_blocks,
+        bytes=pool.kv_bytes,
+        blocks_used=pool.used,
+        blocks_peak=pool.peak_used,
+        blocks_attached=pool.attached,
     )
 
 

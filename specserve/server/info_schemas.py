@@ -140,6 +140,19 @@ class FingerprintsInfo(BaseModel):
     )
 
 
+class WindowPoolInfo(BaseModel):
+    """The sliding-window layers' KV pool (Gemma 3's five layers in six): each sequence holds
+    only its window there."""
+
+    window: int = Field(description="positions a sliding layer attends to")
+    layers: int = Field(description="sliding layers; the other layers' K/V are in kv_blocks")
+    blocks: int
+    bytes: int
+    blocks_used: int
+    blocks_peak: int = Field(description="the most blocks sequences held at once so far")
+    blocks_attached: int = Field(description="blocks kept with cached prefixes")
+
+
 class MemoryInfo(BaseModel):
     weights_bytes: int
     kv_cache_bytes: int
@@ -155,6 +168,12 @@ class MemoryInfo(BaseModel):
         "same way (--no-prefix-caching turns it off)"
     )
     kv_blocks_cached: int = Field(description="blocks holding reusable prefix content now")
+    kv_window_pool: WindowPoolInfo | None = Field(
+        default=None,
+        description="a model with sliding-window layers beside full ones: those layers' own "
+        "pool (kv_cache_bytes counts both; kv_cache_tokens is the full layers' capacity); "
+        "--no-window-kv-pool keeps every layer in one",
+    )
     budget: dict[str, int] | None = Field(
         default=None,
         description="the engine's memory plan (with --max-memory): weights, "

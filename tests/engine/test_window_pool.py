@@ -110,3 +110,27 @@ def test_a_prefix_hit_without_its_window_is_recomputed(gemma: Path) -> None:
     hits = engine.res.allocator.stats.hit_tokens
     assert hits < whole.res.allocator.stats.hit_tokens  # the hit was cut short
     assert_no_kv_held(engine)
+
+
+def test_info_shows_the_pool_by_layer_kind(gemma: Path) -> None:
+    from specserve.engine.async_engine import AsyncEngine
+    from specserve.server.app import create_app
+    from specserve.server.settings import ServerSettings
+    from tests import http
+    from tests.server.test_isolation import ThreadServer
+
+    config = EngineConfig(
+        model=str(gemma), num_threads=1, cache=CacheConfig(max_kv_bytes=4 << 20, block_size=4)
+    )
+    with ThreadServer(
+        create_app(AsyncEngine(Engine(config)), ServerSettings(model_id="gemma3"))
+    ) as server:
+        body = {"prompt": [5, 6, 7] * 10, "max_tokens": 20}
+        assert http.post(server.url + "/v1/completions", json=body, timeout=60).status_code == 200
+        memory = http.get(server.url + "/info", timeout=30).json()["memory"]
+    pool = memory["kv_window_pool"]
+    assert pool["window"] == 8 and pool["layers"] == 1  # the tiny model: one layer of two slides
+    assert pool["blocks_peak"] > 0 and pool["blocks_used"] == 0 and pool["blocks_attached"] > 0
+    # the full layer: K and V of 2 heads of 16 per position, 4 positions a block, fp16
+    assert memory["kv_cache_dtype"] == "float16"
+    assert memory["kv_cache_bytes"] == pool["bytes"] + memory["kv_blocks"] * 4 * 2 * 2 * 16 * 2
