@@ -126,7 +126,9 @@ CHANGED = EngineConfig(
     num_threads=3,
     max_model_len=512,
     max_memory="1GiB",
-    cache=CacheConfig(max_kv_bytes=256 << 20, kv_dtype="float32", prefix_caching=False),
+    cache=CacheConfig(
+        max_kv_bytes=256 << 20, kv_dtype="float32", prefix_caching=False, window_pool=False
+    ),
     scheduler=SchedulerConfig(max_batch_tokens=100, max_running_requests=7, itl_target_ms=25.0),
     spec=SpecConfig(
         speculate=3,
