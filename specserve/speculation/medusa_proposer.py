@@ -16,6 +16,7 @@ from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha25
 from specserve.models.llama import DecoderLM
 from specserve.request import Sequence
 from specserve.speculation.medusa import MedusaHeads, check_fingerprint, load_medusa
+from specserve.speculation.medusa_blocks import BlockHeads
 from specserve.speculation.medusa_resolve import resolve_medusa
 from specserve.speculation.proposer import (
     Draft,
@@ -35,15 +36,27 @@ class MedusaProposer(Proposer):
     name = "medusa"
 
     def __init__(
-        self, heads: MedusaHeads, base_lm_head: nn.Module, heads_dir: Path | None = None
+        self,
+        heads: MedusaHeads,
+        base_lm_head: nn.Module,
+        heads_dir: Path | None = None,
+        blocks: bool = False,
     ) -> None:
+        """`blocks`: the heads' forward on the q8 block kernel (`medusa_blocks.py`), where
+        `BlockHeads.supports` them; else float torch operations."""
         self.heads, self.base_lm_head, self.heads_dir = heads, base_lm_head, heads_dir
+        device = next(iter(heads.parameters()), torch.empty(0)).device  # no layers: the CPU
+        self.blocks = (
+            BlockHeads(heads, base_lm_head)
+            if blocks and BlockHeads.supports(heads, device)
+            else None
+        )
         vocab = heads.draft_vocab
         # [hidden, K]: the shared lm_head's rows for the draft vocabulary, gathered once and
         # transposed (a few rows times a contiguous [in, out] matrix is the fast CPU GEMM)
         self._vocab_cols = (
             linear_weight(base_lm_head).detach()[vocab].T.contiguous()
-            if vocab is not None and heads.shares_lm_head
+            if vocab is not None and heads.shares_lm_head and self.blocks is None
             else None
         )
         # seq_id -> (num_tokens when synced, hidden [hidden_size] of the row that chose the last)
@@ -51,8 +64,15 @@ class MedusaProposer(Proposer):
 
     @classmethod
     def load(
-        cls, heads_dir: Path, base: DecoderLM, base_dir: Path, force: bool = False
+        cls,
+        heads_dir: Path,
+        base: DecoderLM,
+        base_dir: Path,
+        force: bool = False,
+        blocks: bool = True,
     ) -> MedusaProposer:
+        """The heads in `heads_dir` for `base`, checked against it; `blocks`: on the q8 block
+        kernel where it runs (the default), else float torch operations."""
         heads, cfg = load_medusa(heads_dir)
         arch = base.arch
         vocab = heads.vocab_size
@@ -63,8 +83,13 @@ class MedusaProposer(Proposer):
             )
         check_fingerprint(heads_dir, cfg, base_dir, force)
         param = next(base.parameters())
-        logger.info("Medusa: %d heads x %d layers from %s", len(heads), cfg.num_layers, heads_dir)
-        return cls(heads.to(param.device, param.dtype), base.lm_head, heads_dir)
+        proposer = cls(heads.to(param.device, param.dtype), base.lm_head, heads_dir, blocks)
+        numerics = "q8 blocks" if proposer.blocks is not None else "float32"
+        logger.info(
+            "Medusa: %d heads x %d layers from %s (%s)",
+            len(heads), cfg.num_layers, heads_dir, numerics,
+        )  # fmt: skip
+        return proposer
 
     @property
     def num_heads(self) -> int:
@@ -87,7 +112,9 @@ class MedusaProposer(Proposer):
         """[B, hidden] -> each head's top token [B, n] and its softmax probability [B, n]
         (over the draft vocabulary when the heads have one): the head's own confidence."""
         vocab = self.heads.draft_vocab
-        if vocab is None:
+        if self.blocks is not None:
+            logits = self.blocks.logits(hidden, n)
+        elif vocab is None:
             logits = self.heads.logits(hidden, self.base_lm_head, n)
         elif self._vocab_cols is not None:
             logits = self.heads.states(hidden, n) @ self._vocab_cols

@@ -286,6 +286,8 @@ def test_shipped_heads_greedy_is_bit_identical(num_blocks: int) -> None:
     assert run_all(engine, ps, params) == want
     stats = engine.stats.proposer
     assert stats.accepted_tokens > 0 and len(stats.accepted_per_position) == 4
+    assert stats.drafted_tokens > stats.accepted_tokens  # and some drafts were rejected
+    assert isinstance(engine.proposer, MedusaProposer) and engine.proposer.blocks is not None
     if num_blocks == 24:  # 384 slots for 5 x ~80 tokens: preemption must have happened
         assert engine.scheduler.num_preemptions > 0
     assert engine.res.allocator.num_free == num_blocks
