@@ -81,7 +81,7 @@ def build(speculate: int, threads: int, silent: bool) -> Any:
     )
     engine = Engine(config)
     if silent:
-        engine.res.proposer = Silent()
+        engine.use_proposer(Silent())
     return engine
 
 
@@ -186,10 +186,10 @@ def run_sides(engines: dict[str, Any], repeats: int) -> list[Side]:
     seconds = dict.fromkeys(names, 0.0)
     tokens = dict.fromkeys(names, 0)
     ok = dict.fromkeys(names, 0)
-    for engine in engines.values():  # warm-up: the tokenizer conversion, the first schema
+    warm: dict[str, tuple[int, int, int, int]] = {}  # the draft counts the warm-up left
+    for name, engine in engines.items():  # warm-up: the tokenizer conversion, the first schema
         run_one(engine, [{"role": "user", "content": "hi"}], DOCS[0][1])
-        engine.stats.forced.drafted_tokens = engine.stats.forced.accepted_tokens = 0
-        engine.stats.proposer.drafted_tokens = engine.stats.proposer.accepted_tokens = 0
+        warm[name] = draft_counts(engine)
     for r in range(repeats):
         for i, (doc, schema) in enumerate(DOCS):
             messages = [
@@ -208,16 +208,25 @@ def run_sides(engines: dict[str, Any], repeats: int) -> list[Side]:
                 raise SystemExit(f"document {i}: the sides' outputs differ")
     sides = []
     for name, engine in engines.items():
-        s = engine.stats
+        drafted, accepted, forced, forced_accepted = (
+            n - w for n, w in zip(draft_counts(engine), warm[name], strict=True)
+        )
         sides.append(
             Side(
                 name, repeats * len(DOCS), tokens[name], seconds[name],
-                tokens[name] / seconds[name], s.proposer.drafted_tokens,
-                s.proposer.accepted_tokens, s.forced.drafted_tokens, s.forced.accepted_tokens,
-                ok[name],
+                tokens[name] / seconds[name], drafted, accepted, forced, forced_accepted, ok[name],
             )
         )  # fmt: skip
     return sides
+
+
+def draft_counts(engine: Any) -> tuple[int, int, int, int]:
+    """Drafted and accepted tokens so far: the proposer's, then the forced text's."""
+    s = engine.stats
+    return (
+        s.proposer.drafted_tokens, s.proposer.accepted_tokens,
+        s.forced.drafted_tokens, s.forced.accepted_tokens,
+    )  # fmt: skip
 
 
 def side_table(sides: list[Side]) -> str:

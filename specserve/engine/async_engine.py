@@ -95,9 +95,12 @@ PACE_TIMEOUT_S = 0.5
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine | Callable[[], Engine]) -> None:
+    def __init__(
+        self, engine: Engine | Callable[[], Engine], yield_cores: bool | None = None
+    ) -> None:
         """`engine`, or a function that builds it: then it is built in the step thread (see the
-        module docstring), and this raises whatever building it raised."""
+        module docstring), and this raises whatever building it raised. `yield_cores`: whether
+        compute takes every core (see the module docstring); None: as the step thread finds."""
         self.engine: Engine
         self._lock = threading.Lock()  # held by the step thread while it touches the engine
         self._inbox: list[_Item] = []
@@ -105,7 +108,7 @@ class AsyncEngine:
         self._queues: dict[str, Listener] = {}
         self._ids = itertools.count()
         self._stopping = False
-        self._yield_cores = False  # set by the step thread once the engine is there
+        self._yield_cores = yield_cores  # the step thread decides if None
         self.died: str | None = None  # why the step thread died, if it did
         self._stepped = threading.Condition()  # guards _steps, notified after each step
         self._steps = 0  # steps finished
@@ -222,7 +225,8 @@ class AsyncEngine:
             if build is not None:
                 self.engine = build()
             self.engine.grammars.pace = self._pace
-            self._yield_cores = compute_takes_every_core()
+            if self._yield_cores is None:
+                self._yield_cores = compute_takes_every_core()
         except BaseException as exc:
             self._build_error = exc
             return

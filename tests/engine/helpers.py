@@ -26,6 +26,7 @@ def make_engine(
     window_pool: bool = True,
     itl_target_ms: float = 0.0,
     policy: str = "static",
+    eos_ids: frozenset[int] | None = None,
     **spec: object,
 ) -> Engine:
     """An engine on `model_dir`. No ITL target unless asked: its chunks follow measured step
@@ -33,7 +34,8 @@ def make_engine(
     cost). Static drafts unless asked (the server's default is adaptive): what the adaptive
     policy verifies follows measured step times, and a busy machine can price every draft out,
     which would leave a test's "drafted and had drafts rejected" to chance; the adaptive
-    policy's own tests ask for it."""
+    policy's own tests ask for it. `eos_ids`: the tokens that end a request, if not the
+    model's."""
     return Engine(
         EngineConfig(
             model=str(model_dir) if model_dir else None,
@@ -59,7 +61,8 @@ def make_engine(
                 draft_model=draft_model,
                 **spec,  # type: ignore[arg-type]
             ),
-        )
+        ),
+        eos_ids=eos_ids,
     )
 
 

@@ -7,6 +7,7 @@ import time
 
 from specserve.engine.engine import Engine
 from specserve.engine.observer import EngineObserver, StepTiming
+from specserve.engine.plan import StepPlan
 from specserve.outputs import RequestOutput
 
 
@@ -35,6 +36,24 @@ class HoldSteps(EngineObserver):
         if self.engine.has_work() and not self.release.is_set():
             self.stepping.set()
             self.release.wait()
+
+
+class FedTokens(EngineObserver):
+    """The tokens each forward pass scores (verified drafts included), in step order."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def on_proposed(self, plan: StepPlan) -> None:
+        if plan.seqs:  # else the proposer failed every sequence and nothing runs
+            self.tokens.append(plan.num_tokens)
+
+
+class LoopBug(EngineObserver):
+    """Raises out of the step it ends, as a bug in the step thread's loop would."""
+
+    def on_step_end(self, timing: StepTiming, outputs: list[RequestOutput]) -> None:
+        raise RuntimeError("loop bug")
 
 
 class OutputSteps(EngineObserver):

@@ -20,7 +20,7 @@ from specserve.engine.step_thread import one_malloc_arena
 from specserve.outputs import RequestOutput
 from specserve.request import SamplingParams
 from tests.engine.helpers import make_engine, run_all
-from tests.engine.observers import OutputSteps, StepFloor
+from tests.engine.observers import LoopBug, OutputSteps, StepFloor
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -61,11 +61,7 @@ def test_a_dead_step_thread_fails_open_requests_and_refuses_new_ones(tiny_llama:
         first = await anext(stream)
         assert not first.finished
 
-        def broken(item: object) -> None:
-            raise RuntimeError("loop bug")
-
-        front._apply = broken  # type: ignore[method-assign]
-        front.abort("nobody")  # wakes the loop, which now dies on this item
+        front.run_locked(lambda e: e.observers.add(LoopBug()))  # the next step dies
         last = first
         async with asyncio.timeout(10):  # before the fix: hangs for ever
             async for out in stream:
@@ -348,8 +344,8 @@ def test_a_sink_takes_outputs_only_while_the_loop_is_idle_and_never_the_last(
     (the caller dawdles over each, so the steps' outputs pile up behind it)."""
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     want = run_all(make_engine(tiny_llama), [[5, 6, 7]], params)[0]
-    front = AsyncEngine(make_engine(tiny_llama, speculate=3))
-    front._yield_cores = True  # as where compute takes every core: sinks are offered outputs
+    # as where compute takes every core: sinks are offered outputs
+    front = AsyncEngine(make_engine(tiny_llama, speculate=3), yield_cores=True)
     busy = False  # the caller is handling an output
     tokens: list[int] = []  # in the order the sink and the caller got them
     offered = taken = 0
@@ -384,8 +380,7 @@ def test_a_sink_takes_outputs_only_while_the_loop_is_idle_and_never_the_last(
 
 def test_a_failing_sink_aborts_its_request_and_frees_its_blocks(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, num_blocks=256)
-    front = AsyncEngine(engine)
-    front._yield_cores = True
+    front = AsyncEngine(engine, yield_cores=True)
     offered = 0
 
     def sink(out: RequestOutput) -> bool:
@@ -410,8 +405,7 @@ def test_a_failing_sink_aborts_its_request_and_frees_its_blocks(tiny_llama: Path
 
 def test_no_sink_is_offered_anything_while_a_core_is_spare(tiny_llama: Path) -> None:
     """With a core to spare the loop's work runs beside the compute: outputs go to it."""
-    front = AsyncEngine(make_engine(tiny_llama))
-    front._yield_cores = False
+    front = AsyncEngine(make_engine(tiny_llama), yield_cores=False)
     offered: list[RequestOutput] = []
 
     def sink(out: RequestOutput) -> bool:

@@ -56,7 +56,7 @@ def test_an_adaptive_sequence_whose_drafts_are_never_verified_is_asked_less(
     want = run_all(make_engine(tiny_llama), prompts, SamplingParams(max_new_tokens=24))
     engine = make_engine(tiny_llama, speculate=2, policy="adaptive")
     counting = _Counting()
-    engine.res.proposer = counting
+    engine.use_proposer(counting)
     policy = engine.res.policy
     assert policy is not None
     monkeypatch.setattr(policy, "open", lambda seqs, running, scheduled: [s.cap for s in seqs])

@@ -80,10 +80,10 @@ def test_max_new_tokens_and_eos(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama)
     out = run_all(engine, [[4, 5, 6]], SamplingParams(max_new_tokens=5, ignore_eos=True))[0]
     assert len(out) == 5
-    eos = next(iter(engine.res.eos_ids))
+    eos = next(iter(engine.eos_ids))
     # Force EOS by making the model's first greedy pick the EOS id: treat that token as EOS.
     first = run_all(engine, [[4, 5, 6]], SamplingParams(max_new_tokens=5, ignore_eos=True))[0][0]
-    engine.res.eos_ids = frozenset({first, eos})
+    engine = make_engine(tiny_llama, eos_ids=frozenset({first, eos}))
     stopped = run_all(engine, [[4, 5, 6]], SamplingParams(max_new_tokens=5))[0]
     assert stopped == [first]
 

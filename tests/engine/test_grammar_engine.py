@@ -82,7 +82,7 @@ def test_drafts_the_grammar_forbids_are_rejected(tiny_llama: Path) -> None:
     want = run_all(make_engine(tiny_llama), PROMPTS, p)
     engine = make_engine(tiny_llama, speculate=3)
     letter = engine.tokenizer.encode("x", add_special_tokens=False)[0]
-    engine.res.proposer = Insist(letter)  # every draft token: a letter, never in a phone number
+    engine.use_proposer(Insist(letter))  # every draft token: a letter, never in a phone number
     outs = collect(engine, PROMPTS, p)
     assert [o.tokens for o in outs] == want
     assert engine.stats.proposer.drafted_tokens > 0 and engine.stats.proposer.accepted_tokens == 0
@@ -116,14 +116,14 @@ def test_forced_text_is_drafted_and_changes_nothing(
     p = constrained(params, JSON)
     want = run_all(make_engine(tiny_llama), PROMPTS, p)
     engine = make_engine(tiny_llama, speculate=4)
-    engine.res.proposer = Silent()
+    engine.use_proposer(Silent())
     outs = collect(engine, PROMPTS, p)
     assert [o.tokens for o in outs] == want
     forced, lookup = engine.stats.forced, engine.stats.proposer
     assert forced.drafted_tokens >= forced.accepted_tokens > 0 and lookup.drafted_tokens == 0
     # A request's speculate: 0 turns forced drafts off too.
     off = make_engine(tiny_llama, speculate=4)
-    off.res.proposer = Silent()
+    off.use_proposer(Silent())
     assert run_all(off, PROMPTS, SamplingParams(**{**p.__dict__, "speculate": 0})) == want
     assert off.stats.forced.drafted_tokens == 0
 
@@ -153,10 +153,10 @@ def test_forced_text_is_drafted_where_the_payoff_stopped_proposing(tiny_llama: P
 
     p = constrained(GREEDY, JSON)
     static = make_engine(tiny_llama, speculate=4)
-    static.res.proposer = Silent()
+    static.use_proposer(Silent())
     want = collect(static, PROMPTS, p)
     engine = make_engine(tiny_llama, speculate=4, policy="adaptive")
-    engine.res.proposer = Silent()
+    engine.use_proposer(Silent())
     policy = engine.res.policy
     assert policy is not None
     nothing = Rated([], 1.0, 0.001, 1.0, 0.001)

@@ -110,7 +110,7 @@ def test_drafts_of_a_banned_token_are_rejected(tiny_llama: Path, params: Samplin
     banned = most_common(want[0].new_token_ids)
     alone = run(make_engine(tiny_llama), params, {0: (Ban(banned),)})
     engine = make_engine(tiny_llama, speculate=3, policy="static")  # every draft verified
-    engine.res.proposer = Insist(banned)
+    engine.use_proposer(Insist(banned))
     ban = Ban(banned)
     got = run(engine, params, {0: (ban,)})
     assert got[0].drafted_tokens > 0 and got[0].accepted_tokens == 0

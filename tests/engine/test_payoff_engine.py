@@ -39,7 +39,7 @@ def test_a_proposer_that_finds_nothing_is_asked_only_to_explore(tiny_llama: Path
     want = run_all(make_engine(tiny_llama), prompt, params)
     engine = make_engine(tiny_llama, speculate=2, policy="adaptive")
     empty = _Empty()
-    engine.res.proposer = empty
+    engine.use_proposer(empty)
     policy = engine.res.policy
     assert policy is not None
     # rows nearly free (a profile, not a clock): only what proposing costs can close it

@@ -5,9 +5,11 @@ no block leaked or freed twice whatever ends a sharer."""
 from __future__ import annotations
 
 import random
+from collections import abc
 from pathlib import Path
 
 import pytest
+import torch
 
 from specserve.engine.engine import Engine
 from specserve.request import SamplingParams
@@ -95,28 +97,46 @@ def test_a_hash_collision_changes_no_output(tiny_llama: Path) -> None:
     assert_no_kv_held(engine)
 
 
+class FailWhenArmed:
+    """A logits processor that raises once `armed`: its request fails, alone (verification)."""
+
+    armed = False
+
+    def __call__(self, ids: abc.Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        if self.armed:
+            raise RuntimeError("injected")
+        return logits
+
+
 @pytest.mark.parametrize("how", ["abort", "error"])
 def test_ending_one_sharer_leaves_the_other_intact(tiny_llama: Path, how: str) -> None:
     prompts = [[*DOC, 50], [*DOC, 60]]
     want = run_all(make_engine(tiny_llama, prefix_caching=False), prompts[1:], greedy(30))
     engine = make_engine(tiny_llama)
     run_all(engine, [[*DOC, 70]], greedy(4))  # DOC's blocks are now cached
-    ids = [engine.add_request(p, greedy(30)) for p in prompts]
+    fail = FailWhenArmed()
+    ids = [engine.add_request(prompts[0], greedy(30), logits_processors=(fail,))]
+    ids.append(engine.add_request(prompts[1], greedy(30)))
     out: list[int] = []
+    ended: str | None = None
     for step in range(40):
         for o in engine.step():
             if o.request_id == ids[1]:
                 out += o.new_token_ids
+            elif o.finished:
+                ended = o.error
         if step == 3:
-            shared = engine._live[ids[0]].seq.block_table[:9]
-            assert shared == engine._live[ids[1]].seq.block_table[:9]  # really shared
+            seqs = {s.request_id: s for s in engine.scheduler.running}
+            shared = seqs[ids[0]].block_table[:9]
+            assert shared == seqs[ids[1]].block_table[:9]  # really shared
             if how == "abort":
                 engine.abort(ids[0])
             else:
-                engine._fail([engine._live[ids[0]].seq], "injected")
+                fail.armed = True  # its next row raises
         if not engine.has_work():
             break
     assert out == want[0]
+    assert how == "abort" or "injected" in (ended or "")
     assert_no_kv_held(engine)
 
 

@@ -68,8 +68,7 @@ def test_draft_crossing_eos_and_stop(tiny_llama: Path) -> None:
     # Treat the 6th generated token of the first prompt as EOS: drafts past it must be dropped.
     eos = base[0][5]
     for speculate in (0, 5):
-        engine = make_engine(tiny_llama, speculate=speculate)
-        engine.res.eos_ids = frozenset({eos})
+        engine = make_engine(tiny_llama, speculate=speculate, eos_ids=frozenset({eos}))
         out = run_all(engine, LOOPY[:1], SamplingParams(max_new_tokens=30))[0]
         assert out == base[0][: base[0].index(eos) + 1]
         assert_no_kv_held(engine)

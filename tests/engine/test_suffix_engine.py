@@ -11,6 +11,7 @@ from specserve.engine.engine import Engine
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
 from specserve.speculation.suffix import SuffixProposer
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
+from tests.engine.observers import FedTokens
 from tests.engine.test_speculation import LOOPY, greedy
 
 
@@ -88,15 +89,9 @@ def test_adaptive_policy_with_suffix_is_lossless(tiny_llama: Path) -> None:
 
 def fed_rows(engine: Engine) -> list[int]:
     """Record the tokens every forward pass of `engine` feeds."""
-    fed: list[int] = []
-    run = engine.res.runner.run
-
-    def recording(items):  # type: ignore[no-untyped-def]
-        fed.append(sum(len(i.token_ids) for i in items))
-        return run(items)
-
-    engine.res.runner.run = recording  # type: ignore[method-assign]
-    return fed
+    fed = FedTokens()
+    engine.observers.add(fed)
+    return fed.tokens
 
 
 def test_a_lookup_that_finds_nothing_adds_no_rows(tiny_llama: Path) -> None:

@@ -16,6 +16,7 @@ from specserve.engine.engine import Engine
 from specserve.server.app import create_app
 from specserve.server.settings import ServerSettings
 from tests import http
+from tests.engine.observers import LoopBug
 from tests.server.conftest import (
     LONG,
     TINY_FLAGS,
@@ -84,11 +85,8 @@ def test_dead_engine_thread_turns_health_503(tiny_model: Path) -> None:
     with ThreadServer(app) as server:
         assert http.get(server.url + "/health").status_code == 200
 
-        def broken(item: object) -> None:
-            raise RuntimeError("loop bug")
-
-        front._apply = broken  # type: ignore[method-assign]
-        front.abort("wake-up")
+        front.run_locked(lambda e: e.observers.add(LoopBug()))
+        front.abort("wake-up")  # wakes the loop: its next step dies
         deadline = time.monotonic() + 60
         while front.alive and time.monotonic() < deadline:
             time.sleep(0.02)

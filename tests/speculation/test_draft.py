@@ -440,7 +440,7 @@ def test_engine_drafts_match_stateless_recompute(
     engine = draft_engine(target_dir, noisy_draft, 3, num_blocks=num_blocks)
     out = run_all(engine, prompts, GREEDY)
     reference = draft_engine(target_dir, noisy_draft, 3, num_blocks=num_blocks)
-    reference.res.proposer = RecomputeProposer(build_model(noisy_draft, CPU))
+    reference.use_proposer(RecomputeProposer(build_model(noisy_draft, CPU)))
     assert run_all(reference, prompts, GREEDY) == out
     assert engine.stats.proposer == reference.stats.proposer
     assert (engine.scheduler.num_preemptions > 0) == (num_blocks == 24)

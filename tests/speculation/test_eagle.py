@@ -482,7 +482,7 @@ def _real_engine(proposer: str | None, speculate: int, num_blocks: int = 512) ->
         assert head_dir is not None
         eagle = EagleProposer.load(head_dir, res.model, res.model_dir)
         lookup = SuffixProposer(1 << 16)
-        engine.res.proposer = eagle if proposer == "eagle" else HybridProposer(lookup, eagle)
+        engine.use_proposer(eagle if proposer == "eagle" else HybridProposer(lookup, eagle))
     return engine
 
 

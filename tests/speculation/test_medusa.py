@@ -253,7 +253,7 @@ def _real_engine(heads: Path | None, speculate: int, num_blocks: int = 512) -> E
     engine = engine_with(speculate, num_blocks)
     if heads is not None:
         res = base_engine().res
-        engine.res.proposer = MedusaProposer.load(heads, res.model, res.model_dir)
+        engine.use_proposer(MedusaProposer.load(heads, res.model, res.model_dir))
     return engine
 
 

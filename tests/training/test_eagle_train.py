@@ -112,7 +112,7 @@ def test_trained_head_in_the_engine_is_lossless(
     engine = make_engine(tiny_llama, speculate=3, num_blocks=40, policy="static")
     eagle = EagleProposer.load(tiny_head[0], engine.res.model, tiny_llama)
     proposer = eagle if kind == "eagle" else HybridProposer(SuffixProposer(1024), eagle)
-    engine.res = replace(engine.res, proposer=proposer)
+    engine.use_proposer(proposer)
     tokens, lps, _ = run(engine, prompts, params)
     assert tokens == want[0]
     # The tiny base has dense weights: its GEMM may round a row differently in another batch

@@ -4,7 +4,6 @@ lossless in the engine, and `specserve train-medusa` writes them or refuses bad 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,7 +51,7 @@ def test_trained_heads_in_the_engine_are_lossless(
     want = run_all(make_engine(tiny_llama), prompts, params)
     engine = make_engine(tiny_llama, speculate=3, num_blocks=40)
     proposer = MedusaProposer.load(tiny_heads[0], engine.res.model, tiny_llama)
-    engine.res = replace(engine.res, proposer=proposer)
+    engine.use_proposer(proposer)
     assert run_all(engine, prompts, params) == want
     assert engine.stats.proposer.drafted_tokens > 0
     assert engine.res.allocator.num_free == engine.res.allocator.num_blocks

@@ -3,7 +3,6 @@ take them through."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -38,8 +37,7 @@ def test_a_request_whose_first_token_is_eos_contributes_nothing(tiny_llama: Path
     opts = TrainOptions(new_tokens=8)
     items = [WorkloadItem(id=f"p{i}", workload="chat", prompt="x") for i in range(2)]
     prompts = [(items[0], [5, 6, 7]), (items[1], [9, 10, 11, 12])]
-    engine = recording_engine(tiny_llama, opts)
     first = run_all(make_engine(tiny_llama), [prompts[0][1]], SamplingParams(max_new_tokens=1))
-    engine.res = dataclasses.replace(engine.res, eos_ids=frozenset(first[0]))
+    engine = recording_engine(tiny_llama, opts, eos_ids=frozenset(first[0]))
     conts = collect(engine, prompts, opts, progress=False)
     assert [len(c.tokens) for c in conts] == [8]  # the second; the first ended at EOS
