@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 from specserve.request import FinishReason, Sequence
 
+_FAILED = (FinishReason.ERROR, FinishReason.ABORT)
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -68,6 +70,11 @@ class RequestOutput:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
         )
+
+    @property
+    def failed(self) -> bool:
+        """The final output of a request whose reply is not complete: an error or an abort."""
+        return self.finished and self.finish_reason in _FAILED
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This delta and the `later` one of the same request as one: tokens, text and

@@ -17,8 +17,16 @@ from specserve.history import OutputCounts, SeenTokens
 if TYPE_CHECKING:
     import torch
 
-# Why a sequence finished.
-FinishReason = str  # "length" | "eos" | "stop" | "abort" | "error"
+
+class FinishReason(enum.StrEnum):
+    """Why a sequence finished. A `str`: outputs, JSON and metric labels carry the value."""
+
+    EOS = "eos"  # an end-of-sequence token
+    STOP = "stop"  # a stop string
+    LENGTH = "length"  # max_new_tokens or the context window
+    ABORT = "abort"  # aborted: the client went away, or a drain's timeout
+    ERROR = "error"  # a failure charged to this request (its output's `error` says which)
+
 
 # A per-request logits processor: (the token ids before the row's position, prompt and drafts
 # before it included: a `History` from the engine, read-only; the row's logits [vocab] float32)

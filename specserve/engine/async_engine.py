@@ -55,7 +55,7 @@ from specserve.engine.engine import Engine
 from specserve.engine.handover import Listener, Outputs, Sink, Ticket, hand_over
 from specserve.engine.step_thread import compute_takes_every_core, one_malloc_arena
 from specserve.outputs import RequestOutput
-from specserve.request import SamplingParams
+from specserve.request import FinishReason, SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -242,7 +242,7 @@ class AsyncEngine:
             error = f"the engine stopped: {self.died}"
             self._deliver(
                 [
-                    RequestOutput(rid, [], "", True, "error", 0, 0, error=error)
+                    RequestOutput(rid, [], "", True, FinishReason.ERROR, 0, 0, error=error)
                     for rid in list(self._queues)
                 ]
             )
@@ -299,7 +299,7 @@ class AsyncEngine:
             if not isinstance(exc, ValueError):
                 logger.exception("adding request %s failed", item.request_id)
             return RequestOutput(
-                item.request_id, [], "", True, "error", len(item.ids), 0, error=str(exc)
+                item.request_id, [], "", True, FinishReason.ERROR, len(item.ids), 0, error=str(exc)
             )
         return None
 

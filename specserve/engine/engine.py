@@ -26,11 +26,17 @@ from specserve.engine.resources import EngineResources, load_resources
 from specserve.engine.respeculate import respeculate
 from specserve.engine.stats import EngineStats, StepRecord
 from specserve.engine.tokenizer import locked
-from specserve.engine.verification import batch_picks, finite_rows, sample_rows, verified
+from specserve.engine.verification import (
+    VerifyFailure,
+    batch_picks,
+    finite_rows,
+    sample_rows,
+    verified,
+)
 from specserve.grammar import Grammars
 from specserve.models.llama import DecoderLM
 from specserve.outputs import RequestOutput, TokenLogprob
-from specserve.request import LogitsProcessor, SamplingParams, Sequence
+from specserve.request import FinishReason, LogitsProcessor, SamplingParams, Sequence
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
 from specserve.speculation.policy import SpeculationPolicy
@@ -148,14 +154,14 @@ class Engine:
         live = self._live.get(request_id)
         if live is None:
             return False
-        self._finish(live, "abort")
+        self._finish(live, FinishReason.ABORT)
         return True
 
     def abort_all(self, error: str) -> None:
         """Stop every live request now (shutdown past its drain timeout), freeing its blocks;
         each gets a final output with finish_reason "abort" and `error`."""
         for live in list(self._live.values()):
-            self._finish(live, "abort", error=error)
+            self._finish(live, FinishReason.ABORT, error=error)
 
     def set_speculation(self, spec: SpecConfig) -> None:
         """Swap the speculation settings between steps (under `AsyncEngine.run_locked`).
@@ -265,8 +271,8 @@ class Engine:
         for p in plan.sampling:
             seq = p.seq
             result = verified(p, run.logits, rows, picks, finite)
-            if isinstance(result, str):
-                self._fail([seq], result)
+            if isinstance(result, VerifyFailure):
+                self._fail([seq], result.error)
                 continue
             try:
                 lps = span_logprobs(p, result.tokens, run.logits, rows)
@@ -316,12 +322,12 @@ class Engine:
         for seq in seqs:
             live = self._live.get(seq.request_id)
             if live is not None:
-                self._finish(live, "error", error=error)
+                self._finish(live, FinishReason.ERROR, error=error)
 
     def _finish(
         self,
         live: Live,
-        reason: str,
+        reason: FinishReason,
         new_ids: list[int] | None = None,
         error: str | None = None,
         logprobs: list[TokenLogprob] | None = None,

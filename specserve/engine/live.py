@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -13,12 +14,19 @@ from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.logprobs import LogitsOf, prompt_logprobs
 from specserve.engine.plan import StepPlan
 from specserve.outputs import RequestOutput, TokenLogprob
-from specserve.request import SeqStatus, Sequence
+from specserve.request import FinishReason, SeqStatus, Sequence
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import Scheduler, SeqWork
 from specserve.speculation.proposer import Proposer
 
 logger = logging.getLogger(__name__)
+
+
+class Pushed(NamedTuple):
+    """What `Live.push_until_stop` took of a step's verified tokens."""
+
+    tokens: list[int]  # appended to the sequence: up to and including a stop
+    finish: FinishReason | None  # why the sequence ends there; None: it goes on
 
 
 @dataclass
@@ -33,28 +41,30 @@ class Live:
 
     def push_until_stop(
         self, tokens: list[int], eos_ids: frozenset[int], max_model_len: int
-    ) -> tuple[list[int], str | None]:
-        """Append verified tokens one at a time through the stop checks: the tokens taken, and
-        why the sequence ends (None: it goes on). Tokens after a stop are dropped."""
+    ) -> Pushed:
+        """Append verified tokens one at a time through the stop checks. Tokens after a stop
+        are dropped."""
         taken: list[int] = []
         for token in tokens:
             self.seq.output_ids.append(token)
             self.pending_text += self.detok.push(token)
             taken.append(token)
             reason = self.stop_reason(token, eos_ids, max_model_len)
-            if reason:
-                return taken, reason
-        return taken, None
+            if reason is not None:
+                return Pushed(taken, reason)
+        return Pushed(taken, None)
 
-    def stop_reason(self, token: int, eos_ids: frozenset[int], max_model_len: int) -> str | None:
+    def stop_reason(
+        self, token: int, eos_ids: frozenset[int], max_model_len: int
+    ) -> FinishReason | None:
         """Why the sequence ends at `token` (just pushed), or None."""
         seq = self.seq
         if token in eos_ids and not seq.params.ignore_eos:
-            return "eos"
+            return FinishReason.EOS
         if self.detok.stopped:
-            return "stop"
+            return FinishReason.STOP
         if seq.tokens_left <= 0 or seq.num_tokens >= max_model_len:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
     def output(
@@ -71,15 +81,15 @@ class Live:
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
         return RequestOutput.of(self.seq, new_ids, text, finished, error, logprobs, prompt_lps)
 
-    def flush(self, reason: str, error: str | None) -> tuple[str, str | None]:
+    def flush(self, reason: FinishReason, error: str | None) -> tuple[FinishReason, str | None]:
         """The detokenizer's held-back text into `pending_text` as the request ends: the
         finish reason and error to report (a failed flush turns all but an abort into one)."""
         try:
             self.pending_text += self.detok.flush()
         except Exception as exc:
             logger.exception("detokenizing the end of %s failed", self.seq.request_id)
-            if reason != "abort":
-                return "error", error or f"detokenization failed: {describe(exc)}"
+            if reason is not FinishReason.ABORT:
+                return FinishReason.ERROR, error or f"detokenization failed: {describe(exc)}"
         return reason, error
 
     def prompt_rows(self, w: SeqWork) -> int:
@@ -115,7 +125,7 @@ def take_prompt_rows(
 
 def end(
     live: Live,
-    reason: str,
+    reason: FinishReason,
     scheduler: Scheduler,
     proposer: Proposer | None,
     new_ids: list[int] | None = None,
@@ -126,7 +136,7 @@ def end(
     output returned. Never raises: it is how failures end requests."""
     seq = live.seq
     reason, error = live.flush(reason, error)
-    if reason != "error":  # its committed blocks can serve later prompts (a next turn)
+    if reason is not FinishReason.ERROR:  # its committed blocks can serve a later prompt
         try:
             scheduler.cache_committed(seq)
         except Exception:

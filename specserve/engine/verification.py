@@ -10,6 +10,7 @@ fault in one span (a non-finite row, an exception) is charged to that request on
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,21 +24,28 @@ from specserve.speculation.verify import VerifyResult, verify_deterministic, ver
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class VerifyFailure:
+    """A span that could not be verified: its request fails with `error`."""
+
+    error: str
+
+
 def verified(
     p: SeqPlan,
     logits: torch.Tensor,
     rows: list[SampleRow],
     picks: list[int] | None,
     finite: list[bool],
-) -> VerifyResult | str:
+) -> VerifyResult | VerifyFailure:
     """`p`'s verified span, or why its request fails: a non-finite row, or verify raising."""
     if not all(finite[p.logits]):
-        return "the model produced non-finite logits (NaN or inf)"
+        return VerifyFailure("the model produced non-finite logits (NaN or inf)")
     try:
         return verify_span(p, logits, rows, picks)
     except Exception as exc:
         logger.exception("verify failed for %s", p.seq.request_id)
-        return f"verify failed: {describe(exc)}"
+        return VerifyFailure(f"verify failed: {describe(exc)}")
 
 
 def sample_rows(plan: StepPlan) -> list[SampleRow]:

@@ -29,6 +29,7 @@ from specserve.server.app import api_app
 from specserve.server.context import ServerContext, route_label
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.info_schemas import Info
+from specserve.server.outcome import Outcome
 from specserve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class FleetContexts:
         request.state.chosen = name
         return await self.context(name)
 
-    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
+    def count(self, path: str, headers: dict[str, str], outcome: Outcome, chosen: Any) -> None:
         name = chosen if chosen in self.pools else self._fallback(path, headers)
         if name is not None:
             self.pools[name].metrics.count(route_label(path), outcome)

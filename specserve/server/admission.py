@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from specserve.server.errors import ApiError, ErrorKind
+from specserve.server.outcome import Outcome
 from specserve.server.service import GenerationService
 from specserve.server.tracked import Tracked
 
@@ -33,7 +34,7 @@ async def prepared(service: GenerationService, tracked: Tracked, prepare: Callab
         raise
     except Exception as exc:
         logger.exception("preparing a request for %s failed", tracked.route)
-        tracked.outcome = "error"
+        tracked.outcome = Outcome.ERROR
         service.close(tracked)
         message = f"internal error: {type(exc).__name__}: {exc}"
         raise ApiError(500, message, ErrorKind.GENERATION, counted=True) from exc

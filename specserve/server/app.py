@@ -26,6 +26,7 @@ from specserve.server.info import info, reset_prefix_cache, reset_suffix_cache
 from specserve.server.info_schemas import Info
 from specserve.server.metrics import Coalesced, Labelled, ServerMetrics, snapshot
 from specserve.server.middleware import GuardMiddleware
+from specserve.server.outcome import Outcome
 from specserve.server.provenance import Provenance
 from specserve.server.responses_store import ResponseStore
 from specserve.server.service import ClientGone, GenerationService
@@ -85,7 +86,7 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
     app.include_router(tokenize.router)
     _install_error_handlers(app, contexts)
 
-    def on_reject(path: str, outcome: str) -> None:  # 401, 413: before any body is parsed
+    def on_reject(path: str, outcome: Outcome) -> None:  # 401, 413: before any body is parsed
         contexts.count(path, {}, outcome, None)
 
     app.add_middleware(
@@ -100,7 +101,7 @@ def api_app(contexts: Contexts, settings: ServerSettings) -> FastAPI:
 
 
 def _install_error_handlers(app: FastAPI, contexts: Contexts) -> None:
-    def count(request: Request, outcome: str) -> None:
+    def count(request: Request, outcome: Outcome) -> None:
         chosen = getattr(request.state, "chosen", None)
         contexts.count(request.url.path, dict(request.headers), outcome, chosen)
 
@@ -112,7 +113,7 @@ def _install_error_handlers(app: FastAPI, contexts: Contexts) -> None:
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        count(request, "invalid")
+        count(request, Outcome.INVALID)
         err = from_validation_errors(exc.errors(), required_fields(request))
         return error_response(request.url.path, err)
 
@@ -128,7 +129,7 @@ def _install_error_handlers(app: FastAPI, contexts: Contexts) -> None:
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         # Starlette re-raises after this answer, so the traceback is logged once, by uvicorn.
-        count(request, "error")
+        count(request, Outcome.ERROR)
         err = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", ErrorKind.GENERATION)
         return error_response(request.url.path, err)
 

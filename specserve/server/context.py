@@ -20,6 +20,7 @@ from specserve.outputs import RequestOutput
 from specserve.server.backend import Backend, LocalBackend
 from specserve.server.direct import DirectWriter, writer
 from specserve.server.metrics import ServerMetrics
+from specserve.server.outcome import Outcome
 from specserve.server.provenance import Provenance
 from specserve.server.service import GenerationService
 from specserve.server.settings import Limits, ServerSettings
@@ -87,7 +88,7 @@ class Contexts(Protocol):
 
     async def pick(self, request: Request) -> ServerContext: ...
 
-    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
+    def count(self, path: str, headers: dict[str, str], outcome: Outcome, chosen: Any) -> None:
         """`chosen`: what `pick` left in `request.state.chosen` (None: it did not run)."""
         ...
 
@@ -101,7 +102,7 @@ class OneContext:
     async def pick(self, request: Request) -> ServerContext:
         return self.ctx
 
-    def count(self, path: str, headers: dict[str, str], outcome: str, chosen: Any) -> None:
+    def count(self, path: str, headers: dict[str, str], outcome: Outcome, chosen: Any) -> None:
         self.ctx.metrics.count(route_label(path), outcome)
 
 

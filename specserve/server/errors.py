@@ -14,6 +14,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from specserve.server.outcome import Outcome
+
 
 class ErrorKind(enum.Enum):
     VALIDATION = "validation"
@@ -27,16 +29,21 @@ class ErrorKind(enum.Enum):
     MODEL_NOT_FOUND = "model_not_found"
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> Outcome:
         """The `outcome` label of the request counter."""
-        return _OUTCOME.get(self, self.value)
+        return _OUTCOME[self]
 
 
 _OUTCOME = {
-    ErrorKind.VALIDATION: "invalid",
-    ErrorKind.MODEL_NOT_FOUND: "invalid",
-    ErrorKind.GENERATION: "error",
-    ErrorKind.TOO_LARGE: "too_large",
+    ErrorKind.VALIDATION: Outcome.INVALID,
+    ErrorKind.OVERLOADED: Outcome.OVERLOADED,
+    ErrorKind.GENERATION: Outcome.ERROR,
+    ErrorKind.UNAUTHORIZED: Outcome.UNAUTHORIZED,
+    ErrorKind.FORBIDDEN: Outcome.FORBIDDEN,
+    ErrorKind.TOO_LARGE: Outcome.TOO_LARGE,
+    ErrorKind.UNAVAILABLE: Outcome.UNAVAILABLE,
+    ErrorKind.NOT_FOUND: Outcome.NOT_FOUND,
+    ErrorKind.MODEL_NOT_FOUND: Outcome.INVALID,
 }
 
 # (OpenAI error type, OpenAI error code) per kind.

@@ -27,6 +27,7 @@ from prometheus_client import (
 from specserve.outputs import RequestOutput
 from specserve.server.engine_metrics import EngineCollector, Labelled
 from specserve.server.engine_snapshot import EngineSnapshot, snapshot
+from specserve.server.outcome import Outcome
 
 __all__ = [
     "Coalesced",
@@ -151,7 +152,7 @@ class ServerMetrics:
             registry=self.registry,
         ).set(int(fell_back))
 
-    def count(self, route: str, outcome: str) -> None:
+    def count(self, route: str, outcome: Outcome) -> None:
         self.requests.labels(route=route, outcome=outcome).inc()
 
     def count_ignored(self, route: str, fields: int) -> None:

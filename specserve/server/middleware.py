@@ -16,12 +16,13 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specserve.server.errors import ApiError, ErrorKind, error_response, not_utf8
+from specserve.server.outcome import Outcome
 
 # Probes and scrapers run without credentials.
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
 # The operator's routes: they show or empty what every tenant's requests left behind.
 ADMIN_PATHS = frozenset({"/info", "/reset_prefix_cache", "/reset_suffix_cache"})
-OnReject = Callable[[str, str], None]  # (path, outcome)
+OnReject = Callable[[str, Outcome], None]  # (path, outcome)
 
 
 def matching_key(header: str | None, keys: tuple[str, ...]) -> int | None:
@@ -85,7 +86,7 @@ class GuardMiddleware:
                 None,
                 {"WWW-Authenticate": "Bearer"},
             )
-            await self._reject(scope, receive, send, err, "unauthorized")
+            await self._reject(scope, receive, send, err)
             return
         admin = self.anyone_admin or (self.admin is not None and key == self.admin)
         if path in ADMIN_PATHS and not admin:
@@ -95,22 +96,22 @@ class GuardMiddleware:
                 "tenant's caches",
                 ErrorKind.FORBIDDEN,
             )
-            await self._reject(scope, receive, send, err, "forbidden")
+            await self._reject(scope, receive, send, err)
             return
         if self.tenants is not None and key is not None:
             scope.setdefault("state", {})["tenant"] = self.tenants[key]
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._reject(scope, receive, send, self._too_large(), "too_large")
+            await self._reject(scope, receive, send, self._too_large())
             return
         body = await self._read_body(receive)
         if body is None:
-            await self._reject(scope, receive, send, self._too_large(), "too_large")
+            await self._reject(scope, receive, send, self._too_large())
             return
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            await self._reject(scope, receive, send, not_utf8(exc), "invalid")
+            await self._reject(scope, receive, send, not_utf8(exc))
             return
         await self.app(scope, _replay(body, receive), send)
 
@@ -137,10 +138,8 @@ class GuardMiddleware:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def _reject(
-        self, scope: Scope, receive: Receive, send: Send, err: ApiError, outcome: str
-    ) -> None:
-        self.on_reject(scope["path"], outcome)
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, err: ApiError) -> None:
+        self.on_reject(scope["path"], err.kind.outcome)
         await error_response(scope["path"], err)(scope, receive, send)
 
 

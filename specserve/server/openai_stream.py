@@ -159,7 +159,7 @@ async def _events(
         run = ctx.service.run_choices(tracked, prep, rid, n, sink=direct)
         async with contextlib.aclosing(run) as outs:
             async for i, out in outs:
-                if out.finished and out.finish_reason in ("error", "abort"):
+                if out.failed:
                     failed = ApiError(
                         500,
                         f"generation failed: {out.error or out.finish_reason}",

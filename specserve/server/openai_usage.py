@@ -4,11 +4,12 @@ and the reply's `usage` (with the speculation counts), streamed or not."""
 from __future__ import annotations
 
 from specserve.outputs import RequestOutput
+from specserve.request import FinishReason
 from specserve.server.openai_replies import CompletionTokensDetails, FinishReasonOpenAI, Usage
 
 
 def openai_finish(out: RequestOutput) -> FinishReasonOpenAI:
-    return "length" if out.finish_reason == "length" else "stop"
+    return "length" if out.finish_reason == FinishReason.LENGTH else "stop"
 
 
 def usage(finals: list[RequestOutput]) -> Usage:

@@ -23,9 +23,11 @@ from starlette.requests import Request
 
 from specserve.engine.handover import Sink
 from specserve.outputs import RequestOutput
+from specserve.request import FinishReason
 from specserve.server.backend import Backend
 from specserve.server.errors import ApiError, ErrorKind, invalid
 from specserve.server.metrics import ServerMetrics, queue_seconds
+from specserve.server.outcome import Outcome
 from specserve.server.params import Prepared
 from specserve.server.tracked import Choice, Collected, Tracked
 
@@ -84,7 +86,7 @@ class GenerationService:
         self.finished += 1
         self.metrics.in_flight.dec()
         self.metrics.count(t.route, t.outcome)
-        if t.outcome == "success" and t.final is not None:
+        if t.outcome is Outcome.SUCCESS and t.final is not None:
             m = self.metrics
             m.e2e.observe(time.monotonic() - t.arrival)
             m.input_tokens.observe(t.final.num_prompt_tokens)
@@ -122,18 +124,18 @@ class GenerationService:
                     self.observe(t, i, out)
                     yield i, out
         except ValueError as exc:  # the engine refused the request before starting it
-            t.outcome = "invalid"
+            t.outcome = Outcome.INVALID
             err = invalid("request", str(exc))
             err.counted = True
             raise err from exc
         except RuntimeError as exc:
             if t.first_token is not None or any(c.final for c in t.choices):
-                t.outcome = "error"
+                t.outcome = Outcome.ERROR
                 raise
-            t.outcome = "unavailable"
+            t.outcome = Outcome.UNAVAILABLE
             raise ApiError(503, str(exc), ErrorKind.UNAVAILABLE, counted=True) from exc
         except Exception:
-            t.outcome = "error"
+            t.outcome = Outcome.ERROR
             raise
         finally:
             self.close(t)
@@ -172,12 +174,8 @@ class GenerationService:
             c.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             c.final = out
-            reasons = {x.final.finish_reason for x in t.choices if x.final is not None}
             if t.final is not None:  # every choice has finished
-                t.outcome = next(
-                    (o for r, o in (("error", "error"), ("abort", "cancelled")) if r in reasons),
-                    "success",
-                )
+                t.outcome = outcome_of([x.final for x in t.choices if x.final is not None])
 
     async def collect(
         self, request: Request, t: Tracked, prep: Prepared, request_id: str
@@ -220,10 +218,10 @@ class GenerationService:
             await asyncio.gather(work, gone, return_exceptions=True)
             self.close(t)
         for final in (r.final for r in result):
-            if final.finish_reason == "abort" and self.draining:  # cut off by the drain timeout
+            if final.finish_reason == FinishReason.ABORT and self.draining:  # the drain's timeout
                 why = final.error or "the server is shutting down"
                 raise ApiError(503, why, ErrorKind.UNAVAILABLE, counted=True)
-            if final.finish_reason in ("error", "abort"):
+            if final.failed:
                 raise ApiError(
                     500,
                     f"generation failed: {final.error or final.finish_reason}",
@@ -231,6 +229,15 @@ class GenerationService:
                     counted=True,
                 )
         return result
+
+
+def outcome_of(finals: list[RequestOutput]) -> Outcome:
+    """A request's outcome from its choices' final outputs: an error if any failed, else
+    cancelled if any was aborted."""
+    reasons = {f.finish_reason for f in finals}
+    if FinishReason.ERROR in reasons:
+        return Outcome.ERROR
+    return Outcome.CANCELLED if FinishReason.ABORT in reasons else Outcome.SUCCESS
 
 
 async def merged(

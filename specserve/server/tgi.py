@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from specserve.outputs import RequestOutput, TokenLogprob
+from specserve.request import FinishReason
 from specserve.server.admission import prepared
 from specserve.server.context import Ctx, ServerContext, new_id
 from specserve.server.direct import DirectWriter
@@ -36,7 +37,11 @@ from specserve.server.tracked import Collected, Tracked
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["TGI"])
 
-_FINISH: dict[str, FinishReasonTGI] = {"eos": "eos_token", "stop": "stop_sequence"}
+# TGI spells our finish reasons its own way; any other is "length".
+_FINISH: dict[FinishReason | None, FinishReasonTGI] = {
+    FinishReason.EOS: "eos_token",
+    FinishReason.STOP: "stop_sequence",
+}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse},
     422: {"model": ErrorResponse},
@@ -50,7 +55,7 @@ _SSE: dict[int | str, dict[str, Any]] = {
 
 
 def finish_reason(out: RequestOutput) -> FinishReasonTGI:
-    return _FINISH.get(out.finish_reason or "", "length")
+    return _FINISH.get(out.finish_reason, "length")
 
 
 def _tokens(ctx: ServerContext, out: RequestOutput) -> list[dict[str, Any]]:
@@ -203,7 +208,7 @@ async def _events(
         run = ctx.service.run(tracked, prep, new_id("gen"), direct)
         async with contextlib.aclosing(run) as outs:
             async for out in outs:
-                if out.finished and out.finish_reason in ("error", "abort"):
+                if out.failed:
                     msg = f"generation failed: {out.error or out.finish_reason}"
                     yield sse({"error": msg, "error_type": "generation"})
                     return

@@ -22,6 +22,7 @@ from specserve.server.context import Ctx, route_label
 from specserve.server.errors import invalid
 from specserve.server.openai_api import chat_encoder
 from specserve.server.openai_schemas import ChatMessage
+from specserve.server.outcome import Outcome
 from specserve.server.schemas import Strict
 from specserve.server.tools import NO_TOOLS
 
@@ -79,7 +80,7 @@ async def tokenize(body: TokenizeRequest, ctx: Ctx) -> list[TgiToken] | VllmToke
         raise invalid("add_generation_prompt", "only true (as a chat request renders it)")
     tracked = ctx.service.admit(route_label("/tokenize"))  # counted as "other"
     result = await prepared(ctx.service, tracked, lambda: _tokenize(ctx, body))
-    tracked.outcome = "success"
+    tracked.outcome = Outcome.SUCCESS
     ctx.service.close(tracked)
     return result
 
@@ -119,6 +120,6 @@ async def detokenize(body: DetokenizeRequest, ctx: Ctx) -> DetokenizeResponse:
         raise invalid("tokens", f"token ids must be in [0, {vocab})")
     tracked = ctx.service.admit(route_label("/detokenize"))
     text = await prepared(ctx.service, tracked, lambda: ctx.prompt_tokenizer.decode(body.tokens))
-    tracked.outcome = "success"
+    tracked.outcome = Outcome.SUCCESS
     ctx.service.close(tracked)
     return DetokenizeResponse(prompt=text)

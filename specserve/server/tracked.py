@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.outputs import RequestOutput, TokenLogprob
+from specserve.server.outcome import Outcome
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Choice:
 class Tracked:
     route: str
     arrival: float
-    outcome: str = "cancelled"  # until the engine says otherwise
+    outcome: Outcome = Outcome.CANCELLED  # until the engine says otherwise
     first_token: float | None = None
     closed: bool = False
     slots: int = 1  # of --max-concurrent-requests: one per choice

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from specserve.outputs import RequestOutput
-from specserve.request import SamplingParams
+from specserve.request import FinishReason, SamplingParams
 from specserve.server.chat_reply import ReplyStream, reply_message
 from specserve.server.openai_stream import ChatChunks
 from specserve.server.params import Prepared
@@ -86,7 +86,7 @@ def test_a_call_cut_short_is_not_calls() -> None:
 
 
 def output(text: str, finished: bool) -> RequestOutput:
-    reason = "stop" if finished else None
+    reason = FinishReason.STOP if finished else None
     return RequestOutput("r", [1], text, finished, reason, 3, 1)
 
 
