@@ -5,6 +5,7 @@ and the API key reaches the ingress by a private file, never in what Ray logs.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import stat
@@ -16,11 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
-from specserve.fleet.config import parse_fleet
+from specserve.fleet.config import live_settings, parse_fleet, pool_values
+from specserve.fleet.flags import LIVE_FIELDS
 from specserve.fleet.ingress import FleetContexts, fleet_app
 from specserve.fleet.replica import PoolReplica
 from specserve.server.context import ServerContext
 from specserve.server.settings import ServerSettings
+from tests.engine.observers import LoopBug
 from tests.fleet.conftest import two_pools
 
 
@@ -75,16 +78,31 @@ def test_scrapes_within_a_second_share_one_broadcast(fleet_model: Path) -> None:
     assert handles["code"].calls["state"] == 2 and handles["chat"].calls["state"] == 2
 
 
-def test_a_replica_whose_engine_died_fails_the_health_probe() -> None:
-    replica = PoolReplica("code", {})
+def test_a_replica_whose_engine_died_fails_the_health_probe(fleet_model: Path) -> None:
+    pool = parse_fleet(two_pools(fleet_model), "test").pools["code"]
+    fixed = {k: v for k, v in pool_values(pool).items() if k not in LIVE_FIELDS}
+    replica = PoolReplica("code", fixed)
     replica.check_health()  # not started yet: Serve waits for reconfigure, not our probe
-    replica._engine = SimpleNamespace(alive=True, died=None)  # type: ignore[assignment]
-    replica.check_health()
-    assert asyncio.run(replica.health())
-    replica._engine = SimpleNamespace(alive=False, died="RuntimeError: bug")  # type: ignore[assignment]
-    with pytest.raises(RuntimeError, match="the engine stopped: RuntimeError: bug"):
-        replica.check_health()
-    assert not asyncio.run(replica.health())
+
+    async def run() -> None:
+        await replica.reconfigure(live_settings(pool))
+        front = replica.engine
+        try:
+            replica.check_health()
+            assert await replica.health()
+            front.run_locked(lambda e: e.observers.add(LoopBug()))
+            front.abort("wake-up")  # wakes the step thread: its next step dies
+            async with asyncio.timeout(60):
+                while front.alive:
+                    await asyncio.sleep(0.02)
+            with pytest.raises(RuntimeError, match="the engine stopped: RuntimeError: loop bug"):
+                replica.check_health()
+            assert not await replica.health()
+        finally:
+            gc.unfreeze()  # the replica froze its start-up heap, as `serve` does
+            await front.shutdown(timeout=5.0)
+
+    asyncio.run(run())
 
 
 def test_the_api_key_travels_by_a_private_file(
