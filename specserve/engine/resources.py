@@ -82,6 +82,7 @@ def load_resources(config: EngineConfig) -> EngineResources:
         DTYPES[config.dtype],
         gguf_blocks=not config.dense_weights,
         numerics=config.numerics,
+        context=config.max_model_len,
     )
     tokenizer = load_tokenizer(model_dir)
     target = Target(model, model_dir, tokenizer, device, DTYPES[config.dtype])

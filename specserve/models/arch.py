@@ -29,7 +29,10 @@ class RopeSpec:
     (wavelength > original / low_freq_factor) by `factor`, keeps the high ones (wavelength <
     original / high_freq_factor) and blends between; yarn blends interpolated (/ factor) and
     extrapolated frequencies by a ramp over the dims between beta_fast and beta_slow rotations;
-    longrope divides frequency i by short_factor[i]. cos and sin are then multiplied by
+    longrope divides frequency i by short_factor[i], or by long_factor[i] where the served
+    context is longer than the original (`long_context`: chosen once, for every position, as
+    llama.cpp does; transformers switches per forward by its length, which a cache of earlier
+    positions' keys cannot follow). cos and sin are then multiplied by
     `attention_factor` (YaRN's and LongRoPE's magnitude correction; 1 otherwise).
     """
 
@@ -45,12 +48,16 @@ class RopeSpec:
     truncate: bool = True
     attention_factor: float = 1.0
     short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    long_context: bool = False  # longrope: the long factors serve
 
     def __post_init__(self) -> None:
         if self.rotary_dim <= 0 or self.rotary_dim % 2:
             raise ValueError(f"RoPE over {self.rotary_dim} dims: must be even and positive")
         if self.kind == "longrope" and len(self.short_factor) != self.rotary_dim // 2:
             raise ValueError(f"longrope needs {self.rotary_dim // 2} short_factor values")
+        if self.long_context and len(self.long_factor) != self.rotary_dim // 2:
+            raise ValueError(f"longrope needs {self.rotary_dim // 2} long_factor values")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ under another prefix (a multimodal checkpoint) says so in its record (`checkpoin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from specserve.models.arch import Activation, LayerType, ModelArch, NormKind, RopeSpec
@@ -136,7 +136,7 @@ def family_of(cfg: dict[str, Any]) -> Family:
     )
 
 
-def arch_from_hf(cfg: dict[str, Any]) -> ModelArch:
+def arch_from_hf(cfg: dict[str, Any], context: int | None = None) -> ModelArch:
     """The description of the model config.json describes (ValueError where we cannot)."""
     family = family_of(cfg)
     if family.text_config:  # the top level's tie_word_embeddings is the one transformers ties by
@@ -151,8 +151,13 @@ def arch_from_hf(cfg: dict[str, Any]) -> ModelArch:
     sliding = "sliding" in types
     rope = rope_spec(cfg, "full_attention", head_dim, max_position, family.local_rope_base)
     local = rope_spec(cfg, "sliding_attention", head_dim, max_position, family.local_rope_base)
-    if rope.kind == "longrope":  # served with its short factors: only within their context
-        max_position = min(max_position, rope.original_max_position)
+    if rope.kind == "longrope":
+        # its short factors within the original context; its long ones where the served
+        # `context` (--max-model-len) asks for more
+        if context is not None and context > rope.original_max_position and rope.long_factor:
+            rope = replace(rope, long_context=True)
+        else:
+            max_position = min(max_position, rope.original_max_position)
     if rope.kind == "yarn":  # what YaRN stretches the original context to (as vLLM serves it)
         max_position = max(max_position, int(rope.original_max_position * rope.factor))
     attention_bias = bool(cfg.get("attention_bias", False))

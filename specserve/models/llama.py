@@ -75,8 +75,10 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     @classmethod
-    def arch_from_hf(cls, cfg: dict[str, Any]) -> ModelArch:
-        return arch_from_hf(cfg)
+    def arch_from_hf(cls, cfg: dict[str, Any], context: int | None = None) -> ModelArch:
+        """`context`: the context to serve, where it decides the description (LongRoPE's
+        factors); None: the model's own."""
+        return arch_from_hf(cfg, context)
 
     def forward(
         self,

@@ -43,18 +43,20 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     gguf_blocks: bool = True,
     numerics: Numerics = "q8",
+    context: int | None = None,
 ) -> DecoderLM:
     """Instantiate the decoder for `model_dir` and load its weights: a checkpoint's safetensors,
     or the GGUF the directory describes (read in place, models/gguf_weights.py).
 
     With `gguf_blocks`, on the CPU in float32 where the kernels build, a GGUF's tensors of a
     type with a kernel run as block rows, multiplying in `numerics`; everything else (and
-    everything elsewhere) runs as float32 expanded from the file.
+    everything elsewhere) runs as float32 expanded from the file. `context`: the context to
+    serve (`--max-model-len`) where the description depends on it (LongRoPE's factors).
     """
     cfg = read_config(model_dir)
     cls = model_class(cfg)
     with torch.device("meta"):
-        model = cls(cls.arch_from_hf(cfg))
+        model = cls(cls.arch_from_hf(cfg, context))
     model = model.to_empty(device=device).to(dtype)
     # to_empty breaks weight tying (the RoPE tables are plain tensors: they survive it)
     arch = model.arch

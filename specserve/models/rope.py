@@ -29,7 +29,8 @@ def inverse_frequencies(spec: RopeSpec) -> torch.Tensor:  # [rotary_dim / 2] flo
     if spec.kind == "yarn":
         return _yarn(inv, spec)
     if spec.kind == "longrope":
-        return inv / torch.tensor(spec.short_factor, dtype=torch.float64, device=CPU)
+        factors = spec.long_factor if spec.long_context else spec.short_factor
+        return inv / torch.tensor(factors, dtype=torch.float64, device=CPU)
     return inv
 
 

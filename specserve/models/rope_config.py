@@ -56,12 +56,13 @@ def rope_spec(
             attention_factor=_yarn_attention_factor(params, factor),
         )  # fmt: skip
     short = tuple(float(f) for f in params["short_factor"])
+    long = tuple(float(f) for f in params.get("long_factor") or ())
     attention = params.get("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
     return RopeSpec(
         theta, rotary_dim, "longrope", factor=factor, original_max_position=original,
-        attention_factor=float(attention), short_factor=short,
+        attention_factor=float(attention), short_factor=short, long_factor=long,
     )  # fmt: skip
 
 

@@ -72,6 +72,21 @@ def test_logits_match_hf(case: str, attention: AttentionImpl, tmp_path: Path) ->
     assert_matches_hf(model_dir, 320, TABLE, block_size=4, attention=attention)
 
 
+def test_longrope_long_factors_serve_a_longer_context(tmp_path: Path) -> None:
+    """Asked for more than the original context, Phi-3's LongRoPE serves its long factors at
+    every position: transformers' numbers over a sequence longer than the original (16 here;
+    the test's 30 tokens), where it too takes the long ones. Within the original context, the
+    short factors (the case above)."""
+    _, config = CASES["phi3-longrope"]
+    config = {**config, "original_max_position_embeddings": 16}
+    model_dir = make_model_dir(tmp_path, "phi3", with_tokenizer=False, seed=3, config=config)
+    assert_matches_hf(model_dir, 320, TABLE, block_size=4, context=64)
+    cfg = read_config(model_dir)
+    assert model_class(cfg).arch_from_hf(cfg).max_position == 16  # unasked: the original
+    long = model_class(cfg).arch_from_hf(cfg, context=64)
+    assert long.full_rope.long_context and long.max_position >= 64
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
 def test_tied_embeddings_match_hf(arch: str, tmp_path: Path) -> None:
     model_dir = make_model_dir(tmp_path, arch, with_tokenizer=False, seed=5, tied=True)

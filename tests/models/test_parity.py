@@ -24,14 +24,16 @@ def assert_matches_hf(
     block_size: int,
     device: torch.device = CPU,
     attention: AttentionImpl = "auto",
+    context: int | None = None,
 ) -> None:
-    """Prefill 20 tokens, decode 7 one at a time, then a 3-token chunk, against HF fp32."""
+    """Prefill 20 tokens, decode 7 one at a time, then a 3-token chunk, against HF fp32.
+    `context`: the context served (build_model's)."""
     import transformers
 
     load = transformers.AutoModelForCausalLM.from_pretrained
     ref: Any = load(str(model_dir), dtype=torch.float32)
     ref = ref.to(device).eval()
-    model = build_model(model_dir, device, numerics="exact")
+    model = build_model(model_dir, device, numerics="exact", context=context)
     runner = ModelRunner(model, 16, block_size, device, attention)
     ids = torch.randint(0, vocab, (30,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.no_grad():
