@@ -68,10 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     observer = ByRows()
     items = [i for i in load_workload(args.workload) if i.messages][: args.items]
-    prompts = [
-        engine.encode_chat([{"role": m.role, "content": m.content} for m in item.messages])
-        for item in items
-    ]
+    chats = [[{"role": m.role, "content": m.content} for m in i.messages or ()] for i in items]
+    prompts = [engine.encode_chat(chat) for chat in chats]
     params = SamplingParams(max_new_tokens=args.max_tokens, ignore_eos=True)
     run_one(engine, prompts[0], params)  # warm-up: kernels built, first-call costs paid
     engine.observers.add(observer)
