@@ -37,34 +37,40 @@ from specserve.bench.workloads import build_workload, load_workload
 from specserve.config import CacheConfig, EngineConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.request import SamplingParams
+from specserve.speculation.eagle_head import eagle_head_dir
 from specserve.speculation.eagle_proposer import EagleProposer
 
 FREE_TEXT = Path(__file__).resolve().parents[1] / "workloads" / "third-party-free.jsonl"
 
 
-def record_top2(records: list[tuple[Any, int, list[int]]]) -> None:
-    """Patches the proposer: at depth 1, each chain's (sequence, output position, top-2 ids)."""
-    pick = EagleProposer._pick
+class Top2Eagle(EagleProposer):
+    """The EAGLE proposer, recording at depth 1 each chain's (sequence, output position, top-2
+    ids) in `records`; it drafts as EagleProposer does."""
 
-    def recorded(self: EagleProposer, g: torch.Tensor, chains: list[Any], j: int) -> torch.Tensor:
+    records: list[tuple[Any, int, list[int]]]
+
+    def _pick(self, g: torch.Tensor, chains: list[Any], j: int) -> torch.Tensor:
         if j == 0:
             top = self.vocab[self.vocab_logits(g).topk(2, dim=-1).indices]  # [B, 2] token ids
             for b, chain in enumerate(chains):
-                records.append((chain.seq, len(chain.seq.output_ids), top[b].tolist()))
-        return pick(self, g, chains, j)
-
-    EagleProposer._pick = recorded  # type: ignore[method-assign]
+                self.records.append((chain.seq, len(chain.seq.output_ids), top[b].tolist()))
+        return super()._pick(g, chains, j)
 
 
 def run(threads: int, requests: int, new_tokens: int) -> dict[str, Any]:
-    records: list[tuple[Any, int, list[int]]] = []
-    record_top2(records)
     config = EngineConfig(
         num_threads=threads,
         spec=SpecConfig(speculate=4, proposer="eagle", policy="adaptive"),
         cache=CacheConfig(prefix_caching=False),
     )
     engine = Engine(config)
+    head_dir = eagle_head_dir(engine.facts.model_dir, None)
+    if head_dir is None:
+        raise SystemExit(f"no shipped EAGLE head for {engine.facts.model_dir}")
+    proposer = Top2Eagle.load(head_dir, engine.model, engine.facts.model_dir)
+    assert isinstance(proposer, Top2Eagle)
+    records = proposer.records = []
+    engine.use_proposer(proposer)
     items = build_workload("chat-creative", requests, seed=0) + load_workload(str(FREE_TEXT))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     for item in items:
