@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from specserve.outputs import RequestOutput
 
@@ -34,8 +35,15 @@ class Ticket:
             self.done.set()
 
 
-# A request's queue: each output with the ticket of the hand-over that brought it.
-Outputs = asyncio.Queue[tuple[RequestOutput, Ticket]]
+class Handed(NamedTuple):
+    """An output on its request's queue, with the ticket of the hand-over that brought it."""
+
+    output: RequestOutput
+    ticket: Ticket
+
+
+# A request's queue.
+Outputs = asyncio.Queue[Handed]
 
 
 @dataclass
@@ -71,4 +79,4 @@ def hand_over(
     """On the consumers' loop: queue the outputs, each with the ticket that sets `done`."""
     ticket = Ticket(len(items), done)
     for queue, out in items:
-        queue.put_nowait((out, ticket))
+        queue.put_nowait(Handed(out, ticket))

@@ -243,17 +243,15 @@ def test_one_wake_up_per_step_for_all_requests(tiny_llama: Path) -> None:
 def test_hand_over_is_done_once_every_consumer_came_back() -> None:
     """The step thread's wait ends only once each consumer a hand-over woke has done its work
     (however many loop passes framing and the socket write take) and come back for more."""
-    from specserve.engine.handover import Ticket, hand_over
+    from specserve.engine.handover import Outputs, hand_over
 
     async def main() -> list[bool]:
         loop = asyncio.get_running_loop()
-        queues: list[asyncio.Queue[tuple[RequestOutput, Ticket]]] = [
-            asyncio.Queue() for _ in range(3)
-        ]
+        queues: list[Outputs] = [asyncio.Queue() for _ in range(3)]
         done = threading.Event()
         seen: list[bool] = []
 
-        async def consumer(q: asyncio.Queue[tuple[RequestOutput, Ticket]], hops: int) -> None:
+        async def consumer(q: Outputs, hops: int) -> None:
             _, ticket = await q.get()
             for _ in range(hops):  # framing, middleware, the write: passes of the loop
                 await asyncio.sleep(0)
