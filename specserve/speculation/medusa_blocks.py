@@ -38,9 +38,9 @@ def _vocab_rows(lm_head: nn.Module, vocab: torch.Tensor) -> BlockLinear:
     of 8 rows (the interleaved kernel's unit); callers keep the first K columns."""
     pad = -len(vocab) % ggml.X8_ROWS
     ids = torch.cat([vocab, vocab[-1:].expand(pad)]) if pad else vocab
-    if isinstance(lm_head, BlockLinear) and lm_head.kind.plain == ggml.BlockKind.Q8_0:
+    if isinstance(lm_head, BlockLinear):  # the target's own rows, in its GGUF type
         rows = ggml.gather_rows(lm_head.blocks, lm_head.kind, ids, lm_head.in_features)
-        return BlockLinear(rows, ggml.BlockKind.Q8_0, lm_head.in_features, None)
+        return BlockLinear(rows, lm_head.kind.plain, lm_head.in_features, None)
     return _q8(linear_weight(lm_head).detach()[ids], None)
 
 

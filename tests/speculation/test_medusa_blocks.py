@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 
 from specserve.kernels import ggml
-from specserve.models.block_linear import BlockLinear, quantise_q8_0
+from specserve.models.block_linear import BlockLinear
 from specserve.request import SamplingParams, Sequence
 from specserve.speculation.medusa import MedusaConfig, MedusaHeads, save_medusa
 from specserve.speculation.medusa_blocks import BlockHeads
@@ -31,13 +32,16 @@ def _heads(num_heads: int, layers: int, own: bool, vocab: list[int] | None) -> M
     return heads.eval()
 
 
-def _lm_head(blocks: bool) -> torch.nn.Module:
+def _lm_head(kind: ggml.BlockKind | None) -> torch.nn.Module:
+    """The target's lm_head: float, or GGUF blocks of `kind` (Q8_0 or Q4_1)."""
     lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
     with torch.no_grad():
         lm_head.weight.copy_(torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(7)))
-    if not blocks:
+    if kind is None:
         return lm_head
-    return BlockLinear(quantise_q8_0(lm_head.weight), ggml.BlockKind.Q8_0, HIDDEN, None)
+    weight = lm_head.weight.detach().numpy()
+    blocks = torch.from_numpy(quants.quantize(weight, GGMLQuantizationType[kind.name]))
+    return BlockLinear(blocks.contiguous(), kind, HIDDEN, None)
 
 
 VOCAB_IDS = [3, 8, 20, 41, 77, 101, 150, 199, 250, 299, 5]  # 11: not a multiple of 8
@@ -46,11 +50,11 @@ VOCAB_IDS = [3, 8, 20, 41, 77, 101, 150, 199, 250, 299, 5]  # 11: not a multiple
 @pytest.mark.parametrize("layers", [0, 1, 2])
 @pytest.mark.parametrize("own", [False, True])
 @pytest.mark.parametrize("vocab", [None, VOCAB_IDS])
-@pytest.mark.parametrize("lm_blocks", [False, True])
+@pytest.mark.parametrize("lm_kind", [None, ggml.BlockKind.Q8_0, ggml.BlockKind.Q4_1])
 def test_scores_are_the_float_heads_to_q8_tolerance(
-    layers: int, own: bool, vocab: list[int] | None, lm_blocks: bool
+    layers: int, own: bool, vocab: list[int] | None, lm_kind: ggml.BlockKind | None
 ) -> None:
-    heads, lm_head = _heads(3, layers, own, vocab), _lm_head(lm_blocks)
+    heads, lm_head = _heads(3, layers, own, vocab), _lm_head(lm_kind)
     hidden = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = heads.logits(hidden, lm_head)  # [5, 3, vocab]
@@ -63,7 +67,7 @@ def test_scores_are_the_float_heads_to_q8_tolerance(
 
 
 def test_proposer_on_blocks_drafts_the_float_chain_where_its_argmax_is_clear() -> None:
-    heads, lm_head = _heads(4, 2, False, VOCAB_IDS), _lm_head(True)
+    heads, lm_head = _heads(4, 2, False, VOCAB_IDS), _lm_head(ggml.BlockKind.Q8_0)
     proposer = MedusaProposer(heads, lm_head, blocks=True)
     reference = MedusaProposer(heads, lm_head)
     assert proposer.blocks is not None and reference.blocks is None
