@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specserve.outputs import RequestOutput
-from specserve.server.openai_usage import openai_finish, usage
+from specserve.request import FinishReason
+from specserve.server.openai_usage import usage
 from specserve.server.responses_schemas import (
     FunctionCall,
     IncompleteDetails,
@@ -86,7 +87,7 @@ class Turn:
 
 
 def status_of(final: RequestOutput) -> Status:
-    return "incomplete" if openai_finish(final) == "length" else "completed"
+    return "incomplete" if final.finish_reason == FinishReason.LENGTH else "completed"
 
 
 def call_item(call: dict[str, Any], status: Status = "completed") -> FunctionCall:
