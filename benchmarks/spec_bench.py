@@ -46,7 +46,8 @@ from benchmarks.spec_cells import Config, run_cell
 from benchmarks.spec_report import cell_tok_s, render, summarise
 from specserve.bench.workload_items import WorkloadItem, conversations, encode_item
 from specserve.bench.workloads import resolve_workload
-from specserve.config import POLICIES, PROPOSERS, EngineConfig, SchedulerConfig, SpecConfig
+from specserve.cli_args import proposer_names
+from specserve.config import POLICIES, EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.request import SamplingParams
 
@@ -123,7 +124,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--proposer",
         default=None,
-        help=f"comma list of {', '.join(PROPOSERS)}, compared in one run; "
+        help=f"comma list of {', '.join(proposer_names())}, compared in one run; "
         "default: draft with --draft-model, else ngram",
     )
     p.add_argument("--policy", default="static", help=f"comma list of {', '.join(POLICIES)}")
@@ -151,9 +152,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="write all results here")
     args = p.parse_args(argv)
     args.proposers = (args.proposer or ("draft" if args.draft_model else "ngram")).split(",")
-    unknown = [p for p in args.proposers if p not in PROPOSERS]
+    unknown = [p for p in args.proposers if p not in proposer_names()]
     if unknown or len(set(args.proposers)) != len(args.proposers):
-        p.error(f"--proposer must list distinct names from {PROPOSERS}, got {args.proposer!r}")
+        p.error(
+            f"--proposer must list distinct names from {proposer_names()}, got {args.proposer!r}"
+        )
     args.policies = args.policy.split(",")
     if not set(args.policies) <= set(POLICIES):
         p.error(f"--policy must list names from {POLICIES}, got {args.policy!r}")
@@ -174,7 +177,7 @@ def build_engine(args: argparse.Namespace, proposer: str) -> Engine:
     try:
         spec = SpecConfig(
             speculate=args.ns[-1],
-            proposer=proposer,  # type: ignore[arg-type]
+            proposer=proposer,
             draft_model=args.draft_model,
             ngram_max=args.ngram_max,
             eagle=args.eagle,

@@ -17,6 +17,7 @@ from specserve.cli_flags import Option, add_option
 from specserve.config import EngineConfig
 from specserve.config_schema import FIELD_DEFAULT, FLAG, Flag
 from specserve.speculation.medusa_resolve import default_speculate
+from specserve.speculation.registry import AUTO, REGISTRY
 
 
 def schema_options(cls: type = EngineConfig, path: tuple[str, ...] = ()) -> Iterator[Option]:
@@ -31,7 +32,10 @@ def schema_options(cls: type = EngineConfig, path: tuple[str, ...] = ()) -> Iter
 
 
 def _option(flag: Flag, kind: Any, default: Any, path: tuple[str, ...]) -> Option:
-    """The flag of one field of type `kind`: a switch for a bool, choices for a Literal."""
+    """The flag of one field of type `kind`: a switch for a bool, choices for a Literal (for
+    --proposer, the registry's kinds)."""
+    if path == PROPOSER:
+        return _proposer_option(flag, default, path)
     if get_origin(kind) is UnionType:  # `int | None`: the flag parses the int
         [kind] = [k for k in get_args(kind) if k is not NoneType]
     common: dict[str, Any] = {"live": flag.live, "path": path}
@@ -41,6 +45,22 @@ def _option(flag: Flag, kind: Any, default: Any, path: tuple[str, ...]) -> Optio
     shown = default if flag.default is FIELD_DEFAULT else flag.default
     parse = flag.parse or (str if choices else kind)
     return Option(flag.name, flag.env, flag.help, shown, parse, choices, **common)
+
+
+PROPOSER = ("spec", "proposer")
+
+
+def proposer_names() -> tuple[str, ...]:
+    return (AUTO, *REGISTRY.names())
+
+
+def _proposer_option(flag: Flag, default: Any, path: tuple[str, ...]) -> Option:
+    """--proposer: a choice per registered kind, each kind's summary in the help; so a new
+    kind is its module and its line in the registry."""
+    kinds = "; ".join(f"{k.name}: {k.summary}" if k.summary else k.name for k in REGISTRY.kinds())
+    help = f"{flag.help}; or one kind: {kinds}"
+    choices = proposer_names()
+    return Option(flag.name, flag.env, help, default, str, choices, live=flag.live, path=path)
 
 
 ENGINE_OPTIONS: tuple[Option, ...] = tuple(schema_options())
@@ -75,6 +95,10 @@ def engine_config(
                 values["model"], values["proposer"], values["medusa"]
             )
     config: EngineConfig = _build(EngineConfig, (), values)
+    if config.spec.proposer not in proposer_names():  # a fleet file's value (argparse checks flags)
+        raise ValueError(
+            f"proposer must be one of {proposer_names()}, got {config.spec.proposer!r}"
+        )
     return config
 
 

@@ -16,9 +16,7 @@ from typing import Literal
 from specserve.config_schema import flag, parse_bytes
 from specserve.spec_config import (  # noqa: F401  (re-exported beside the other records)
     POLICIES,
-    PROPOSERS,
     PolicyName,
-    ProposerName,
     SpecConfig,
 )
 

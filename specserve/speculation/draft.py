@@ -279,6 +279,7 @@ REGISTRATION = Registration(
     _build,
     artifacts=("draft_model",),
     auto=True,
+    summary="a smaller model sharing the tokenizer (--draft-model)",
     load_model=_load,
     artifact_dir=_artifact_dir,
     fingerprint=_fingerprint,

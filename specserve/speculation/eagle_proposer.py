@@ -415,9 +415,7 @@ class EagleProposer(Proposer):
     def _draft(self, seqs: list[Sequence], ks: list[int], states: list[HeadState]) -> list[Draft]:
         if self.native is not None:
             return self._draft_native(seqs, ks, states, self.native)
-        return padded_draft(
-            self.head, self.vocab_embed, self._pick, seqs, ks, states, self.device
-        )
+        return padded_draft(self.head, self.vocab_embed, self._pick, seqs, ks, states, self.device)
 
     def _draft_native(
         self, seqs: list[Sequence], ks: list[int], states: list[HeadState], native: NativeHead
@@ -597,6 +595,8 @@ REGISTRATION = Registration(
     eagle_proposer,
     artifacts=("eagle", "force_eagle"),
     hidden=HiddenRows.ACCEPTED,
+    summary="an EAGLE-style head on the target's features (--eagle DIR, or the shipped head "
+    "for the default model)",
     artifact_dir=_artifact_dir,
     fingerprint=fingerprint_head,
 )

@@ -169,6 +169,8 @@ REGISTRATION = Registration(
     artifacts=EAGLE.artifacts,
     settings=("suffix_cache_tokens",),
     hidden=HiddenRows.ACCEPTED,
+    summary="per sequence and step the suffix lookup's draft or the EAGLE head's, whichever "
+    "is expected to keep more tokens",
     artifact_dir=EAGLE.artifact_dir,
     fingerprint=EAGLE.fingerprint,
 )

@@ -197,6 +197,8 @@ REGISTRATION = Registration(
     artifacts=("medusa", "force_medusa"),
     hidden=HiddenRows.LAST_ACCEPTED,
     auto=True,
+    summary="Medusa heads (--medusa, the checkpoint's, or the shipped heads for the default "
+    "model; n-gram when there are none)",
     artifact_dir=_artifact_dir,
     fingerprint=_fingerprint,
     check_live=_check_live,

@@ -178,4 +178,10 @@ def _build(loaded: Loaded) -> NgramProposer:
     return NgramProposer(spec.ngram_min, spec.ngram_max)
 
 
-REGISTRATION = Registration("ngram", _build, settings=("ngram_min", "ngram_max"), auto=True)
+REGISTRATION = Registration(
+    "ngram",
+    _build,
+    settings=("ngram_min", "ngram_max"),
+    auto=True,
+    summary="lookup of the request's own context",
+)

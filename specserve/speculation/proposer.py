@@ -184,6 +184,7 @@ class Registration:
     settings: tuple[str, ...] = ()
     hidden: HiddenRows = HiddenRows.NONE
     auto: bool = False  # `--proposer auto` tries it (in the registry's order)
+    summary: str = ""  # what `--proposer NAME` proposes, for --help
     # A model of its own, loaded before the KV pool is sized: its weights, KV bytes per token
     # and largest step share the memory budget with the target's.
     load_model: Callable[[EngineConfig, Target], DecoderLM | None] | None = None

@@ -36,6 +36,9 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._kinds)
 
+    def kinds(self) -> tuple[Registration, ...]:
+        return tuple(self._kinds.values())
+
     def get(self, name: str) -> Registration:
         kind = self._kinds.get(name)
         if kind is None:

@@ -159,4 +159,9 @@ def _build(loaded: Loaded) -> SuffixProposer:
     return SuffixProposer(loaded.config.spec.suffix_cache_tokens)
 
 
-REGISTRATION = Registration("suffix", _build, settings=("suffix_cache_tokens",))
+REGISTRATION = Registration(
+    "suffix",
+    _build,
+    settings=("suffix_cache_tokens",),
+    summary="lookup in the request's own context and in recent requests' outputs",
+)

@@ -56,7 +56,7 @@ def make_engine(
             ),
             spec=SpecConfig(
                 speculate=speculate,
-                proposer=proposer,  # type: ignore[arg-type]
+                proposer=proposer,
                 policy=policy,  # type: ignore[arg-type]
                 draft_model=draft_model,
                 **spec,  # type: ignore[arg-type]

@@ -61,7 +61,7 @@ BAD = [
     (
         {"default_pool": "a", "pools": {"a": {"proposer": "lookahead"}}},
         "f.yaml: pool 'a', field proposer: Input should be "
-        "'auto', 'ngram', 'suffix', 'draft', 'medusa', 'eagle' or 'hybrid'",
+        "'auto', 'draft', 'medusa', 'ngram', 'suffix', 'eagle' or 'hybrid'",
     ),
     (
         {"default_pool": "a", "pools": {"a": {"speculate": -1}}},

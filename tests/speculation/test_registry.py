@@ -8,7 +8,8 @@ from dataclasses import dataclass, fields, replace
 import pytest
 import torch
 
-from specserve.config import PROPOSERS, EngineConfig, SpecConfig
+from specserve.cli_args import ENGINE_OPTIONS, engine_config
+from specserve.config import EngineConfig, SpecConfig
 from specserve.request import Sequence
 from specserve.speculation import ngram
 from specserve.speculation.ngram import NgramProposer
@@ -28,8 +29,15 @@ def loaded(**spec: object) -> Loaded:
     return Loaded(EngineConfig(spec=SpecConfig(**spec)))  # type: ignore[arg-type]
 
 
-def test_the_registry_names_every_configurable_kind() -> None:
-    assert set(PROPOSERS) == {AUTO, *REGISTRY.names()}
+def test_proposer_flag_lists_every_registered_kind() -> None:
+    """--proposer's choices and help come from the registry: a new kind is its module and its
+    registry line."""
+    [option] = [o for o in ENGINE_OPTIONS if o.flag == "--proposer"]
+    assert option.choices == (AUTO, *REGISTRY.names())
+    for kind in REGISTRY.kinds():
+        assert kind.summary and f"{kind.name}: {kind.summary}" in option.help
+    with pytest.raises(ValueError, match="proposer must be one of"):
+        engine_config({o.dest: o.value for o in ENGINE_OPTIONS} | {"proposer": "lookahead"})
 
 
 def test_every_spec_field_is_live_or_declared_by_a_kind() -> None:
@@ -56,7 +64,7 @@ def test_auto_order_and_fallback() -> None:
     assert names("medusa") == ["medusa", "ngram"]  # no heads: n-gram serves
     assert names("ngram") == ["ngram"]
     assert names("suffix") == ["suffix", "ngram"]
-    assert {n: REGISTRY.may_load(n) for n in PROPOSERS} == {
+    loads = {
         "auto": True,
         "ngram": False,
         "suffix": False,
@@ -65,6 +73,7 @@ def test_auto_order_and_fallback() -> None:
         "eagle": True,
         "hybrid": True,
     }
+    assert {n: REGISTRY.may_load(n) for n in loads} == loads
     assert names("eagle") == ["eagle", "ngram"] and names("hybrid") == ["hybrid", "ngram"]
     with pytest.raises(ValueError, match="not available"):
         REGISTRY.get("lookahead")
@@ -151,8 +160,7 @@ def test_fallback_must_load_nothing() -> None:
 
 
 def test_declared_step_needs_and_fingerprints() -> None:
-    hidden = {n: REGISTRY.get(n).hidden for n in REGISTRY.names()}
-    assert hidden == {
+    hidden = {
         "draft": HiddenRows.NONE,
         "medusa": HiddenRows.LAST_ACCEPTED,
         "ngram": HiddenRows.NONE,
@@ -160,6 +168,7 @@ def test_declared_step_needs_and_fingerprints() -> None:
         "eagle": HiddenRows.ACCEPTED,
         "hybrid": HiddenRows.ACCEPTED,
     }
+    assert {n: REGISTRY.get(n).hidden for n in hidden} == hidden
     assert REGISTRY.fingerprint(None) is None
     assert REGISTRY.fingerprint("suffix") == {"kind": "suffix", "artifact": None}
     with pytest.raises(ValueError, match="needs its model directory"):
