@@ -31,7 +31,7 @@ from specserve.cli import build_parser
 from specserve.cli_args import engine_config_from_args
 from specserve.engine.engine import Engine
 from specserve.engine.memory import parse_bytes
-from specserve.request import SamplingParams
+from specserve.request import FinishReason, SamplingParams
 
 AMPLE = "1GiB"
 
@@ -93,7 +93,7 @@ def run(case: Case, kv_bytes: str, threads: int | None, scale: float) -> Result:
         sched = engine.scheduler
         most = max([most, *(s.num_preemptions for s in [*sched.running, *sched.waiting])])
         for out in engine.step():
-            if out.finish_reason == "error":
+            if out.finish_reason == FinishReason.ERROR:
                 raise RuntimeError(f"{case.name}: request failed: {out.error}")
             outputs[out.request_id] += out.new_token_ids
     seconds = time.perf_counter() - started

@@ -25,7 +25,7 @@ from benchmarks.machine import machine_info, machine_lines, markdown_table
 from specserve.cli import build_parser
 from specserve.cli_args import engine_config_from_args
 from specserve.engine.engine import Engine
-from specserve.request import SamplingParams
+from specserve.request import FinishReason, SamplingParams
 
 
 def engine(cache: bool, threads: int) -> Engine:
@@ -41,7 +41,7 @@ def timed(eng: Engine, prompts: list[list[int]], new_tokens: int) -> tuple[float
     out: dict[str, list[int]] = {i: [] for i in ids}
     while eng.has_work():
         for o in eng.step():
-            if o.finish_reason == "error":
+            if o.finish_reason == FinishReason.ERROR:
                 raise RuntimeError(f"request failed: {o.error}")
             out[o.request_id] += o.new_token_ids
     return time.perf_counter() - started, [out[i] for i in ids]

@@ -25,7 +25,7 @@ from specserve.bench.workload_items import (
 )
 from specserve.engine.engine import Engine
 from specserve.outputs import RequestOutput
-from specserve.request import SamplingParams
+from specserve.request import FinishReason, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def run_cell(
                 continue
             del live[out.request_id]
             runs.append(_run(engine, state, out, config, concurrency))
-            if out.finish_reason != "error" and state.turn + 1 < len(state.unit):
+            if out.finish_reason != FinishReason.ERROR and state.turn + 1 < len(state.unit):
                 history = next_history(state.sent, state.text)
                 _submit(engine, live, state.unit, state.turn + 1, history, params, new_tokens)
     wall = time.perf_counter() - started

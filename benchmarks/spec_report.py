@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.machine import machine_lines, markdown_table
+from specserve.request import FinishReason
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Run:
     draft_steps: int  # its steps that verified at least one draft
     drafted: int  # its drafted tokens that were verified
     accepted: int
-    finish_reason: str
+    finish_reason: str  # a FinishReason, "" for none
 
 
 CellKey = tuple[str, int, str, str, int]  # (workload, concurrency, proposer, policy, N)
@@ -94,7 +95,7 @@ def _row(cell: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
         "accepted_per_draft_step": accepted / max(sum(r.draft_steps for r in runs), 1),
         "tokens_per_row": (accepted + decode_rows) / max(drafted + decode_rows, 1),
         "identical": sum(r.tokens == ref_tokens.get(r.item_id) for r in runs),
-        "errors": sum(r.finish_reason == "error" for r in runs),
+        "errors": sum(r.finish_reason == FinishReason.ERROR for r in runs),
     }
 
 
