@@ -37,6 +37,7 @@ from specserve.grammar import Grammars
 from specserve.models.llama import DecoderLM
 from specserve.outputs import RequestOutput, TokenLogprob
 from specserve.request import FinishReason, LogitsProcessor, SamplingParams, Sequence
+from specserve.runner.cost import LiveCost
 from specserve.runner.model_runner import RunOutput
 from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
 from specserve.speculation.policy import SpeculationPolicy
@@ -53,10 +54,13 @@ class Engine:
         config: EngineConfig,
         resources: EngineResources | None = None,
         eos_ids: frozenset[int] | None = None,
+        step_cost: LiveCost | None = None,
     ) -> None:
-        """`eos_ids`: the tokens that end a request (default: the model's own)."""
+        """`eos_ids`: the tokens that end a request (default: the model's own). `step_cost`: a
+        step cost model to schedule and price drafts by instead of the start-up profile (a
+        reproducible one, for tests and benchmarks)."""
         self.config = config
-        self.res = resources or load_resources(config)
+        self.res = resources or load_resources(config, step_cost)
         self.eos_ids = self.res.eos_ids if eos_ids is None else eos_ids
         self.facts: EngineFacts = engine_facts(self.res)
         self.grammars = Grammars(self.res.tokenizer, self.facts.vocab_size, self.eos_ids)

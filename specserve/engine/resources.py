@@ -70,7 +70,8 @@ def default_num_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def load_resources(config: EngineConfig) -> EngineResources:
+def load_resources(config: EngineConfig, cost: LiveCost | None = None) -> EngineResources:
+    """`cost`: the step cost to use instead of profiling one at start-up (where one is used)."""
     # Set in the thread that will run the steps (torch's and OpenMP's count is per thread).
     torch.set_num_threads(config.num_threads or default_num_threads())
     device = resolve_device(config.device)
@@ -112,7 +113,7 @@ def load_resources(config: EngineConfig) -> EngineResources:
         window_blocks=window_blocks,
     )
     proposer = REGISTRY.build(Loaded(config, target, draft, num_blocks))
-    cost = step_cost(config, runner, allocator, window)
+    cost = cost or step_cost(config, runner, allocator, window)
     return EngineResources(
         model_dir=model_dir,
         model=model,

@@ -7,6 +7,7 @@ from pathlib import Path
 from specserve.config import CacheConfig, EngineConfig, Numerics, SchedulerConfig, SpecConfig
 from specserve.engine.engine import Engine
 from specserve.request import SamplingParams
+from specserve.runner.cost import LiveCost
 
 
 def make_engine(
@@ -27,6 +28,7 @@ def make_engine(
     itl_target_ms: float = 0.0,
     policy: str = "static",
     eos_ids: frozenset[int] | None = None,
+    step_cost: LiveCost | None = None,
     **spec: object,
 ) -> Engine:
     """An engine on `model_dir`. No ITL target unless asked: its chunks follow measured step
@@ -63,6 +65,7 @@ def make_engine(
             ),
         ),
         eos_ids=eos_ids,
+        step_cost=step_cost,
     )
 
 

@@ -23,9 +23,10 @@ def _slow_prefill() -> LiveCost:
 def _run(model: Path, itl_target_ms: float, speculate: int) -> tuple[list[list[int]], list[int]]:
     """A stream, and after its third step a 150-token prompt: both outputs, and the prompt
     tokens computed in each step while the stream decoded."""
-    engine = make_engine(model, num_blocks=128, itl_target_ms=itl_target_ms, speculate=speculate)
-    if itl_target_ms:
-        engine.scheduler.cost = _slow_prefill()
+    cost = _slow_prefill() if itl_target_ms else None
+    engine = make_engine(
+        model, num_blocks=128, itl_target_ms=itl_target_ms, speculate=speculate, step_cost=cost
+    )
     first = engine.add_request([5, 6, 7, 8, 9], GREEDY)
     tokens: dict[str, list[int]] = {first: []}
     chunks = []
