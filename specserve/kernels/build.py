@@ -5,7 +5,11 @@ each on its own, in parallel, then linked), flags and the CPU features those fla
 shared object lands in the specserve cache (`kernels/`, 0700) under a name keyed by every file
 the compiler reads to build it (the units, their headers and the system headers under those,
 as its own dependency output `-M` lists them: no list kept by hand), the flags, the compiler
-and the CPU; every compiler run has a timeout.
+and the CPU; every compiler run has a timeout. What `-M` said is remembered beside the library
+(`*.files.json`, keyed by the units' own bytes, flags and compiler), so that a process loading a
+built library hashes those files instead of running the compiler: a library is found under the
+key of those files' bytes only if they are as they were when `-M` listed them, and then the
+compiler would read the same files; any miss runs `-M` again.
 Beside it goes the sha256 of what was built; a cached library is loaded only if it and that
 record are regular files of this user that nobody else may write, and its bytes still hash to
 the record. Anything else (a planted or damaged file) is rebuilt, never loaded. A machine that lacks
@@ -196,6 +200,30 @@ def _compile(spec: KernelSource, compiler: str, target: Path) -> None:
         os.replace(staged, target)  # appears complete or not at all
 
 
+def _manifest(spec: KernelSource, compiler_id: str, home: Path) -> Path:
+    """Where `files_read`'s answer for these units (their bytes), flags and compiler is kept."""
+    parts = [compiler_id.encode(), " ".join(spec.cflags).encode()]
+    for src in spec.sources:
+        parts += [src.name.encode(), hashlib.sha256(src.read_bytes()).digest()]
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    return home / f"{spec.name}-{digest}.files.json"
+
+
+def _remembered(manifest: Path) -> list[Path] | None:
+    """The files a trusted manifest lists, where every one still exists."""
+    if not manifest.exists() or untrusted_reason(manifest) is not None:
+        return None
+    files = read_json_object(manifest).get("files")
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    paths = [Path(f) for f in files]
+    return paths if all(p.is_file() for p in paths) else None
+
+
+def _target(spec: KernelSource, home: Path, read: Sequence[Path], compiler_id: str) -> Path:
+    return home / f"{spec.name}-{cache_key(spec, read, compiler_id)}.so"
+
+
 def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
     """The compiled library, or None (logged once by the caller's cache) when it cannot run."""
     missing = [f for f in spec.cpu_flags if f not in cpu_flags()]
@@ -204,8 +232,15 @@ def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
         return None
     try:
         compiler = _compiler()
-        key = cache_key(spec, files_read(spec, compiler), _compiler_id(compiler))
-        target = private_dir(default_cache_dir() / "kernels") / f"{spec.name}-{key}.so"
+        compiler_id = _compiler_id(compiler)
+        home = private_dir(default_cache_dir() / "kernels")
+        manifest = _manifest(spec, compiler_id, home)
+        read = _remembered(manifest)
+        if read is not None and untrusted_library(_target(spec, home, read, compiler_id)) is None:
+            return ctypes.CDLL(str(_target(spec, home, read, compiler_id)))
+        read = files_read(spec, compiler)
+        write_json_atomically(manifest, {"files": [str(p) for p in read]})
+        target = _target(spec, home, read, compiler_id)
         why = untrusted_library(target)
         if why is not None:
             if why != "not built yet":

@@ -133,11 +133,21 @@ def test_editing_an_included_header_changes_the_key_and_rebuilds(
 
     monkeypatch.setattr(build, "_compile", counted)
     logger = logging.getLogger("test")
+    listed: list[int] = []
+    real_read = build.files_read
+
+    def counted_read(spec: build.KernelSource, compiler: str) -> list[Path]:
+        listed.append(1)
+        return real_read(spec, compiler)
+
+    monkeypatch.setattr(build, "files_read", counted_read)
     assert build.load(spec, logger) is not None
+    assert build.load(spec, logger) is not None  # built: what cc -M said is remembered
+    assert (len(compiles), len(listed)) == (1, 1)
     nested.write_text(nested.read_text() + "\n// edited\n")
-    assert build.cache_key(spec, build.files_read(spec, compiler), "cc") != before
-    assert build.load(spec, logger) is not None
-    assert len(compiles) == 2 and compiles[0] != compiles[1]
+    assert build.cache_key(spec, real_read(spec, compiler), "cc") != before
+    assert build.load(spec, logger) is not None  # the remembered files' key misses: -M again
+    assert len(compiles) == 2 and compiles[0] != compiles[1] and len(listed) == 2
 
 
 def test_a_hanging_compiler_times_out(
