@@ -59,7 +59,7 @@ class BlockLinear(nn.Module):
         eight = blocks.shape[0] % ggml.X8_ROWS == 0
         if numerics == "q8" and _interleave and kind.has_x8 and not kind.interleaved and eight:
             # every activation row after the first (verify, batches, prefill) costs far fewer
-            # instructions on rows interleaved eight at a time (kernels/x8.h)
+            # instructions on rows interleaved eight at a time (kernels/x8.c)
             blocks, kind = ggml.repack_x8(blocks, kind, in_features), kind.x8
         self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
         self.numerics = numerics

@@ -115,7 +115,7 @@ def q5_0_as_q8_0(rows: np.ndarray) -> np.ndarray:
 
 
 # GGUF types held as another type's blocks: the same weights, in a layout whose interleaved
-# kernel (kernels/x8.h) multiplies a step's rows at a fraction of the plain rows' cost.
+# kernel (kernels/x8.c) multiplies a step's rows at a fraction of the plain rows' cost.
 TRANSCODED = {
     GGMLQuantizationType.Q4_0: (BlockKind.Q4_1, q4_0_as_q4_1),
     GGMLQuantizationType.Q5_0: (BlockKind.Q8_0, q5_0_as_q8_0),

@@ -2,7 +2,7 @@
 
 A decode step of the embedded model spends about a third of its time between kernel calls:
 six Python-level calls per layer, each checking arguments, allocating its output and crossing
-ctypes. `NativeStack` hands the whole layer loop to `kernels/decoder.h`, which makes the same
+ctypes. `NativeStack` hands the whole layer loop to `kernels/decoder.c`, which makes the same
 kernel calls with the same arguments, so every output is bit-identical to the Python loop's
 (tests/models/test_native_stack.py holds it to that). Where it cannot run (a projection that is
 not blocks, exact numerics on more rows than the block kernel takes, the padded reference

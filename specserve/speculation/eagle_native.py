@@ -1,11 +1,11 @@
-"""The EAGLE head's decoder layer in one native call per drafting step (`kernels/decoder.h`, the
+"""The EAGLE head's decoder layer in one native call per drafting step (`kernels/decoder.c`, the
 call the target's layers make), with the head's keys and values in a paged cache of its own.
 
 Run as torch operations (eagle_proposer.py), one chain step is some 35 framework calls (projections,
 RoPE, concatenating the cache, building the window mask, repeating heads for GQA, SDPA), about
 0.9 ms a drafted token at batch 1 on 2 cores: a fifth of a target step. Here it is the fused
 input projection, one `decoder_layers` call over the head's layer, and the final norm; and for
-greedy requests a drafting step is one call (`chain`, kernels/eagle_chain.h: the pairs verified
+greedy requests a drafting step is one call (`chain`, kernels/eagle_chain.c: the pairs verified
 since the last call, then per token the scores, the pick, the fused input, the layer and the
 norm), where its Python form cost ~10 framework calls for the pairs and ~15 a token, each
 several times its warm cost right after the target's forward.
@@ -224,7 +224,7 @@ class NativeHead:
         continue_above: float,  # a chain stops where its probability falls below this
     ) -> tuple[torch.Tensor, list[tuple[list[int], list[float]]]]:
         """The pending pairs, then greedy drafting for B sequences, in one native call
-        (kernels/eagle_chain.h): what `forward` + `commit` and the proposer's pick do a call or
+        (kernels/eagle_chain.c): what `forward` + `commit` and the proposer's pick do a call or
         a chain step at a time, with every step's scores, picks and layer outputs the same.
         Each lane needs room for its pending pairs and max(ks) rows (`make_room`); the pending
         pairs' keys stay in it (committed), the chain's are written over later. Returns every

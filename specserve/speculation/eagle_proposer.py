@@ -9,7 +9,7 @@ from the target's true features) and then drafts k tokens, each from the head's 
 output (`Chain`); the chain's keys live only for that call. Drafted ids come from the draft
 vocabulary only. Where the head's projections are GGUF blocks, the layer runs in one native
 call and the keys live in lanes of a cache of the head's own (eagle_native.py), and for greedy
-requests the pending pairs and the whole chain are one native call (kernels/eagle_chain.h);
+requests the pending pairs and the whole chain are one native call (kernels/eagle_chain.c);
 elsewhere as torch operations over padded tensors (`padded_catch_up`, `padded_draft`), on
 whatever device the target runs, a CUDA target among them.
 
