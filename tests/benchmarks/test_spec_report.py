@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from benchmarks import spec_bench
 from benchmarks.spec_report import against_best, paired, summarise
 
@@ -32,6 +34,7 @@ def test_spec_bench_pairs_each_repeat_with_the_n0_cell_of_the_same_repeat() -> N
 
     def cell(n: int, tokens: int, wall: float) -> dict[str, object]:
         runs = [SimpleNamespace(item_id="x", tokens=[0] * tokens, decode_s=1.0, prompt_tokens=1)]
+        runs[0].total_s = 100 / tokens  # its latency: longer the fewer tokens a second
         runs[0].draft_steps, runs[0].finish_reason = 0, "length"
         counters = dict.fromkeys(("drafted", "accepted", "steps", "spec_steps", "proposed"), 0)
         key = ("w", 16, "p", "adaptive", n)
@@ -45,6 +48,7 @@ def test_spec_bench_pairs_each_repeat_with_the_n0_cell_of_the_same_repeat() -> N
     assert mine["paired_speedups"] == [0.95, 52 / 50, 0.95]
     assert paired(mine) == "0.95 (0.95-1.04)"
     assert mine["speedup"] == 76 / 80  # the median cells' ratio, as before
+    assert mine["worst_request"] == pytest.approx(76 / 80)  # its one request against N = 0's
 
 
 def test_the_best_other_proposer_is_taken_per_repeat() -> None:
