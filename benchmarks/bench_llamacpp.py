@@ -32,8 +32,12 @@ requantised by llama.cpp's own `llama-quantize --allow-requantize` (built beside
 scripts/build_llama_server.sh; the file is kept in $SPECSERVE_CACHE/requantised/), so that both
 servers serve the same file of that type (Q4_0, Q5_0, Q4_K_M, Q6_K, Q8_0, ...).
 
+`--rounds N` serves each side N times at batch 1, the sides taking turns (llama.cpp, specserve,
+llama.cpp, ...); the medians are over rounds and prompts.
+
 Usage (repo root): python -m benchmarks.bench_llamacpp [--threads 2] [--numerics q8,exact]
     [--concurrency 16] [--verify-ks 0,1,2,3,4,5,6,7,8] [--quant TYPE | --gguf FILE] [--json FILE]
+    [--rounds N]
 """
 
 from __future__ import annotations
@@ -213,6 +217,9 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompts", type=int, default=3, help="prompts per length (default 3)")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="batch 1: the sides take turns this many times"
+    )
     p.add_argument("--numerics", default="q8,exact", help="specserve's sides at batch 1")
     p.add_argument("--concurrency", type=int, default=16, help="requests at once (0: skip)")
     p.add_argument("--verify-ks", default="0,1,2,3,4,5,6,7,8", help="verify cost ('': skip)")
@@ -256,6 +263,7 @@ def main() -> None:
     ]
     results = [
         r
+        for _ in range(args.rounds)
         for name, cmd, url in sides
         for r in run_side(name, cmd, url, work, tokenizer, hf, logs / f"bench-{name}.log")
     ]

@@ -78,6 +78,34 @@ SHAPES: dict[str, dict[str, Any]] = {
         "bos_token_id": 128000,
         "eos_token_id": 128001,
     },
+    # gemma-3-270m's config.json: five sliding layers (window 512, RoPE base 10,000) in six,
+    # one KV head of 256, a 262k vocabulary tied to the embedding.
+    "gemma3-270m": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": 262144,
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 18,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 512,
+        "layer_types": [
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)
+        ],
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "pad_token_id": 0,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+    },
 }
 
 
@@ -101,7 +129,8 @@ def write_random_model(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
 ) -> Path:
-    """Write config.json + model.safetensors with N(0, 0.02) matrices and unit norms.
+    """Write config.json + model.safetensors with N(0, 0.02) matrices and unit norms (weight 0
+    where the norm scales by 1 + weight, as Gemma's do).
 
     Tensors are drawn on `device` (a GPU draws a billion values in milliseconds) and stored as
     `dtype`; loaders convert to the dtype they run in. An existing directory written from the
@@ -115,10 +144,11 @@ def write_random_model(
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=device).manual_seed(seed)
+    unit = 0.0 if config["model_type"].startswith("gemma") else 1.0
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in tensor_shapes(config).items():
         if name.endswith("norm.weight"):
-            tensor = torch.ones(shape, dtype=dtype)
+            tensor = torch.full(shape, unit, dtype=dtype)
         else:
             drawn = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
             tensor = drawn.mul_(0.02).to(dtype).cpu()
