@@ -7,17 +7,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from specserve.request import SamplingParams
-from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
+from specserve.runner.cost import CostCurve, LiveCost, StepCostModel, StepShape
 from specserve.scheduler.chunking import MIN_PREFILL_TOKENS
 from tests.engine.helpers import make_engine
 
 GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
 
 
+class FixedCost(LiveCost):
+    """A step cost that does not learn from the steps it sees: the chunks it sizes do not
+    depend on how fast this machine runs the tiny model (a live cost would learn that its
+    steps take a fraction of a millisecond and fit the whole prompt in one chunk)."""
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        del shape, seconds
+
+
 def _slow_prefill() -> LiveCost:
     """A decode row 1 ms, a prompt token 1 ms: 50 ms fits 49 prompt tokens beside one stream."""
     curve = CostCurve((1, 64), (0.001, 0.064))
-    return LiveCost(StepCostModel(curve, 0.0, 0.0, per_prefill_token=1e-3, context=0))
+    return FixedCost(StepCostModel(curve, 0.0, 0.0, per_prefill_token=1e-3, context=0))
 
 
 def _run(model: Path, itl_target_ms: float, speculate: int) -> tuple[list[list[int]], list[int]]:
