@@ -79,16 +79,27 @@ def config_from_gguf(g: GGUFFile) -> dict[str, Any]:
         cfg["attention_bias"] = True
     if arch == "gemma3":
         cfg["sliding_window_pattern"] = int(key("attention.sliding_window_pattern", GEMMA3_PATTERN))
-        cfg["rope_local_base_freq"] = GEMMA3_LOCAL_BASE
-        scale = key("attention.scale")
-        # an integer in Gemma 3's config.json (transformers refuses a float): the GGUF stores
-        # its -1/2 power in float32, so 24 comes back as 23.999998
-        cfg["query_pre_attn_scalar"] = round(1.0 / float(scale) ** 2) if scale else cfg["head_dim"]
+        # the sliding layers' RoPE base, where the converter wrote it (llama.cpp reads it)
+        cfg["rope_local_base_freq"] = float(key("rope.freq_base_swa", GEMMA3_LOCAL_BASE))
+        cfg["query_pre_attn_scalar"] = _gemma3_attention_scalar(key("attention.scale"), cfg)
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
     if arch == "phi3":
         dims = int(key("rope.dimension_count", cfg["head_dim"]))
         cfg["partial_rotary_factor"] = dims / cfg["head_dim"]
     return cfg
+
+
+def _gemma3_attention_scalar(scale: Any, cfg: dict[str, Any]) -> int:
+    """Gemma 3's query_pre_attn_scalar: from `attention.scale` where the file has one (an
+    integer in config.json, which transformers refuses as a float: the GGUF keeps its -1/2
+    power in float32, so 24 comes back as 23.999998); else as llama.cpp takes it, which
+    llama.cpp's converter never writes: hidden / heads for the 27B (62 layers; its
+    config.json says 168), head_dim for the other sizes."""
+    if scale:
+        return round(1.0 / float(scale) ** 2)
+    if cfg["num_hidden_layers"] == 62:
+        return int(cfg["hidden_size"] // cfg["num_attention_heads"])
+    return int(cfg["head_dim"])
 
 
 def _rope_scaling(g: GGUFFile, arch: str, cfg: dict[str, Any]) -> dict[str, Any] | None:

@@ -72,3 +72,35 @@ def test_rope_freqs_that_are_not_llama3s_are_refused(tmp_path: Path) -> None:
     (tmp_path / "y.gguf").write_bytes(bytes(raw))
     with pytest.raises(UnsupportedGGUF, match=r"not Llama 3\.x.s"):
         config_from_gguf(GGUFFile(tmp_path / "y.gguf"))
+
+
+def _gemma3_header(path: Path, layers: int, hidden: int, **extra: float) -> GGUFFile:
+    """A Gemma 3 GGUF with its shape keys and no tensors, as llama.cpp's converter writes them
+    (it writes no attention.scale)."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_block_count(layers)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(4 * hidden)
+    w.add_head_count(32)
+    w.add_head_count_kv(16)
+    w.add_key_length(128)
+    w.add_uint32("gemma3.attention.sliding_window", 1024)
+    w.add_uint32("gemma3.vocab_size", 262144)
+    for name, value in extra.items():
+        w.add_float32(f"gemma3.{name}", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return GGUFFile(path)
+
+
+def test_gemma3_attention_scale_and_local_base_as_llama_cpp_reads_them(tmp_path: Path) -> None:
+    # the 27B (62 layers): hidden / heads = 168, as its config.json says, not head_dim (128)
+    cfg = config_from_gguf(_gemma3_header(tmp_path / "27b.gguf", 62, 5376))
+    assert cfg["query_pre_attn_scalar"] == 168
+    cfg = config_from_gguf(_gemma3_header(tmp_path / "12b.gguf", 48, 3840))
+    assert cfg["query_pre_attn_scalar"] == 128 and cfg["rope_local_base_freq"] == 10_000.0
+    odd = _gemma3_header(tmp_path / "swa.gguf", 48, 3840, **{"rope.freq_base_swa": 20_000.0})
+    assert config_from_gguf(odd)["rope_local_base_freq"] == 20_000.0
