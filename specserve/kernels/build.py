@@ -209,14 +209,22 @@ def _manifest(spec: KernelSource, compiler_id: str, home: Path) -> Path:
     return home / f"{spec.name}-{digest}.files.json"
 
 
-def _remembered(manifest: Path) -> list[Path] | None:
+def _remember(manifest: Path, spec: KernelSource, read: Sequence[Path]) -> None:
+    """Files in the units' directory by their name there (another checkout of the same units
+    reads its own), the rest by their path."""
+    home = spec.home.resolve()
+    names = [str(p.relative_to(home) if p.is_relative_to(home) else p) for p in read]
+    write_json_atomically(manifest, {"files": names})
+
+
+def _remembered(manifest: Path, spec: KernelSource) -> list[Path] | None:
     """The files a trusted manifest lists, where every one still exists."""
     if not manifest.exists() or untrusted_reason(manifest) is not None:
         return None
     files = read_json_object(manifest).get("files")
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         return None
-    paths = [Path(f) for f in files]
+    paths = [spec.home.resolve() / f for f in files]  # an absolute name stays as it is
     return paths if all(p.is_file() for p in paths) else None
 
 
@@ -235,11 +243,11 @@ def load(spec: KernelSource, logger: logging.Logger) -> ctypes.CDLL | None:
         compiler_id = _compiler_id(compiler)
         home = private_dir(default_cache_dir() / "kernels")
         manifest = _manifest(spec, compiler_id, home)
-        read = _remembered(manifest)
+        read = _remembered(manifest, spec)
         if read is not None and untrusted_library(_target(spec, home, read, compiler_id)) is None:
             return ctypes.CDLL(str(_target(spec, home, read, compiler_id)))
         read = files_read(spec, compiler)
-        write_json_atomically(manifest, {"files": [str(p) for p in read]})
+        _remember(manifest, spec, read)
         target = _target(spec, home, read, compiler_id)
         why = untrusted_library(target)
         if why is not None:
