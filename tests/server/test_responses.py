@@ -66,7 +66,7 @@ def test_a_string_is_a_user_message(client: openai.OpenAI, smol_server: Server) 
         usage.output_tokens > 0 and usage.total_tokens == usage.input_tokens + usage.output_tokens
     )
     # the reply as sent, through the SDK's own type with every field checked
-    body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 4}
+    body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 4, "temperature": 0}
     parsed = Response.model_validate(raw(smol_server, body).json(), strict=False)
     assert parsed.status == "incomplete" and parsed.incomplete_details is not None
     assert parsed.incomplete_details.reason == "max_output_tokens"
