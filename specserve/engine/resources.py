@@ -93,14 +93,10 @@ def load_resources(config: EngineConfig, cost: LiveCost | None = None) -> Engine
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
     block_size = config.cache.block_size
     weight_bytes = param_bytes(model)
-    memory = None
     kinds = KvKinds.of(config, model, device)
-    if config.max_memory is not None:
-        memory = plan_memory(config, model, device, weight_bytes, draft, kinds)
-        num_blocks, window_blocks = memory.num_blocks, memory.window_blocks
-    else:
-        draft_kv = draft.arch.kv_bytes_per_token if draft is not None else 0
-        num_blocks, window_blocks = kv_blocks_for(config, kinds, draft_kv, max_model_len)
+    num_blocks, window_blocks, memory = kv_pools(
+        config, model, device, weight_bytes, draft, kinds, max_model_len
+    )
     allocator = BlockAllocator(num_blocks, block_size, caching=config.cache.prefix_caching)
     window = WindowBlocks(window_blocks, block_size, kinds.window) if window_blocks else None
     runner = ModelRunner(
@@ -113,7 +109,8 @@ def load_resources(config: EngineConfig, cost: LiveCost | None = None) -> Engine
         window_blocks=window_blocks,
     )
     proposer = REGISTRY.build(Loaded(config, target, draft, num_blocks))
-    cost = cost or step_cost(config, runner, allocator, window)
+    if cost is None:
+        cost = step_cost(config, runner, allocator, window)
     return EngineResources(
         model_dir=model_dir,
         model=model,
@@ -131,6 +128,24 @@ def load_resources(config: EngineConfig, cost: LiveCost | None = None) -> Engine
         cost=cost,
         window=window,
     )
+
+
+def kv_pools(
+    config: EngineConfig,
+    model: DecoderLM,
+    device: torch.device,
+    weight_bytes: int,
+    draft: DecoderLM | None,
+    kinds: KvKinds,
+    max_model_len: int,
+) -> tuple[int, int, MemoryBudget | None]:
+    """(KV blocks, window-pool blocks, the memory plan): planned within --max-memory where it
+    is given, else from the KV byte budget or block count."""
+    if config.max_memory is not None:
+        memory = plan_memory(config, model, device, weight_bytes, draft, kinds)
+        return memory.num_blocks, memory.window_blocks, memory
+    draft_kv = draft.arch.kv_bytes_per_token if draft is not None else 0
+    return (*kv_blocks_for(config, kinds, draft_kv, max_model_len), None)
 
 
 @dataclass(frozen=True)
