@@ -17,7 +17,8 @@ _ptr, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes
 
 
 class Layer(ctypes.Structure):
-    """One layer's weights (block rows, norm weights, qkv bias) and its K/V cache."""
+    """One layer's weights (block rows, norm weights, qkv bias), its K/V cache, and what it
+    reads by index: its batch (0 full, 1 sliding) and its RoPE table (0 or 1)."""
 
     _fields_ = [
         ("norm1", _ptr),
@@ -33,6 +34,13 @@ class Layer(ctypes.Structure):
         ("o_kind", _i32),
         ("gate_up_kind", _i32),
         ("down_kind", _i32),
+        ("q_norm", _ptr),
+        ("k_norm", _ptr),
+        ("attn_out_norm", _ptr),
+        ("mlp_out_norm", _ptr),
+        ("glu", _i32),
+        ("kind", _i32),
+        ("rope", _i32),
     ]
 
 
@@ -65,20 +73,34 @@ class Batch(ctypes.Structure):
     ]
 
 
+def batches(full: Batch, sliding: Batch | None = None) -> ctypes.Array[Batch]:
+    """The two batches `run_layers` takes: the full layers' and the sliding layers' (the same
+    where only one kind of layer runs)."""
+    return (Batch * 2)(full, sliding if sliding is not None else full)
+
+
+class Ropes(ctypes.Structure):
+    """The RoPE tables [T, D] a layer picks by its `rope` index (a second one may be NULL)."""
+
+    _fields_ = [("cos", _ptr * 2), ("sin", _ptr * 2)]
+
+
 def run_layers(
     layers: ctypes.Array[Layer],
     shape: Shape,
-    batch: Batch,
+    batches: ctypes.Array[Batch],  # [2]: the full layers' and the sliding layers'
     x: torch.Tensor,  # [T, hidden] float32 contiguous: the residual stream, updated in place
-    cos: torch.Tensor,  # [T, D] float32 contiguous
-    sin: torch.Tensor,
+    tables: list[tuple[torch.Tensor, torch.Tensor]],  # per RoPE table, cos and sin [T, D]
 ) -> None:
     lib = ggml.library()
     if lib is None:
         raise RuntimeError("GGUF block kernels are not available on this machine")
+    ropes = Ropes()
+    for i, (cos, sin) in enumerate(tables):
+        ropes.cos[i], ropes.sin[i] = cos.data_ptr(), sin.data_ptr()
     rc = lib.decoder_layers(
-        layers, len(layers), ctypes.byref(shape), ctypes.byref(batch), x.data_ptr(), x.shape[0],
-        cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(),
+        layers, len(layers), ctypes.byref(shape), batches, x.data_ptr(), x.shape[0],
+        ctypes.byref(ropes), torch.get_num_threads(),
     )  # fmt: skip
     if rc == -1:
         raise MemoryError("decoder stack could not allocate its buffers")

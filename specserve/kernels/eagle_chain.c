@@ -65,7 +65,8 @@ static int head_rows(const DecoderLayer* layer, const DecoderShape* s, const Eag
     }
     DecoderBatch step = *lanes;
     step.slots = index, step.seq_info = index + T;
-    if (decoder_layers(layer, 1, s, &step, x, T, rope, rope + T * D, threads) != 0) return -2;
+    const DecoderRopes ropes = {{rope, 0}, {rope + T * D, 0}};
+    if (decoder_layers(layer, 1, s, &step, x, T, &ropes, threads) != 0) return -2;
     for (int64_t t = 0; t < T; t++) prepare_row(x + t * H, out + t * H, H, c->norm, c->eps, 0);
     return 0;
 }

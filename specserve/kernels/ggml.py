@@ -30,15 +30,17 @@ logger = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 # The exact numerics and the fused projection, the blocks' reading, the q8 numerics on plain and
 # interleaved rows and its driver, the interleaved layout; the decoder stack in one call
-# (decoder.c, with the paged attention and RoPE units) and the EAGLE chain built on it.
+# (decoder.c, with the paged attention, RoPE and norm units) and the EAGLE chain built on it.
 _UNITS = ("ggml_blocks", "subblocks", "q8_dot", "q8_matmul", "x8_layout", "x8", "x8_kquants",
-          "decoder", "eagle_chain", "paged_attention", "rope")  # fmt: skip
+          "norms", "decoder", "eagle_chain", "paged_attention", "rope")  # fmt: skip
 KERNEL = build.KernelSource(
     "ggml_blocks", tuple(_HERE / f"{unit}.c" for unit in _UNITS), build.AVX2_FLAGS,
     build.AVX2_CPU, "GGUF block kernels",
 )  # fmt: skip
 Q8A_BYTES = 40  # a quantised activation block: float32 d, float32 s, 32 int8
 X8_ROWS = 8  # weight rows interleaved together in the *_X8 kinds
+# A fused projection's gate on [gate, up] input (ggml_blocks.h's GLU_*): models/arch's Activation.
+GLU_CODES: dict[str | None, int] = {None: 0, "silu": 1, "gelu_tanh": 2}
 SERIAL_DEQUANT_ROWS = 64  # fewer rows than this are decoded without a parallel region
 
 
@@ -64,7 +66,11 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_gather_rows.restype = c_int
     lib.ggml_q8_path.argtypes = [c_int]
     lib.ggml_q8_path.restype = c_int
-    lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
+    lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, c_int]
+    lib.rms_norm_heads.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ctypes.c_float]
+    lib.rms_norm_heads.restype = None
+    lib.rms_norm_add.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ctypes.c_float]
+    lib.rms_norm_add.restype = None
     lib.decoder_layers.restype = c_int
     lib.eagle_chain.argtypes = [ptr] * 7 + [i64] + [ptr] * 5 + [c_int]
     lib.eagle_chain.restype = c_int
@@ -168,12 +174,12 @@ def matmul_checked(
 
 
 def matmul_fused(
-    x: torch.Tensor,  # [M, K] float32, or [M, 2K] with swiglu
+    x: torch.Tensor,  # [M, K] float32, or [M, 2K] with glu
     blocks: torch.Tensor,  # [N, row_bytes], checked once for K
     kind: BlockKind,
     in_features: int,  # K
     norm: tuple[torch.Tensor, float] | None = None,  # RMSNorm (weight [K], eps) on the input
-    swiglu: bool = False,  # input = silu(x[:, :K]) * x[:, K:]
+    glu: str | None = None,  # input = act(x[:, :K]) * x[:, K:] (SiLU or GELU-tanh)
     bias: torch.Tensor | None = None,  # [N]
     residual: torch.Tensor | None = None,  # [M, N] float32 contiguous, added to the output
     threads: int | None = None,
@@ -182,8 +188,10 @@ def matmul_fused(
     """`matmul` with the projection's neighbours fused in (see ggml_matmul_fused in the C file):
     one call instead of a norm, a gate, a bias add and a residual add."""
     lib = _require()
+    if glu not in GLU_CODES:
+        raise ValueError(f"no fused gate {glu!r}; known: {[g for g in GLU_CODES if g]}")
     x = x.contiguous()
-    width = 2 * in_features if swiglu else in_features
+    width = 2 * in_features if glu else in_features
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != width:
         raise ValueError(f"activations must be float32 [M, {width}], got {x.dtype} {list(x.shape)}")
     out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
@@ -192,7 +200,7 @@ def matmul_fused(
     norm_w, eps = (norm[0].contiguous(), norm[1]) if norm is not None else (None, 0.0)
     rc = lib.ggml_matmul_fused(
         kind, x.data_ptr(), blocks.data_ptr(), out.data_ptr(), x.shape[0], blocks.shape[0],
-        in_features, threads or torch.get_num_threads(), _ptr(norm_w), eps, int(swiglu),
+        in_features, threads or torch.get_num_threads(), _ptr(norm_w), eps, GLU_CODES[glu],
         _ptr(bias), _ptr(residual), int(q8),
     )  # fmt: skip
     if rc == -2:
@@ -202,6 +210,43 @@ def matmul_fused(
     if rc != 0:
         raise MemoryError("block kernel could not allocate its input buffer")
     return out
+
+
+def rms_norm_heads(
+    qkv: torch.Tensor,  # [T, width] float32 contiguous, heads of `dim` floats: normed in place
+    first: int,
+    count: int,
+    dim: int,
+    weight: torch.Tensor,  # [dim] float32 contiguous
+    eps: float,
+) -> None:
+    """RMSNorm of heads first .. first + count - 1 of every row, in place (norms.h)."""
+    lib = _require()
+    if dim % 8 or (first + count) * dim > qkv.shape[1] or not _rows_ok(qkv, weight):
+        raise ValueError(f"heads {first}..{first + count} of {dim} in {list(qkv.shape)}")
+    lib.rms_norm_heads(
+        qkv.data_ptr(), qkv.shape[1], qkv.shape[0], first, count, dim, weight.data_ptr(), eps
+    )
+
+
+def rms_norm_add(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """x + RMSNorm(y) with `weight` [K], per row of x, y [T, K] (norms.h): a new tensor."""
+    lib = _require()
+    if x.shape != y.shape or y.shape[1] % 8 or not _rows_ok(x, y, weight):
+        raise ValueError(f"x {list(x.shape)} and y {list(y.shape)}: float32 rows of 8k values")
+    out = torch.empty_like(x)
+    lib.rms_norm_add(
+        y.data_ptr(), x.data_ptr(), out.data_ptr(), y.shape[0], y.shape[1], weight.data_ptr(), eps
+    )
+    return out
+
+
+def _rows_ok(*tensors: torch.Tensor) -> bool:
+    return all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
+    )
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

@@ -181,43 +181,63 @@ void ggml_matmul(int kind, const float* x, const uint8_t* w, float* y, int64_t M
     if (fits(kind, K)) EACH_PLAIN_KIND(kind, matmul_impl, x, w, y, M, N, K, threads, 0, 0)
 }
 
-void prepare_row(const float* x, float* o, int64_t K, const float* norm_w, float eps,
-                        int swiglu) {
-    if (swiglu) {
-        // silu(a) = a / (1 + e^-a), e^x by simd.h's polynomial (within 2 ulp of expf)
-        const __m256 one = _mm256_set1_ps(1.0f);
-        for (int64_t k = 0; k < K; k += 8) {
-            const __m256 a = _mm256_loadu_ps(x + k);
-            const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), a));
-            const __m256 silu = _mm256_div_ps(a, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(o + k, _mm256_mul_ps(silu, _mm256_loadu_ps(x + K + k)));
-        }
-        return;
-    }
+// gelu_tanh(a) = a / 2 * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 a^3))), tanh(z) as
+// 1 - 2 / (e^2z + 1) with exp256 (saturating to -1 and 1 where e^2z under- or overflows).
+static inline __m256 gelu_tanh256(__m256 a) {
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    const __m256 a3 = _mm256_mul_ps(_mm256_mul_ps(a, a), a);
+    const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                       _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(0.044715f), a3)));
+    const __m256 e = exp256(_mm256_add_ps(inner, inner));
+    const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    return _mm256_mul_ps(_mm256_mul_ps(half, a), _mm256_add_ps(one, t));
+}
+
+float rms_scale(const float* x, int64_t K, float eps) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 8) {
         const __m256 v = _mm256_loadu_ps(x + k);
         acc = _mm256_fmadd_ps(v, v, acc);
     }
-    const float inv = 1.0f / sqrtf(hsum(acc) / (float)K + eps);
+    return 1.0f / sqrtf(hsum(acc) / (float)K + eps);
+}
+
+void prepare_row(const float* x, float* o, int64_t K, const float* norm_w, float eps, int glu) {
+    if (glu) {
+        // silu(a) = a / (1 + e^-a), e^x by simd.h's polynomial (within 2 ulp of expf)
+        const __m256 one = _mm256_set1_ps(1.0f);
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m256 a = _mm256_loadu_ps(x + k);
+            __m256 gate;
+            if (glu == GLU_GELU_TANH) {
+                gate = gelu_tanh256(a);
+            } else {
+                const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), a));
+                gate = _mm256_div_ps(a, _mm256_add_ps(one, e));
+            }
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(gate, _mm256_loadu_ps(x + K + k)));
+        }
+        return;
+    }
+    const float inv = rms_scale(x, K, eps);
     for (int64_t k = 0; k < K; k++) o[k] = (x[k] * inv) * norm_w[k];
 }
 
 int ggml_matmul_fused(int kind, const float* x, const uint8_t* w, float* y, int64_t M,
                       int64_t N, int64_t K, int threads, const float* norm_w, float eps,
-                      int swiglu, const float* bias, const float* res, int q8) {
+                      int glu, const float* bias, const float* res, int q8) {
     if (!fits(kind, K)) return -3;
     if (is_x8(kind) && !q8) return -2;  // interleaved rows run in the q8 numerics only
-    float* in = (swiglu || norm_w) ? malloc(sizeof(float) * M * K) : 0;
+    float* in = (glu || norm_w) ? malloc(sizeof(float) * M * K) : 0;
     block_q8a* a = q8 ? malloc(sizeof(block_q8a) * M * (K / QK)) : 0;
-    if ((!in && (swiglu || norm_w)) || (!a && q8)) {
+    if ((!in && (glu || norm_w)) || (!a && q8)) {
         free(in);
         free(a);
         return -1;
     }
 #pragma omp parallel for schedule(static) num_threads(threads) if (in && M >= 16)
     for (int64_t m = 0; m < (in ? M : 0); m++)
-        prepare_row(x + m * (swiglu ? 2 * K : K), in + m * K, K, norm_w, eps, swiglu);
+        prepare_row(x + m * (glu ? 2 * K : K), in + m * K, K, norm_w, eps, glu);
     const float* src = in ? in : x;
     if (q8) {
         ggml_quantize_q8(src, a, M, K, threads);

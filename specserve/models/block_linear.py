@@ -93,9 +93,9 @@ class BlockLinear(nn.Module):
 
     def fused(
         self,
-        x: torch.Tensor,  # [M, in] (or [M, 2 in] with swiglu)
+        x: torch.Tensor,  # [M, in] (or [M, 2 in] with glu)
         norm: RMSNorm | None,
-        swiglu: bool,
+        glu: str | None,  # the gate on [gate, up] input: "silu", "gelu_tanh" or None
         residual: torch.Tensor | None,  # [M, out]
     ) -> torch.Tensor | None:
         """`project`'s one-call form; None where the block kernel does not run (`on_blocks`)."""
@@ -103,7 +103,7 @@ class BlockLinear(nn.Module):
             return None
         return ggml.matmul_fused(
             x, self.blocks, self.kind, self.in_features,
-            norm=(norm.weight, norm.eps) if norm is not None else None, swiglu=swiglu,
+            norm=(norm.kernel_weight(), norm.eps) if norm is not None else None, glu=glu,
             bias=self.bias, residual=residual.contiguous() if residual is not None else None,
             q8=self.q8,
         )  # fmt: skip
@@ -203,16 +203,16 @@ class PartsLinear(nn.Module):
 
     def fused(
         self,
-        x: torch.Tensor,  # [M, in] (or [M, 2 in] with swiglu)
+        x: torch.Tensor,  # [M, in] (or [M, 2 in] with glu)
         norm: RMSNorm | None,
-        swiglu: bool,
+        glu: str | None,
         residual: torch.Tensor | None,  # [M, out]
     ) -> torch.Tensor | None:
         outs, start = [], 0
         for part in self.each():
             end = start + part.out_features
             res = None if residual is None else residual[:, start:end]
-            y = part.fused(x, norm, swiglu, res)
+            y = part.fused(x, norm, glu, res)
             if y is None:
                 return None
             outs.append(y)

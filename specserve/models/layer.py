@@ -1,7 +1,12 @@
 """One decoder layer as a `ModelArch` describes it: RMSNorms of its kind (pre-norms, and the
 post-attention / post-MLP "sandwich" norms of Gemma 3), fused q/k/v, optional q/k norm per
 head, RoPE over the first rotary_dim dims of each head, paged attention (within the layer's
-window if it has one), and a gated MLP (SiLU or GELU-tanh) with fused gate/up."""
+window if it has one), and a gated MLP (SiLU or GELU-tanh) with fused gate/up.
+
+Where the projections are GGUF blocks (`kernel_rows`), every step runs as a C kernel call,
+the norms too (fused into a projection, or `kernels/norms.c` where one stands alone), in the
+order and with the arguments the native decoder (`kernels/decoder.c`) uses, so the two give
+the same bits; elsewhere, as torch ops."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.kernels import attention as attention_kernel
+from specserve.kernels import ggml
 from specserve.models.arch import Activation, ModelArch, NormKind
 from specserve.models.attention import AttentionMetadata
 
@@ -27,6 +33,10 @@ class RMSNorm(nn.Module):
         if self.plain:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), None, self.eps) * (1.0 + self.weight)
+
+    def kernel_weight(self) -> torch.Tensor:
+        """What a C kernel's plain RMSNorm multiplies by to compute this norm: w, or 1 + w."""
+        return self.weight if self.plain else 1.0 + self.weight
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -63,10 +73,10 @@ def project(
 ) -> torch.Tensor:
     """linear(input) (+ residual), where input is norm(x), or act(gate) * up for x = [gate,
     up] with `glu` the activation. A projection with a `fused` method (GGUF blocks) does it all
-    in one kernel call where it can (a plain norm, SiLU); otherwise, the same steps one by one."""
+    in one kernel call where it can; otherwise, the same steps one by one."""
     fused = getattr(linear, "fused", None)
-    if fused is not None and (norm is None or norm.plain) and glu in (None, "silu"):
-        y: torch.Tensor | None = fused(x, norm, glu == "silu", residual)
+    if fused is not None:
+        y: torch.Tensor | None = fused(x, norm, glu, residual)
         if y is not None:
             return y
     if glu is not None:
@@ -76,6 +86,20 @@ def project(
         x = norm(x)
     y = linear(x)
     return y if residual is None else residual + y
+
+
+def kernel_rows(linear: nn.Module, rows: int) -> bool:
+    """Whether `linear` runs `rows` rows as one GGUF block kernel call (and so every step of
+    the layer runs as a C kernel; see the module docstring)."""
+    on_blocks = getattr(linear, "on_blocks", None)
+    return on_blocks is not None and bool(on_blocks(rows))
+
+
+def add_norm(x: torch.Tensor, y: torch.Tensor, norm: RMSNorm, kernel: bool) -> torch.Tensor:
+    """x + norm(y): in one C call where the layer runs its steps as kernels (`kernel`)."""
+    if kernel and x.dtype == torch.float32 and x.device.type == "cpu":
+        return ggml.rms_norm_add(x.contiguous(), y.contiguous(), norm.kernel_weight(), norm.eps)
+    return x + norm(y)
 
 
 class DecoderLayer(nn.Module):
@@ -123,25 +147,38 @@ class DecoderLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],  # 2 x [Hkv, num_slots, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
+        kernel = kernel_rows(self.qkv_proj, x.shape[0])
         qkv = project(self.qkv_proj, x, norm=self.input_layernorm)
-        q, k, v = self._rotate_split(qkv, cos, sin)
+        q, k, v = self._rotate_split(qkv, cos, sin, kernel)
         attn = meta.attend(q, k, v, kv[0], kv[1], self.scale, full=self.window is None)
         post_ffw = self.post_feedforward_layernorm
         if self.pre_feedforward_layernorm is None or post_ffw is None:
             x = project(self.o_proj, attn, residual=x)
             gate_up = project(self.gate_up_proj, x, norm=self.post_attention_layernorm)
             return project(self.down_proj, gate_up, residual=x, glu=self.activation)
-        x = x + self.post_attention_layernorm(project(self.o_proj, attn))
+        x = add_norm(x, project(self.o_proj, attn), self.post_attention_layernorm, kernel)
         gate_up = project(self.gate_up_proj, x, norm=self.pre_feedforward_layernorm)
-        return x + post_ffw(project(self.down_proj, gate_up, glu=self.activation))
+        return add_norm(x, project(self.down_proj, gate_up, glu=self.activation), post_ffw, kernel)
 
     def _rotate_split(
-        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernel: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q/k norm and RoPE on the q and k heads of qkv [T, (H + 2 Hkv) * D]; q, k, v as
-        [T, heads, D]."""
+        [T, heads, D]. `kernel`: the q/k norms as C calls (see the module docstring)."""
         heads, dim = self.num_heads + self.num_kv_heads, self.head_dim
-        if self.q_norm is not None and self.k_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None and kernel and _rope_in_place(qkv):
+            ggml.rms_norm_heads(
+                qkv, 0, self.num_heads, dim, self.q_norm.kernel_weight(), self.q_norm.eps
+            )
+            ggml.rms_norm_heads(
+                qkv,
+                self.num_heads,
+                self.num_kv_heads,
+                dim,
+                self.k_norm.kernel_weight(),
+                self.k_norm.eps,
+            )
+        elif self.q_norm is not None and self.k_norm is not None:
             q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
             q.copy_(self.q_norm(q.unflatten(1, (self.num_heads, dim))).flatten(1))
             k.copy_(self.k_norm(k.unflatten(1, (self.num_kv_heads, dim))).flatten(1))

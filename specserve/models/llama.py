@@ -34,8 +34,7 @@ class LayerStack(Protocol):
     def run(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rotations: list[tuple[torch.Tensor, torch.Tensor]],  # per RoPE table: cos, sin
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> bool:
@@ -93,8 +92,7 @@ class DecoderLM(nn.Module):
         tables = [rope(positions) for rope in self.ropes]  # float32: cast to x's dtype
         rotations = [(cos.to(x.dtype), sin.to(x.dtype)) for cos, sin in tables]
         native = self.native_stack
-        one_rope = len(rotations) == 1
-        if one_rope and native is not None and native.run(x, *rotations[0], kv_caches, meta):
+        if native is not None and native.run(x, rotations, kv_caches, meta):
             return self.norm(x)
         for layer, kv, r in zip(self.layers, kv_caches, self.rope_of_layer, strict=True):
             x = layer(x, *rotations[r], kv, meta)

@@ -7,8 +7,8 @@ kernel calls with the same arguments, so every output is bit-identical to the Py
 (tests/models/test_native_stack.py holds it to that). Where it cannot run (a projection that is
 not blocks, exact numerics on more rows than the block kernel takes, the padded reference
 attention, a non-float32 model, no kernel library) `run` returns False and the Python loop runs.
-A model whose description asks for what the C layer does not do (`refusal`: Gemma's norms,
-q/k norm, GELU, per-layer windows or RoPE, ...) is refused when the loader asks `supports`.
+A model whose description asks for what the C layer does not do (`refusal`: partial rotary,
+output or MLP biases) is refused when the loader asks `supports`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from specserve.kernels import decoder
+from specserve.kernels import decoder, ggml
 from specserve.models.arch import ModelArch
-from specserve.models.attention import AttentionMetadata, RaggedMetadata
+from specserve.models.attention import AttentionMetadata, ByLayerKind, RaggedMetadata
 from specserve.models.block_linear import BlockLinear
-from specserve.models.llama import ROPE_KERNEL_WIDTH, DecoderLayer, DecoderLM
+from specserve.models.llama import ROPE_KERNEL_WIDTH, DecoderLayer, DecoderLM, RMSNorm
 
 _python_layers = threading.local()
 
@@ -49,27 +49,29 @@ def _projections(layer: DecoderLayer) -> list[BlockLinear] | None:
 def refusal(arch: ModelArch) -> str | None:
     """What in `arch` the native decoder does not implement; None where it runs it all.
 
-    It runs plain Llama layers: RMSNorm pre-norms, fused q/k/v (with or without their biases),
-    one RoPE over whole heads (any scaling: the tables come from Python), the same attention
-    window on every layer or none, any attention scale, a SiLU-gated MLP. The embedding scale,
-    the final norm and the logits (soft-cap included) stay in Python either way."""
+    It runs Llama-like layers: RMSNorms, plain or (1 + w) (the weights it multiplies by come
+    from Python), the post-attention / post-MLP norms where a family has them, fused q/k/v with
+    or without their biases, q/k norm per head, RoPE over whole heads from up to two tables
+    (any scaling: the tables come from Python) picked per layer, each layer attending in full
+    or within the window of its kind, any attention scale, a SiLU- or GELU-tanh-gated MLP. The
+    embedding scale, the final norm and the logits (soft-cap included) stay in Python."""
     missing = [
         what
         for what, differs in (
-            ("(1 + w) RMSNorm", arch.norm != "rms"),
-            ("post-attention/post-MLP norms", arch.sandwich_norms),
-            ("q/k norm", arch.qk_norm),
-            (f"{arch.activation} MLP", arch.activation != "silu"),
-            ("sliding and full attention layers", bool(arch.layer_types)),
-            ("RoPE per layer kind", arch.local_rope is not None),
             ("partial rotary", arch.full_rope.rotary_dim != arch.head_dim),
+            (
+                "partial rotary",
+                arch.local_rope is not None and arch.local_rope.rotary_dim != arch.head_dim,
+            ),
             ("output projection or MLP biases", arch.o_bias or arch.mlp_bias),
+            ("q/k norm over a head dim not a multiple of 8", arch.qk_norm and arch.head_dim % 8),
         )
         if differs
     ]
     if not missing:
         return None
-    return f"{arch.architecture}: the native decoder does not implement {', '.join(missing)}"
+    what = ", ".join(dict.fromkeys(missing))
+    return f"{arch.architecture}: the native decoder does not implement {what}"
 
 
 def _weights_refusal(model: DecoderLM) -> str | None:
@@ -103,13 +105,15 @@ class NativeStack:
     def run(
         self,
         x: torch.Tensor,  # [T, hidden]: updated in place
-        cos: torch.Tensor,  # [T, 1, D]
-        sin: torch.Tensor,
+        rotations: list[tuple[torch.Tensor, torch.Tensor]],  # per RoPE table, cos/sin [T, 1, D]
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> bool:
         """The layers over x in one call; False (x untouched) where this cannot run them."""
-        if getattr(_python_layers, "on", False) or not isinstance(meta, RaggedMetadata):
+        if getattr(_python_layers, "on", False) or len(rotations) > 2:
+            return False
+        kinds = _kind_metadata(meta)
+        if kinds is None:
             return False
         first = self.model.layers[0]
         assert isinstance(first, DecoderLayer)
@@ -121,18 +125,25 @@ class NativeStack:
         layers = self._layers_for(kv_caches)
         if layers is None:
             return False
-        k_cache = kv_caches[0][0]
+        batches = [self._batch(kind, m, kv_caches) for kind, m in enumerate(kinds)]
         D = first.head_dim
-        batch = decoder.Batch(
+        tables = [
+            (c.reshape(-1, D).contiguous(), s.reshape(-1, D).contiguous()) for c, s in rotations
+        ]
+        decoder.run_layers(layers, self._shape, decoder.batches(*batches), x, tables)
+        return True
+
+    def _batch(
+        self, kind: int, meta: RaggedMetadata, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> decoder.Batch:
+        """The step's batch for the layers of `kind` (the window only for the sliding ones)."""
+        k_cache = kv_caches[self._cache_of_kind[kind]][0]
+        window = (meta.window or 0) if kind == SLIDING else 0
+        return decoder.Batch(
             meta.slot_mapping.data_ptr(), meta.seqs.data_ptr(), meta.tables.data_ptr(),
-            meta.seqs.shape[0], meta.tables.shape[1], meta.block_size, meta.window or 0,
+            meta.seqs.shape[0], meta.tables.shape[1], meta.block_size, window,
             k_cache.shape[1], k_cache.element_size(),
         )  # fmt: skip
-        decoder.run_layers(
-            layers, self._shape, batch, x, cos.reshape(-1, D).contiguous(),
-            sin.reshape(-1, D).contiguous(),
-        )  # fmt: skip
-        return True
 
     def _layers_for(
         self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
@@ -151,11 +162,15 @@ class NativeStack:
     ) -> ctypes.Array[decoder.Layer] | None:
         arch, model = self.model.arch, self.model
         structs, q8 = [], False
-        for layer, (k, v) in zip(model.layers, kv_caches, strict=True):
+        self._weights: list[torch.Tensor] = []  # the (1 + w) norms the structs point into
+        self._cache_of_kind = [0, 0]  # a layer of each kind, whose cache gives its pool's size
+        for index, (layer, (k, v)) in enumerate(zip(model.layers, kv_caches, strict=True)):
             assert isinstance(layer, DecoderLayer)
             projections = _projections(layer)
-            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-            if projections is None or not _cpu_contiguous(norms, (torch.float32,)):
+            norms = [self._norm(n) for n in _norms(layer)]
+            if projections is None or not _cpu_contiguous(
+                [n for n in norms if n is not None], (torch.float32,)
+            ):
                 return None
             if not _cpu_contiguous([k, v], (k.dtype,), (torch.float32, torch.float16)):
                 return None
@@ -164,11 +179,14 @@ class NativeStack:
                 return None
             q8 = qkv.q8
             bias = None if qkv.bias is None else qkv.bias.data_ptr()
+            norm1, norm2, q_norm, k_norm, attn_out, mlp_out = (_ptr(n) for n in norms)
+            kind = FULL if layer.window is None else SLIDING
+            self._cache_of_kind[kind] = index
             struct = decoder.Layer(
-                layer.input_layernorm.weight.data_ptr(), qkv.blocks.data_ptr(), bias,
-                o.blocks.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                norm1, qkv.blocks.data_ptr(), bias, o.blocks.data_ptr(), norm2,
                 gate_up.blocks.data_ptr(), down.blocks.data_ptr(), k.data_ptr(), v.data_ptr(),
-                qkv.kind, o.kind, gate_up.kind, down.kind,
+                qkv.kind, o.kind, gate_up.kind, down.kind, q_norm, k_norm, attn_out, mlp_out,
+                ggml.GLU_CODES[layer.activation], kind, model.rope_of_layer[index],
             )  # fmt: skip
             structs.append(struct)
         first = model.layers[0]
@@ -178,6 +196,43 @@ class NativeStack:
             arch.head_dim, first.input_layernorm.eps, first.scale, int(q8),
         )  # fmt: skip
         return (decoder.Layer * len(structs))(*structs)
+
+    def _norm(self, norm: RMSNorm | None) -> torch.Tensor | None:
+        """The weights the kernels multiply by for `norm` (kept alive while the structs are)."""
+        if norm is None:
+            return None
+        weight = norm.kernel_weight().detach()
+        self._weights.append(weight)
+        return weight
+
+
+FULL, SLIDING = 0, 1  # the batch a layer attends through (decoder.h's DecoderLayer.kind)
+
+
+def _kind_metadata(meta: AttentionMetadata) -> tuple[RaggedMetadata, RaggedMetadata] | None:
+    """The step's metadata for the full and the sliding layers; None where it is not ragged."""
+    if isinstance(meta, RaggedMetadata):
+        return meta, meta
+    if isinstance(meta, ByLayerKind):
+        full, sliding = meta.full, meta.sliding
+        if isinstance(full, RaggedMetadata) and isinstance(sliding, RaggedMetadata):
+            return full, sliding
+    return None
+
+
+def _norms(layer: DecoderLayer) -> list[RMSNorm | None]:
+    """The layer's norms in decoder.h's order: before attention, before the MLP, q, k, after
+    attention and after the MLP (the last four where the family has them)."""
+    sandwich = layer.pre_feedforward_layernorm is not None
+    pre_mlp = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
+    return [
+        layer.input_layernorm, pre_mlp, layer.q_norm, layer.k_norm,
+        layer.post_attention_layernorm if sandwich else None, layer.post_feedforward_layernorm,
+    ]  # fmt: skip
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def _cpu_contiguous(

@@ -185,7 +185,7 @@ def _project(
     if isinstance(linear, BlockLinear):
         rows = x.reshape(-1, x.shape[-1])
         res = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
-        out = linear.fused(rows, norm, swiglu, res)
+        out = linear.fused(rows, norm, "silu" if swiglu else None, res)
         if out is not None:
             return out.view(*x.shape[:-1], -1)
     if norm is not None:

@@ -173,7 +173,7 @@ class NativeHead:
         )  # fmt: skip
         x = x.contiguous()
         assert self._layer is not None
-        decoder.run_layers(self._layer, self._shape, batch, x, cos, sin)
+        decoder.run_layers(self._layer, self._shape, decoder.batches(batch), x, [(cos, sin)])
         norm = self.head.norm
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
 

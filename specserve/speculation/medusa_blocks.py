@@ -85,14 +85,14 @@ class BlockHeads:
         h = hidden.float().contiguous()
         if self.first is None:
             return h.unsqueeze(1).expand(-1, n, -1)
-        y = self.first.fused(h, None, False, None)  # [B, all heads x H], the bias added
+        y = self.first.fused(h, None, None, None)  # [B, all heads x H], the bias added
         assert y is not None  # q8: the block kernel runs for every number of rows
         y = y[:, : n * self.hidden]
         s = (h.repeat(1, n) + F.silu(y)).view(-1, n, self.hidden)  # [B, n, H]
         for i, layers in enumerate(self.rest[:n]):
             x = s[:, i].contiguous()  # [B, H]
             for layer in layers:
-                y = layer.fused(x, None, False, None)
+                y = layer.fused(x, None, None, None)
                 assert y is not None
                 x = x + F.silu(y)
             s[:, i] = x

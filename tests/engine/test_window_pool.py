@@ -11,6 +11,8 @@ import torch
 
 from specserve.config import CacheConfig, EngineConfig
 from specserve.engine.engine import Engine
+from specserve.kernels import decoder
+from specserve.models.native_stack import NativeStack, python_layers
 from specserve.request import SamplingParams
 from specserve.scheduler.kv_blocks import blocks_for
 from specserve.scheduler.window_blocks import window_pool_blocks
@@ -65,6 +67,34 @@ def test_window_pool_gives_the_same_outputs(gemma: Path) -> None:
     assert 0 < stats.accepted_tokens < stats.drafted_tokens
     assert_no_kv_held(engine)
     assert_no_kv_held(whole)
+
+
+def test_native_decoder_runs_the_pools_as_python_does(
+    gemma: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native decoder attends each layer through its kind's pool (the window tables for the
+    sliding one): the Python layers' tokens, with drafts accepted and rejected."""
+    batches = [prompts()[:5], prompts()[5:]]
+    calls: list[object] = []
+    real = decoder.run_layers
+
+    def counted(*args: object) -> None:
+        calls.append(args)
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decoder, "run_layers", counted)
+    engine = make_engine(gemma, num_blocks=256, speculate=3, proposer="ngram")
+    assert isinstance(engine.model.native_stack, NativeStack) and engine.res.window is not None
+    got = run_batches(engine, batches)
+    steps = len(calls)
+    assert steps > 0 and engine.stats.proposer.drafted_tokens > 0
+    with python_layers():
+        python = make_engine(gemma, num_blocks=256, speculate=3, proposer="ngram")
+        want = run_batches(python, batches)
+    assert len(calls) == steps  # none ran natively under python_layers
+    assert got == want
+    stats = engine.stats.proposer
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens
 
 
 def test_window_pool_under_preemption(gemma: Path) -> None:

@@ -39,7 +39,7 @@ def test_norm_bias_residual_fused_equal_the_steps(kind: BlockKind, rows: int) ->
 def test_swiglu_fused_equals_the_steps(rows: int) -> None:
     blocks, weight = quantised(BlockKind.Q4_1, 24, 96)
     x, residual = torch.randn(rows, 192) * 4, torch.randn(rows, 24)
-    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, swiglu=True, residual=residual)
+    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, glu="silu", residual=residual)
     gate, up = x.chunk(2, dim=-1)
     want = residual + F.linear(F.silu(gate) * up, weight)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
@@ -48,7 +48,7 @@ def test_swiglu_fused_equals_the_steps(rows: int) -> None:
 def test_fused_refuses_wrong_widths() -> None:
     blocks, _ = quantised(BlockKind.Q8_0, 8, 64)
     with pytest.raises(ValueError, match=r"\[M, 128\]"):
-        ggml.matmul_fused(torch.randn(2, 64), blocks, BlockKind.Q8_0, 64, swiglu=True)
+        ggml.matmul_fused(torch.randn(2, 64), blocks, BlockKind.Q8_0, 64, glu="silu")
     with pytest.raises(ValueError, match="residual"):
         ggml.matmul_fused(torch.randn(2, 64), blocks, BlockKind.Q8_0, 64, residual=torch.ones(3))
 

@@ -58,7 +58,11 @@ def test_decoder_stack_refuses_a_slot_past_the_pool() -> None:
             slots.data_ptr(), seqs.data_ptr(), tables.data_ptr(), 1, 1, BS, 0, BS, 4
         )
         if ok:
-            decoder.run_layers((decoder.Layer * 0)(), shape, batch, x, cos, sin)
+            decoder.run_layers(
+                (decoder.Layer * 0)(), shape, decoder.batches(batch), x, [(cos, sin)]
+            )
             continue
         with pytest.raises(RuntimeError, match="layer 0"):
-            decoder.run_layers((decoder.Layer * 0)(), shape, batch, x, cos, sin)
+            decoder.run_layers(
+                (decoder.Layer * 0)(), shape, decoder.batches(batch), x, [(cos, sin)]
+            )

@@ -119,7 +119,7 @@ def test_each_path_is_bit_identical_to_the_scalar_reference(
             ggml.matmul(x, blocks, kind, q8=True),
             ggml.matmul_fused(x, blocks, kind, width, norm=norm, bias=bias, residual=residual,
                               q8=True),
-            ggml.matmul_fused(gated, blocks, kind, width, swiglu=True, q8=True),
+            ggml.matmul_fused(gated, blocks, kind, width, glu="silu", q8=True),
         ]  # fmt: skip
 
     with on_path(path):
@@ -189,7 +189,7 @@ def test_q8_product_is_within_the_quantisation_bound_of_float32(kind: BlockKind)
 def test_fused_q8_quantises_the_normed_or_gated_row() -> None:
     blocks, _ = quantised(BlockKind.Q4_1, 24, 96)
     x, residual = torch.randn(4, 192) * 4, torch.randn(4, 24)
-    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, swiglu=True, residual=residual,
+    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, glu="silu", residual=residual,
                             q8=True)  # fmt: skip
     gate, up = x.chunk(2, dim=-1)
     steps = residual + ggml.matmul(F.silu(gate) * up, blocks, BlockKind.Q4_1, q8=True)

@@ -1,9 +1,9 @@
 """Each family with its projections as GGUF blocks (tests/models/test_block_linear.py's
-blockify): where the native decoder implements the description (Llama 3's scaled RoPE comes
-from Python), it runs and equals the Python loop bit for bit; where it does not (Qwen3, Gemma 3,
-Phi-3), it is refused with the reason kept, and the Python loop over the blocks gives the dense
-model's logits (exact numerics), Gemma's (1 + w) norms and GELU never fused into a kernel call
-that would compute a plain norm or SiLU."""
+blockify): where the native decoder implements the description (Llama 3's scaled RoPE, Qwen3's
+q/k norm, Gemma 3's (1 + w) and sandwich norms, GELU-tanh, sliding and full layers with their
+own RoPE), it runs and equals the Python loop bit for bit; where it does not (Phi-3's partial
+rotary), it is refused with the reason kept, and the Python loop over the blocks gives the dense
+model's logits (exact numerics)."""
 
 from __future__ import annotations
 
@@ -12,47 +12,70 @@ from pathlib import Path
 import pytest
 import torch
 
+from specserve.config import KvDtype, Numerics
 from specserve.kernels import decoder
-from specserve.models.block_linear import BlockLinear
+from specserve.models.block_linear import DIRECT_MAX_ROWS, BlockLinear
+from specserve.models.layer import RMSNorm
 from specserve.models.native_stack import NativeStack, python_layers
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from tests.models.test_block_linear import blockify
 from tests.models.test_families_engine import FAMILIES
-from tests.models.test_native_stack import steps
+from tests.models.test_native_stack import STEP_ROWS, steps
 from tests.tiny import make_model_dir
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("block_kernels", "attention_kernels")
 
 
-def test_llama3_rope_runs_native_bit_for_bit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+# (family, numerics, kv dtype): each family the native decoder runs, Gemma 3 with its window
+# (8) shorter than the steps' contexts; exact numerics hands the 80-row step to Python
+NATIVE = [
+    ("llama3", "q8", "float32"),
+    ("qwen3", "q8", "float16"),
+    ("qwen3", "exact", "float32"),
+    ("gemma3", "q8", "float16"),
+    ("gemma3", "exact", "float32"),
+]
+
+
+@pytest.mark.parametrize(("family", "numerics", "kv_dtype"), NATIVE)
+def test_native_equals_the_python_layers_bit_for_bit(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    family: str,
+    numerics: Numerics,
+    kv_dtype: KvDtype,
 ) -> None:
-    arch, config = FAMILIES["llama3"]
+    arch, config = FAMILIES[family]
     model_dir = blockify(make_model_dir(tmp_path, arch, tied=True, config=config))
-    model = build_model(model_dir, CPU)
+    model = build_model(model_dir, CPU, numerics=numerics)
     assert isinstance(model.native_stack, NativeStack) and model.native_refusal is None
-    calls: list[object] = []
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    # fresh norms are all alike (Gemma's all zero): random ones show one taken for another
+    for i, norm in enumerate(norms):
+        norm.weight.data.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(i))
+    assert len(norms) == 1 + len(model.layers) * {"gemma3": 6, "qwen3": 4}.get(family, 2)
+    calls: list[int] = []
     real = decoder.run_layers
 
     def counted(*args: object) -> None:
-        calls.append(args)
+        calls.append(args[3].shape[0])  # type: ignore[attr-defined]  # x's rows
         real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(decoder, "run_layers", counted)
-    got = steps(ModelRunner(model, 16, 16, CPU))
-    assert len(calls) == 4  # every step ran natively
+    native = ModelRunner(model, 16, 16, CPU, kv_dtype=kv_dtype)
+    got = steps(native)
+    assert calls == [r for r in STEP_ROWS if numerics == "q8" or r <= DIRECT_MAX_ROWS]
+    python = ModelRunner(model, 16, 16, CPU, kv_dtype=kv_dtype)
     with python_layers():
-        want = steps(ModelRunner(model, 16, 16, CPU))
+        want = steps(python)
     for g, w in zip(got, want, strict=True):
-        assert torch.equal(g.logits, w.logits)
+        assert torch.equal(g.logits, w.logits) and torch.equal(g.hidden, w.hidden)
+    assert torch.equal(native.kv, python.kv)
 
 
-@pytest.mark.parametrize(
-    ("family", "missing"),
-    [("qwen3", "q/k norm"), ("gemma3", "(1 + w) RMSNorm"), ("phi3", "partial rotary")],
-)
+@pytest.mark.parametrize(("family", "missing"), [("phi3", "partial rotary")])
 def test_refused_natively_and_right_on_blocks(family: str, missing: str, tmp_path: Path) -> None:
     arch, config = FAMILIES[family]
     model_dir = blockify(make_model_dir(tmp_path, arch, config=config))
