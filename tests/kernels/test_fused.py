@@ -35,14 +35,32 @@ def test_norm_bias_residual_fused_equal_the_steps(kind: BlockKind, rows: int) ->
     assert torch.equal(plain, ggml.matmul(x, blocks, kind))  # nothing fused: the plain product
 
 
+@pytest.mark.parametrize("glu", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("rows", [1, 4])
-def test_swiglu_fused_equals_the_steps(rows: int) -> None:
+def test_gated_fused_equals_the_steps(rows: int, glu: str) -> None:
     blocks, weight = quantised(BlockKind.Q4_1, 24, 96)
     x, residual = torch.randn(rows, 192) * 4, torch.randn(rows, 24)
-    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, glu="silu", residual=residual)
+    x[0, :4] = torch.tensor([60.0, -60.0, 1e-4, 0.0])  # saturated, tiny and zero gates
+    got = ggml.matmul_fused(x, blocks, BlockKind.Q4_1, 96, glu=glu, residual=residual)
     gate, up = x.chunk(2, dim=-1)
-    want = residual + F.linear(F.silu(gate) * up, weight)
+    act = F.silu(gate) if glu == "silu" else F.gelu(gate, approximate="tanh")
+    want = residual + F.linear(act * up, weight)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_norms_outside_a_projection_equal_torch() -> None:
+    """q/k norm per head in place, and x + norm(y) (kernels/norms.c)."""
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(5, 8 * 16, generator=gen) * 3
+    w = torch.rand(16, generator=gen) + 0.5
+    want = qkv.clone()
+    want[:, 32:96] = F.rms_norm(qkv[:, 32:96].unflatten(1, (4, 16)), (16,), w, 1e-6).flatten(1)
+    ggml.rms_norm_heads(qkv, 2, 4, 16, w, 1e-6)  # heads 2..5 of 8
+    torch.testing.assert_close(qkv, want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(qkv[:, :32], want[:, :32]) and torch.equal(qkv[:, 96:], want[:, 96:])
+    x, y, w = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen), torch.rand(64)
+    got = ggml.rms_norm_add(x, y, w, 1e-6)
+    torch.testing.assert_close(got, x + F.rms_norm(y, (64,), w, 1e-6), rtol=1e-6, atol=1e-6)
 
 
 def test_fused_refuses_wrong_widths() -> None:
