@@ -39,7 +39,7 @@ def library() -> ctypes.CDLL | None:
         + (ctypes.c_float, i64, i64, ctypes.c_int)
     )
     lib.paged_attention.restype = ctypes.c_int
-    lib.rope_rotate_half.argtypes = (ptr, i64, i64, i64, i64, ptr, ptr)
+    lib.rope_rotate_half.argtypes = (ptr, i64, i64, i64, i64, i64, ptr, ptr)
     lib.rope_rotate_half.restype = None
     lib.mask_logits.argtypes = (ptr, ptr, i64)
     lib.mask_logits.restype = i64
@@ -101,21 +101,26 @@ def paged_attention(
 
 
 def rope_rotate_half(
-    x: torch.Tensor,  # [T, W] float32, rows contiguous; the first n_heads * D columns rotate
+    x: torch.Tensor,  # [T, W] float32, rows contiguous; the first n_heads heads rotate
     n_heads: int,
-    cos: torch.Tensor,  # [T, D] float32 contiguous
+    cos: torch.Tensor,  # [T, R] float32 contiguous: R the rotated dims of a head
     sin: torch.Tensor,
+    head_dim: int | None = None,  # D >= R, the heads' width; None: R (whole heads rotate)
 ) -> None:
-    """Rotate-half RoPE in place, rounding as x * cos + rotate_half(x) * sin does."""
+    """Rotate-half RoPE in place on each head's first R dims, rounding as x * cos +
+    rotate_half(x) * sin does (the rest of the head passes through)."""
     lib = library()
     if lib is None:
         raise RuntimeError("paged attention kernel is not available on this machine")
-    head_dim = cos.shape[-1]
-    if x.stride(1) != 1 or x.shape[1] < n_heads * head_dim or not cos.is_contiguous():
-        raise ValueError("rope needs contiguous rows and [T, head_dim] tables")
+    rotary = cos.shape[-1]
+    dim = head_dim or rotary
+    bad = rotary % 2 or rotary > dim or sin.shape != cos.shape or not sin.is_contiguous()
+    if bad or x.stride(1) != 1 or x.shape[1] < n_heads * dim or not cos.is_contiguous():
+        raise ValueError("rope needs contiguous rows and [T, rotary] tables of even width")
     lib.rope_rotate_half(
-        x.data_ptr(), x.stride(0), x.shape[0], n_heads, head_dim, cos.data_ptr(), sin.data_ptr()
-    )
+        x.data_ptr(), x.stride(0), x.shape[0], n_heads, dim, rotary, cos.data_ptr(),
+        sin.data_ptr(),
+    )  # fmt: skip
 
 
 def mask_logits(logits: torch.Tensor, bits: torch.Tensor) -> int:

@@ -86,8 +86,8 @@ int decoder_layers(const DecoderLayer* layers, int64_t L, const DecoderShape* s,
         if (r == 0) {
             if (y->q_norm) rms_norm_heads(qkv, width, T, 0, s->H, D, y->q_norm, s->eps);
             if (y->k_norm) rms_norm_heads(qkv, width, T, s->H, s->Hkv, D, y->k_norm, s->eps);
-            rope_rotate_half(qkv, width, T, s->H + s->Hkv, D, ropes->cos[y->rope],
-                             ropes->sin[y->rope]);
+            rope_rotate_half(qkv, width, T, s->H + s->Hkv, D, s->rotary ? s->rotary : D,
+                             ropes->cos[y->rope], ropes->sin[y->rope]);
             write_kv(qkv, T, width, s, b, y->k_cache, y->v_cache);
             r = paged_attention(qkv, width, y->k_cache, y->v_cache, b->esize, attn, b->seq_info,
                                 b->tables, b->max_blocks, b->B, s->H, s->Hkv, D, b->block_size,

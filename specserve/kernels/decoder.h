@@ -49,6 +49,7 @@ typedef struct {
     int64_t hidden, inter, H, Hkv, D;
     float eps, scale;
     int32_t q8;
+    int64_t rotary;  // RoPE over each head's first `rotary` dims (0: all D); tables [T, rotary]
 } DecoderShape;
 
 // A step's ragged batch (see paged_attention.h for seq_info and tables), as one layer kind's
@@ -60,7 +61,7 @@ typedef struct {
     int64_t B, max_blocks, block_size, window, num_slots, esize;
 } DecoderBatch;
 
-// The RoPE tables [T, D] of the rows' positions, per table a layer names.
+// The RoPE tables [T, rotary] of the rows' positions, per table a layer names.
 typedef struct {
     const float* cos[2];
     const float* sin[2];

@@ -54,6 +54,7 @@ class Shape(ctypes.Structure):
         ("eps", _f32),
         ("scale", _f32),
         ("q8", _i32),
+        ("rotary", _i64),
     ]
 
 
@@ -90,7 +91,7 @@ def run_layers(
     shape: Shape,
     batches: ctypes.Array[Batch],  # [2]: the full layers' and the sliding layers'
     x: torch.Tensor,  # [T, hidden] float32 contiguous: the residual stream, updated in place
-    tables: list[tuple[torch.Tensor, torch.Tensor]],  # per RoPE table, cos and sin [T, D]
+    tables: list[tuple[torch.Tensor, torch.Tensor]],  # per RoPE table, cos, sin [T, rotary]
 ) -> None:
     lib = ggml.library()
     if lib is None:

@@ -6,11 +6,11 @@
 #include "rope.h"
 
 void rope_rotate_half(float* x, int64_t stride, int64_t T, int64_t n_heads, int64_t D,
-                      const float* cos, const float* sin) {
-    const int64_t half = D / 2;
+                      int64_t R, const float* cos, const float* sin) {
+    const int64_t half = R / 2;
     for (int64_t t = 0; t < T; t++) {
-        const float* c = cos + t * D;
-        const float* s = sin + t * D;
+        const float* c = cos + t * R;
+        const float* s = sin + t * R;
         for (int64_t h = 0; h < n_heads; h++) {
             float* lo = x + t * stride + h * D;
             float* hi = lo + half;

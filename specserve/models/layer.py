@@ -182,8 +182,11 @@ class DecoderLayer(nn.Module):
             q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
             q.copy_(self.q_norm(q.unflatten(1, (self.num_heads, dim))).flatten(1))
             k.copy_(self.k_norm(k.unflatten(1, (self.num_kv_heads, dim))).flatten(1))
-        if self.rotary_dim == dim and _rope_in_place(qkv):  # one call, rounding as apply_rope
-            attention_kernel.rope_rotate_half(qkv, heads, cos.view(-1, dim), sin.view(-1, dim))
+        if _rope_in_place(qkv):  # one call, rounding as apply_rope
+            r = self.rotary_dim
+            attention_kernel.rope_rotate_half(
+                qkv, heads, cos.view(-1, r), sin.view(-1, r), head_dim=dim
+            )
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
             q, k = qk.split([self.q_size, self.kv_size], dim=-1)
             return (

@@ -7,8 +7,8 @@ kernel calls with the same arguments, so every output is bit-identical to the Py
 (tests/models/test_native_stack.py holds it to that). Where it cannot run (a projection that is
 not blocks, exact numerics on more rows than the block kernel takes, the padded reference
 attention, a non-float32 model, no kernel library) `run` returns False and the Python loop runs.
-A model whose description asks for what the C layer does not do (`refusal`: partial rotary,
-output or MLP biases) is refused when the loader asks `supports`.
+A model whose description asks for what the C layer does not do (`refusal`: output or MLP
+biases) is refused when the loader asks `supports`.
 """
 
 from __future__ import annotations
@@ -51,17 +51,18 @@ def refusal(arch: ModelArch) -> str | None:
 
     It runs Llama-like layers: RMSNorms, plain or (1 + w) (the weights it multiplies by come
     from Python), the post-attention / post-MLP norms where a family has them, fused q/k/v with
-    or without their biases, q/k norm per head, RoPE over whole heads from up to two tables
-    (any scaling: the tables come from Python) picked per layer, each layer attending in full
+    or without their biases, q/k norm per head, RoPE over each head's first rotary dims (all of
+    them, or Phi-3's part) from up to two tables (any scaling: the tables come from Python)
+    picked per layer, each layer attending in full
     or within the window of its kind, any attention scale, a SiLU- or GELU-tanh-gated MLP. The
     embedding scale, the final norm and the logits (soft-cap included) stay in Python."""
     missing = [
         what
         for what, differs in (
-            ("partial rotary", arch.full_rope.rotary_dim != arch.head_dim),
             (
-                "partial rotary",
-                arch.local_rope is not None and arch.local_rope.rotary_dim != arch.head_dim,
+                "RoPE over other dims in each layer kind",
+                arch.local_rope is not None
+                and arch.local_rope.rotary_dim != arch.full_rope.rotary_dim,
             ),
             ("output projection or MLP biases", arch.o_bias or arch.mlp_bias),
             ("q/k norm over a head dim not a multiple of 8", arch.qk_norm and arch.head_dim % 8),
@@ -126,9 +127,9 @@ class NativeStack:
         if layers is None:
             return False
         batches = [self._batch(kind, m, kv_caches) for kind, m in enumerate(kinds)]
-        D = first.head_dim
+        R = first.rotary_dim  # each table [T, R]
         tables = [
-            (c.reshape(-1, D).contiguous(), s.reshape(-1, D).contiguous()) for c, s in rotations
+            (c.reshape(-1, R).contiguous(), s.reshape(-1, R).contiguous()) for c, s in rotations
         ]
         decoder.run_layers(layers, self._shape, decoder.batches(*batches), x, tables)
         return True
@@ -193,7 +194,7 @@ class NativeStack:
         assert isinstance(first, DecoderLayer)
         self._shape = decoder.Shape(
             arch.hidden_size, arch.intermediate_size, arch.num_heads, arch.num_kv_heads,
-            arch.head_dim, first.input_layernorm.eps, first.scale, int(q8),
+            arch.head_dim, first.input_layernorm.eps, first.scale, int(q8), first.rotary_dim,
         )  # fmt: skip
         return (decoder.Layer * len(structs))(*structs)
 

@@ -71,16 +71,16 @@ def test_fused_refuses_wrong_widths() -> None:
         ggml.matmul_fused(torch.randn(2, 64), blocks, BlockKind.Q8_0, 64, residual=torch.ones(3))
 
 
-@pytest.mark.parametrize("head_dim", [16, 64, 12])
-def test_rope_in_place_is_bit_identical_to_apply_rope(head_dim: int) -> None:
+@pytest.mark.parametrize(("head_dim", "rotary"), [(16, 16), (64, 64), (12, 12), (64, 32), (16, 8)])
+def test_rope_in_place_is_bit_identical_to_apply_rope(head_dim: int, rotary: int) -> None:
     tokens, heads, extra = 7, 5, 3  # rotate 5 heads of each row, leave 3 (the v heads) alone
     qkv = torch.randn(tokens, (heads + extra) * head_dim)
-    angles = torch.randn(tokens, head_dim // 2) * 10
+    angles = torch.randn(tokens, rotary // 2) * 10
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
     want = apply_rope(qkv[:, : heads * head_dim].view(tokens, heads, head_dim),
                       cos.unsqueeze(1), sin.unsqueeze(1))  # fmt: skip
     untouched = qkv[:, heads * head_dim :].clone()
-    attention.rope_rotate_half(qkv, heads, cos, sin)
+    attention.rope_rotate_half(qkv, heads, cos, sin, head_dim=head_dim)
     assert torch.equal(qkv[:, : heads * head_dim].view(tokens, heads, head_dim), want)
     assert torch.equal(qkv[:, heads * head_dim :], untouched)
 

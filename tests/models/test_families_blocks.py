@@ -1,9 +1,8 @@
 """Each family with its projections as GGUF blocks (tests/models/test_block_linear.py's
 blockify): where the native decoder implements the description (Llama 3's scaled RoPE, Qwen3's
 q/k norm, Gemma 3's (1 + w) and sandwich norms, GELU-tanh, sliding and full layers with their
-own RoPE), it runs and equals the Python loop bit for bit; where it does not (Phi-3's partial
-rotary), it is refused with the reason kept, and the Python loop over the blocks gives the dense
-model's logits (exact numerics)."""
+own RoPE, Phi-3's partial rotary), it runs and equals the Python loop bit for bit, and gives
+the dense model's logits (exact numerics)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import torch
 from specserve.config import KvDtype, Numerics
 from specserve.kernels import decoder
 from specserve.models.block_linear import DIRECT_MAX_ROWS, BlockLinear
-from specserve.models.layer import RMSNorm
+from specserve.models.layer import DecoderLayer, RMSNorm
 from specserve.models.native_stack import NativeStack, python_layers
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
@@ -36,6 +35,7 @@ NATIVE = [
     ("qwen3", "exact", "float32"),
     ("gemma3", "q8", "float16"),
     ("gemma3", "exact", "float32"),
+    ("phi3", "q8", "float16"),  # RoPE over half of each head
 ]
 
 
@@ -56,6 +56,9 @@ def test_native_equals_the_python_layers_bit_for_bit(
     for i, norm in enumerate(norms):
         norm.weight.data.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(i))
     assert len(norms) == 1 + len(model.layers) * {"gemma3": 6, "qwen3": 4}.get(family, 2)
+    first = model.layers[0]
+    assert isinstance(first, DecoderLayer)
+    assert (first.rotary_dim < first.head_dim) == (family == "phi3")
     calls: list[int] = []
     real = decoder.run_layers
 
@@ -75,15 +78,17 @@ def test_native_equals_the_python_layers_bit_for_bit(
     assert torch.equal(native.kv, python.kv)
 
 
-@pytest.mark.parametrize(("family", "missing"), [("phi3", "partial rotary")])
-def test_refused_natively_and_right_on_blocks(family: str, missing: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_native_on_blocks_gives_the_dense_models_logits(family: str, tmp_path: Path) -> None:
+    """Exact numerics: the native decoder over the blocks computes the torch path's model (the
+    dense one of the blocks' own float32 values) up to float32 summation order."""
     arch, config = FAMILIES[family]
     model_dir = blockify(make_model_dir(tmp_path, arch, config=config))
     model = build_model(model_dir, CPU, numerics="exact")
-    assert model.native_stack is None
-    assert model.native_refusal is not None and missing in model.native_refusal
+    assert isinstance(model.native_stack, NativeStack), model.native_refusal
     assert all(isinstance(layer.gate_up_proj, BlockLinear) for layer in model.layers)
     dense = build_model(model_dir, CPU, gguf_blocks=False)  # the blocks' own float32 values
+    assert dense.native_stack is None
     ids = torch.randint(0, 320, (30,), generator=torch.Generator().manual_seed(2)).tolist()
     table = [3, 1, 4, 0, 2, 5, 7, 6]
     got = ModelRunner(model, 8, 4, CPU).run([RunItem(ids, 0, table, num_logits=30)]).logits
