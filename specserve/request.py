@@ -196,16 +196,6 @@ class DraftPause:
 
 
 @dataclass
-class DraftTrust:
-    """Adaptive speculation, per sequence: the draft tokens the calibration expected its verified
-    drafts to land, and those that did (`SpeculationPolicy.record`); their ratio scales the
-    calibration's probabilities for this sequence (`policy.trust`)."""
-
-    expected: float = 0.0
-    accepted: int = 0
-
-
-@dataclass
 class Sequence:
     """One request's live state. Tokens = prompt + output; KV holds the first `num_computed`."""
 
@@ -227,7 +217,6 @@ class Sequence:
     num_preemptions: int = 0
     spec: SpecCounts = field(default_factory=SpecCounts)
     draft_pause: DraftPause = field(default_factory=DraftPause)
-    draft_trust: DraftTrust = field(default_factory=DraftTrust)
     # Prefix cache: leading blocks of block_table already offered to it; once one could not be
     # cached, none after it can be (their keys chain from it).
     cached_blocks: int = 0

@@ -12,7 +12,7 @@ from specserve.engine.plan import is_decode
 from specserve.grammar import GrammarProcessor
 from specserve.request import Sequence
 from specserve.scheduler.scheduler import SeqWork
-from specserve.speculation.policy import DecodeSeq, SpeculationPolicy, trust
+from specserve.speculation.policy import DecodeSeq, SpeculationPolicy
 from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
@@ -187,7 +187,6 @@ def keep_prefixes(
             work[i].seq.num_tokens,
             is_static(policy, work[i].seq, proposed[i]),
             draft=proposed[i],
-            trust=trust(work[i].seq.draft_trust),
         )
         for i in decode
     ]

@@ -13,10 +13,7 @@ policy keeps the prefix k_s of each draft that maximises expected emitted tokens
     J(k) = sum_s E[emitted_s(k_s)] / c(step with sum_s k_s extra rows),
 
 with a_{s,i} the calibrated probability that draft token i+1 is accepted given tokens 1..i
-were (speculation/calibration.py), times the sequence's own trust (`trust`: the tokens its
-verified drafts landed over those the calibration expected of them, shrunk towards 1 by a
-prior of TRUST_PRIOR tokens; a calibration every request shares over-promises on a request
-whose text the proposer reads worse than the others', clipped at 1), so
+were (speculation/calibration.py), so
 E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted prefix
 plus one token; and c the live step cost (runner/cost.py) of this step's batch, its prefill
 chunks and the extra rows. Sequences that asked for the static policy
@@ -36,7 +33,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specserve.request import DraftTrust
 from specserve.runner.cost import LiveCost, StepShape
 from specserve.speculation.calibration import Calibration
 from specserve.speculation.payoff import Payoff
@@ -44,15 +40,6 @@ from specserve.speculation.proposer import Draft
 
 # extra rows m -> live seconds of the step with them (vectorised over m)
 RowCost = Callable[[np.ndarray], np.ndarray]
-
-# Expected draft tokens of prior (at trust 1) in a sequence's trust: its first few verified
-# drafts move it a little, a request's worth of them decides it.
-TRUST_PRIOR = 4.0
-
-
-def trust(record: DraftTrust) -> float:
-    """A sequence's accepted over expected draft tokens, shrunk towards 1 (`TRUST_PRIOR`)."""
-    return (record.accepted + TRUST_PRIOR) / (record.expected + TRUST_PRIOR)
 
 
 def expected_emitted(accept: Sequence[float], k: int) -> float:
@@ -143,7 +130,6 @@ class DecodeSeq:
     # under a grammar: its forced text (near-free, accepted) drafts whatever the payoff or the
     # pre-check says of the proposer; only a gate stops it
     grammar: bool = False
-    trust: float = 1.0  # its drafts' record against the calibration (`trust`)
 
 
 @dataclass
@@ -221,13 +207,8 @@ class SpeculationPolicy:
             self.stats.k_chosen[k] = self.stats.k_chosen.get(k, 0) + 1
         return ks
 
-    def record(self, draft: Draft, num_accepted: int, seq: DraftTrust | None = None) -> None:
-        """A verified draft's outcome, for the calibration and the sequence's trust (what the
-        calibration expected of it before this outcome, and what it landed)."""
-        if seq is not None:
-            probs = self.calibration.probabilities(draft.scores)
-            seq.expected += expected_emitted(probs, len(draft.tokens)) - 1.0
-            seq.accepted += num_accepted
+    def record(self, draft: Draft, num_accepted: int) -> None:
+        """A verified draft's outcome, for the calibration."""
         self.calibration.record(draft.scores, num_accepted)
 
     def observe(self, shape: StepShape, seconds: float) -> None:
@@ -241,11 +222,7 @@ class SpeculationPolicy:
         probs = self.calibration.probabilities
         drafts = [s.draft for s in seqs]
         free = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.static]
-        accept = [
-            [min(1.0, p * seqs[i].trust) for p in probs(d.scores)]
-            for i in free
-            if (d := drafts[i]) is not None
-        ]
+        accept = [probs(d.scores) for i in free if (d := drafts[i]) is not None]
         base_emitted = len(seqs) + sum(
             expected_emitted(probs(d.scores), len(d.tokens)) - 1.0
             for s, d in zip(seqs, drafts, strict=True)

@@ -10,7 +10,6 @@ import torch
 
 from specserve.engine.drafting import MAX_DRAFT_PAUSE, paused, record_kept
 from specserve.request import SamplingParams, Sequence
-from specserve.speculation.policy import DecodeSeq
 from specserve.speculation.proposer import Draft, Proposer
 from tests.engine.helpers import make_engine, run_all
 
@@ -77,29 +76,3 @@ def test_an_adaptive_sequence_whose_drafts_are_never_verified_is_asked_less(
     assert policy.stats.paused == 1 + 2 + 4 + 8 + 2
     assert counting.asked[ids[1]] >= 12
     assert [outs[i] for i in ids] == want  # only the speed changes
-
-
-def test_a_sequences_rejected_drafts_lower_its_trust(
-    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine records each verified draft against the sequence's own trust and hands the
-    policy that trust: drafts of tokens the model does not say lower it."""
-    prompts = [[5, 6, 7, 8]]
-    want = run_all(make_engine(tiny_llama), prompts, SamplingParams(max_new_tokens=24))
-    engine = make_engine(tiny_llama, speculate=2, policy="adaptive")
-    engine.use_proposer(_Counting())
-    policy = engine.res.policy
-    assert policy is not None
-    seen: list[float] = []
-    choose = policy.choose
-
-    def verify_one(seqs: list[DecodeSeq], prefill: int, *rest: float) -> list[int]:
-        seen.extend(s.trust for s in seqs)
-        choose(seqs, prefill, *rest)
-        return [1 if s.draft else 0 for s in seqs]  # one token of each draft, rejected or not
-
-    monkeypatch.setattr(policy, "open", lambda seqs, running, scheduled: [s.cap for s in seqs])
-    monkeypatch.setattr(policy, "choose", verify_one)
-    assert run_all(engine, prompts, SamplingParams(max_new_tokens=24)) == want
-    assert seen[0] == 1.0 and seen[-1] < 0.6  # [1, 2] is not what the tiny model says
-    assert engine.stats.proposer.accepted_tokens < engine.stats.proposer.drafted_tokens
