@@ -10,7 +10,10 @@ the huge pages of `models/huge_pages.py`; the same numbers bit for bit). Used by
 verify part, and on its own:
 
     python -m benchmarks.engine_verify [--threads 2] [--sides "q8,q8 AVX2,exact"]
-        [--ks 0,1,2,3,4,5,6,7,8] [--context 256] [--rounds 6] [--json FILE]
+        [--ks 0,1,2,3,4,5,6,7,8] [--context 256] [--rounds 6] [--attention] [--json FILE]
+
+`--attention` also times the paged attention kernel alone for the same k + 1 rows: the
+model's layers' calls over a random fp16 cache of the same context (its share of a row's cost).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
@@ -30,11 +34,12 @@ from benchmarks.llamacpp_report import verify_table
 from benchmarks.machine import machine_info, machine_lines
 from benchmarks.verify_cost import Point, time_steps
 from specserve.config import Numerics
-from specserve.kernels import ggml
+from specserve.kernels import attention, ggml
 from specserve.models.block_linear import plain_rows
 from specserve.models.huge_pages import small_pages
+from specserve.models.llama import DecoderLM
 from specserve.models.loader import resolve_model_dir
-from specserve.models.registry import build_model
+from specserve.models.registry import build_model, read_config
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator
 
@@ -93,6 +98,33 @@ def engine_verify_costs(
     return out
 
 
+def attention_costs(ks: list[int], context: int, repeats: int = 101) -> list[tuple[int, float]]:
+    """Median ms of the embedded model's attention alone (one paged-kernel call per layer) for
+    k + 1 query rows of one sequence over `context` cached keys (fp16, random values)."""
+    arch = DecoderLM.arch_from_hf(read_config(resolve_model_dir(None)))
+    heads, kv_heads, dim, block = arch.num_heads, arch.num_kv_heads, arch.head_dim, 16
+    blocks = (context + max(ks) + 1) // block + 2
+    gen = torch.Generator().manual_seed(1)
+    k_cache = torch.randn(kv_heads, blocks * block, dim, generator=gen).half()
+    v_cache = torch.randn(kv_heads, blocks * block, dim, generator=gen).half()
+    tables = torch.arange(blocks, dtype=torch.int32).view(1, -1)
+    out = []
+    for k in ks:
+        q = torch.randn(k + 1, heads, dim, generator=gen)
+        result = torch.empty_like(q)
+        seqs = torch.tensor([[0, k + 1, context + k + 1]])
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(arch.num_layers):
+                attention.paged_attention(
+                    q, k_cache, v_cache, result, seqs, tables, block, dim**-0.5, None
+                )
+            times.append(time.perf_counter() - start)
+        out.append((k, 1e3 * statistics.median(times)))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -100,6 +132,7 @@ def main() -> None:
     p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
     p.add_argument("--context", type=int, default=256, help="tokens already in the cache")
     p.add_argument("--rounds", type=int, default=6, help="passes over every (k, side)")
+    p.add_argument("--attention", action="store_true", help="also the attention kernel alone")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -112,6 +145,12 @@ def main() -> None:
     verify = engine_verify_costs(sides, [int(k) for k in args.ks.split(",")], args.context,
                                  args.rounds)  # fmt: skip
     print(verify_table(verify, args.context))
+    if args.attention:
+        rows = attention_costs([int(k) for k in args.ks.split(",")], args.context)
+        print(f"\nattention alone (every layer's kernel call), {args.context} tokens of context:\n")
+        print("| rows | ms | / 1 row |\n|---:|---:|---:|")
+        for k, ms in rows:
+            print(f"| {k + 1} | {ms:.2f} | {ms / rows[0][1]:.2f}x |")
     if args.json:
         points = {side: [asdict(p) for p in pts] for side, pts in verify.items()}
         Path(args.json).write_text(json.dumps({"machine": info, "verify": points}, indent=1))
