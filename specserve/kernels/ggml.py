@@ -67,11 +67,11 @@ def library() -> ctypes.CDLL | None:
     lib.ggml_q8_path.argtypes = [c_int]
     lib.ggml_q8_path.restype = c_int
     lib.decoder_layers.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, c_int]
+    lib.decoder_layers.restype = c_int
     lib.rms_norm_heads.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ctypes.c_float]
     lib.rms_norm_heads.restype = None
     lib.rms_norm_add.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ctypes.c_float]
     lib.rms_norm_add.restype = None
-    lib.decoder_layers.restype = c_int
     lib.eagle_chain.argtypes = [ptr] * 7 + [i64] + [ptr] * 5 + [c_int]
     lib.eagle_chain.restype = c_int
     return lib
@@ -200,8 +200,8 @@ def matmul_fused(
     norm_w, eps = (norm[0].contiguous(), norm[1]) if norm is not None else (None, 0.0)
     rc = lib.ggml_matmul_fused(
         kind, x.data_ptr(), blocks.data_ptr(), out.data_ptr(), x.shape[0], blocks.shape[0],
-        in_features, threads or torch.get_num_threads(), _ptr(norm_w), eps, GLU_CODES[glu],
-        _ptr(bias), _ptr(residual), int(q8),
+        in_features, threads or torch.get_num_threads(), pointer(norm_w), eps, GLU_CODES[glu],
+        pointer(bias), pointer(residual), int(q8),
     )  # fmt: skip
     if rc == -2:
         raise ValueError(f"{kind.name} blocks multiply in the q8 numerics only")
@@ -249,7 +249,8 @@ def _rows_ok(*tensors: torch.Tensor) -> bool:
     )
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
+def pointer(t: torch.Tensor | None) -> int | None:
+    """A tensor's address for a C argument that may be NULL."""
     return None if t is None else t.data_ptr()
 
 

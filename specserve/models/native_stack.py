@@ -71,8 +71,7 @@ def refusal(arch: ModelArch) -> str | None:
     ]
     if not missing:
         return None
-    what = ", ".join(dict.fromkeys(missing))
-    return f"{arch.architecture}: the native decoder does not implement {what}"
+    return f"{arch.architecture}: the native decoder does not implement {', '.join(missing)}"
 
 
 def _weights_refusal(model: DecoderLM) -> str | None:
@@ -180,7 +179,7 @@ class NativeStack:
                 return None
             q8 = qkv.q8
             bias = None if qkv.bias is None else qkv.bias.data_ptr()
-            norm1, norm2, q_norm, k_norm, attn_out, mlp_out = (_ptr(n) for n in norms)
+            norm1, norm2, q_norm, k_norm, attn_out, mlp_out = (ggml.pointer(n) for n in norms)
             kind = FULL if layer.window is None else SLIDING
             self._cache_of_kind[kind] = index
             struct = decoder.Layer(
@@ -199,7 +198,8 @@ class NativeStack:
         return (decoder.Layer * len(structs))(*structs)
 
     def _norm(self, norm: RMSNorm | None) -> torch.Tensor | None:
-        """The weights the kernels multiply by for `norm` (kept alive while the structs are)."""
+        """The weights the kernels multiply by for `norm`, kept alive while the structs are: the
+        norm's own tensor, or (Gemma) a 1 + w copy taken when the structs are built."""
         if norm is None:
             return None
         weight = norm.kernel_weight().detach()
@@ -230,10 +230,6 @@ def _norms(layer: DecoderLayer) -> list[RMSNorm | None]:
         layer.input_layernorm, pre_mlp, layer.q_norm, layer.k_norm,
         layer.post_attention_layernorm if sandwich else None, layer.post_feedforward_layernorm,
     ]  # fmt: skip
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def _cpu_contiguous(

@@ -11,13 +11,13 @@ import torch
 
 from specserve.config import CacheConfig, EngineConfig
 from specserve.engine.engine import Engine
-from specserve.kernels import decoder
 from specserve.models.native_stack import NativeStack, python_layers
 from specserve.request import SamplingParams
 from specserve.scheduler.kv_blocks import blocks_for
 from specserve.scheduler.window_blocks import window_pool_blocks
 from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 from tests.gguf_files import T, write_gguf
+from tests.models.test_native_stack import native_calls
 from tests.tiny import make_model_dir
 
 # the tiny Gemma 3: window 8, every other layer sliding; 4-token blocks
@@ -75,14 +75,7 @@ def test_native_decoder_runs_the_pools_as_python_does(
     """The native decoder attends each layer through its kind's pool (the window tables for the
     sliding one): the Python layers' tokens, with drafts accepted and rejected."""
     batches = [prompts()[:5], prompts()[5:]]
-    calls: list[object] = []
-    real = decoder.run_layers
-
-    def counted(*args: object) -> None:
-        calls.append(args)
-        real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(decoder, "run_layers", counted)
+    calls = native_calls(monkeypatch)
     engine = make_engine(gemma, num_blocks=256, speculate=3, proposer="ngram")
     assert isinstance(engine.model.native_stack, NativeStack) and engine.res.window is not None
     got = run_batches(engine, batches)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from specserve.config import KvDtype, Numerics
-from specserve.kernels import decoder
 from specserve.models.block_linear import DIRECT_MAX_ROWS, BlockLinear
 from specserve.models.layer import DecoderLayer, RMSNorm
 from specserve.models.native_stack import NativeStack, python_layers
@@ -20,7 +19,7 @@ from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
 from tests.models.test_block_linear import blockify
 from tests.models.test_families_engine import FAMILIES
-from tests.models.test_native_stack import STEP_ROWS, steps
+from tests.models.test_native_stack import STEP_ROWS, native_calls, steps
 from tests.tiny import make_model_dir
 
 CPU = torch.device("cpu")
@@ -59,14 +58,7 @@ def test_native_equals_the_python_layers_bit_for_bit(
     first = model.layers[0]
     assert isinstance(first, DecoderLayer)
     assert (first.rotary_dim < first.head_dim) == (family == "phi3")
-    calls: list[int] = []
-    real = decoder.run_layers
-
-    def counted(*args: object) -> None:
-        calls.append(args[3].shape[0])  # type: ignore[attr-defined]  # x's rows
-        real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(decoder, "run_layers", counted)
+    calls = native_calls(monkeypatch)
     native = ModelRunner(model, 16, 16, CPU, kv_dtype=kv_dtype)
     got = steps(native)
     assert calls == [r for r in STEP_ROWS if numerics == "q8" or r <= DIRECT_MAX_ROWS]

@@ -27,6 +27,19 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows (x's) of every native decoder call from now on, the calls still made."""
+    calls: list[int] = []
+    real = decoder.run_layers
+
+    def counted(*args: object) -> None:
+        calls.append(args[3].shape[0])  # type: ignore[attr-defined]  # x's rows
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decoder, "run_layers", counted)
+    return calls
+
+
 STEP_ROWS = (50, 80, 6, 36)  # one over DIRECT_MAX_ROWS (64)
 
 
@@ -75,14 +88,7 @@ def test_native_layers_equal_the_python_layers_bit_for_bit(
     assert len(biases) == (len(model.layers) if arch == "qwen2" else 0)
     for bias in biases:  # a fresh model's are zero, which would hide a bias left out
         bias.data.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(0))
-    calls: list[int] = []
-    real = decoder.run_layers
-
-    def counted(*args: object) -> None:
-        calls.append(args[3].shape[0])  # type: ignore[attr-defined]  # x's rows
-        real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(decoder, "run_layers", counted)
+    calls = native_calls(monkeypatch)
 
     native = ModelRunner(model, 16, BLOCK, CPU, kv_dtype=kv_dtype)
     got = steps(native)
