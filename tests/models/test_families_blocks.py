@@ -17,8 +17,9 @@ from specserve.models.layer import DecoderLayer, RMSNorm
 from specserve.models.native_stack import NativeStack, python_layers
 from specserve.models.registry import build_model
 from specserve.runner.model_runner import ModelRunner, RunItem
+from tests.engine.helpers import assert_no_kv_held, make_engine, mixed_prompts, run_all
 from tests.models.test_block_linear import blockify
-from tests.models.test_families_engine import FAMILIES
+from tests.models.test_families_engine import FAMILIES, LOOPY, greedy
 from tests.models.test_native_stack import STEP_ROWS, native_calls, steps
 from tests.tiny import make_model_dir
 
@@ -86,3 +87,24 @@ def test_native_on_blocks_gives_the_dense_models_logits(family: str, tmp_path: P
     got = ModelRunner(model, 8, 4, CPU).run([RunItem(ids, 0, table, num_logits=30)]).logits
     want = ModelRunner(dense, 8, 4, CPU).run([RunItem(ids, 0, table, num_logits=30)]).logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_native_speculation_on_off_bit_identical(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each family on GGUF blocks through the engine, its layers native on both sides: greedy
+    output the same with n-gram drafts verified (some kept, some rejected) and without."""
+    arch, config = FAMILIES[family]
+    model_dir = blockify(make_model_dir(tmp_path, arch, config=config))
+    prompts = LOOPY + mixed_prompts(3, seed=4)
+    calls = native_calls(monkeypatch)
+    want = run_all(make_engine(model_dir), prompts, greedy())
+    off = len(calls)
+    engine = make_engine(model_dir, speculate=3, proposer="ngram", policy="static")
+    assert isinstance(engine.model.native_stack, NativeStack)
+    assert run_all(engine, prompts, greedy()) == want
+    assert off > 0 and len(calls) > off  # both sides ran natively
+    stats = engine.stats.proposer
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens
+    assert_no_kv_held(engine)
