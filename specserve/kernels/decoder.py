@@ -93,9 +93,7 @@ def run_layers(
     x: torch.Tensor,  # [T, hidden] float32 contiguous: the residual stream, updated in place
     tables: list[tuple[torch.Tensor, torch.Tensor]],  # per RoPE table, cos, sin [T, rotary]
 ) -> None:
-    lib = ggml.library()
-    if lib is None:
-        raise RuntimeError("GGUF block kernels are not available on this machine")
+    lib = ggml.require()
     ropes = Ropes()
     for i, (cos, sin) in enumerate(tables):
         ropes.cos[i], ropes.sin[i] = cos.data_ptr(), sin.data_ptr()
@@ -143,9 +141,7 @@ def run_chain(
     """The pending rows, then the drafting chain, in one call: the newest verified output of
     every sequence [B, hidden], places [B, kmax] int32 (draft-vocabulary rows), their
     probabilities [B, kmax] and how many each sequence drafted [B]."""
-    lib = ggml.library()
-    if lib is None:
-        raise RuntimeError("GGUF block kernels are not available on this machine")
+    lib = ggml.require()
     b, kmax = g.shape[0], int(seqs[3].max())
     last = torch.empty_like(g)
     places = torch.empty(b, kmax, dtype=torch.int32)

@@ -77,7 +77,8 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def _require() -> ctypes.CDLL:
+def require() -> ctypes.CDLL:
+    """The block library; RuntimeError where it cannot be built on this machine."""
     lib = library()
     if lib is None:
         raise RuntimeError("GGUF block kernels are not available on this machine")
@@ -104,7 +105,7 @@ def check_blocks(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> Non
 def repack_x8(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.Tensor:
     """Plain blocks [N, row_bytes] (N a multiple of 8) in their interleaved layout, `kind.x8`:
     the same bytes, eight rows side by side, for the q8 numerics' kernel (`x8_layout.h`)."""
-    lib = _require()
+    lib = require()
     check_blocks(blocks, kind, in_features)
     if kind.interleaved or not kind.has_x8 or blocks.shape[0] % X8_ROWS:
         raise ValueError(f"cannot interleave {kind.name} blocks of {blocks.shape[0]} rows")
@@ -118,7 +119,7 @@ def gather_rows(
 ) -> torch.Tensor:
     """Rows `ids` of `blocks` (any layout) as plain GGUF rows of `kind.plain` [len(ids), bytes].
     `blocks` must have passed `check_blocks`; ids are checked against its rows here."""
-    lib = _require()
+    lib = require()
     ids = ids.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), blocks.shape[1], dtype=torch.uint8)
     rows = blocks.shape[0]
@@ -151,7 +152,7 @@ def matmul_checked(
 ) -> torch.Tensor:
     """`matmul` for blocks that passed `check_blocks` for x's width once, at construction: the
     per-step path, where re-checking the weights costs more than the call itself."""
-    lib = _require()
+    lib = require()
     if x.dtype != torch.float32:
         raise ValueError(f"activations must be float32, got {x.dtype}")
     if q8:
@@ -187,7 +188,7 @@ def matmul_fused(
 ) -> torch.Tensor:  # [M, N]
     """`matmul` with the projection's neighbours fused in (see ggml_matmul_fused in the C file):
     one call instead of a norm, a gate, a bias add and a residual add."""
-    lib = _require()
+    lib = require()
     if glu not in GLU_CODES:
         raise ValueError(f"no fused gate {glu!r}; known: {[g for g in GLU_CODES if g]}")
     x = x.contiguous()
@@ -212,43 +213,6 @@ def matmul_fused(
     return out
 
 
-def rms_norm_heads(
-    qkv: torch.Tensor,  # [T, width] float32 contiguous, heads of `dim` floats: normed in place
-    first: int,
-    count: int,
-    dim: int,
-    weight: torch.Tensor,  # [dim] float32 contiguous
-    eps: float,
-) -> None:
-    """RMSNorm of heads first .. first + count - 1 of every row, in place (norms.h)."""
-    lib = _require()
-    if dim % 8 or (first + count) * dim > qkv.shape[1] or not _rows_ok(qkv, weight):
-        raise ValueError(f"heads {first}..{first + count} of {dim} in {list(qkv.shape)}")
-    lib.rms_norm_heads(
-        qkv.data_ptr(), qkv.shape[1], qkv.shape[0], first, count, dim, weight.data_ptr(), eps
-    )
-
-
-def rms_norm_add(
-    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """x + RMSNorm(y) with `weight` [K], per row of x, y [T, K] (norms.h): a new tensor."""
-    lib = _require()
-    if x.shape != y.shape or y.shape[1] % 8 or not _rows_ok(x, y, weight):
-        raise ValueError(f"x {list(x.shape)} and y {list(y.shape)}: float32 rows of 8k values")
-    out = torch.empty_like(x)
-    lib.rms_norm_add(
-        y.data_ptr(), x.data_ptr(), out.data_ptr(), y.shape[0], y.shape[1], weight.data_ptr(), eps
-    )
-    return out
-
-
-def _rows_ok(*tensors: torch.Tensor) -> bool:
-    return all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
-    )
-
-
 def pointer(t: torch.Tensor | None) -> int | None:
     """A tensor's address for a C argument that may be NULL."""
     return None if t is None else t.data_ptr()
@@ -256,7 +220,7 @@ def pointer(t: torch.Tensor | None) -> int | None:
 
 def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch.Tensor:
     """The float32 weights [N, in_features] the blocks encode."""
-    lib = _require()
+    lib = require()
     check_blocks(blocks, kind, in_features)
     out = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
     # A few rows (a step's embeddings) in this thread: a parallel region for them cost 45 us a
@@ -271,7 +235,7 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, in_features: int) -> torch
 
 def quantize_q8(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 -> its Q8A blocks as bytes [M, K/32 * 40] (for tests; see q8_dot.c)."""
-    lib = _require()
+    lib = require()
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % QK:
         raise ValueError(f"activations must be float32 [M, 32 n], got {x.dtype} {list(x.shape)}")
     x = x.contiguous()
@@ -289,7 +253,7 @@ _FORCE = {"scalar": 1, "avx2": 2}
 def q8_path() -> Q8Path:
     """Which q8 kernels run: "vnni" (AVX512-VNNI for interleaved rows, AVX2 for the rest) or
     "avx2", whichever is the widest the CPU has (picked at load), or "scalar" (the reference)."""
-    return Q8_PATHS[_require().ggml_q8_path(-1)]
+    return Q8_PATHS[require().ggml_q8_path(-1)]
 
 
 @contextmanager
@@ -297,7 +261,7 @@ def forced_q8(path: Q8Path) -> Iterator[None]:
     """Run the q8 kernels on `path` ("scalar", or "avx2": the narrower path of a VNNI machine)
     inside the block, then on the widest again (tests, benchmarks; not thread-safe: the choice
     is process-wide)."""
-    lib = _require()
+    lib = require()
     if path not in _FORCE:
         raise ValueError(f"the q8 path to force must be one of {tuple(_FORCE)}, got {path!r}")
     lib.ggml_q8_path(_FORCE[path])

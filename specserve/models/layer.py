@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.kernels import attention as attention_kernel
-from specserve.kernels import ggml
+from specserve.kernels import norms
 from specserve.models.arch import Activation, ModelArch, NormKind
 from specserve.models.attention import AttentionMetadata
 
@@ -98,7 +98,7 @@ def kernel_rows(linear: nn.Module, rows: int) -> bool:
 def add_norm(x: torch.Tensor, y: torch.Tensor, norm: RMSNorm, kernel: bool) -> torch.Tensor:
     """x + norm(y): in one C call where the layer runs its steps as kernels (`kernel`)."""
     if kernel and x.dtype == torch.float32 and x.device.type == "cpu":
-        return ggml.rms_norm_add(x.contiguous(), y.contiguous(), norm.kernel_weight(), norm.eps)
+        return norms.rms_norm_add(x.contiguous(), y.contiguous(), norm.kernel_weight(), norm.eps)
     return x + norm(y)
 
 
@@ -167,10 +167,10 @@ class DecoderLayer(nn.Module):
         [T, heads, D]. `kernel`: the q/k norms as C calls (see the module docstring)."""
         heads, dim = self.num_heads + self.num_kv_heads, self.head_dim
         if self.q_norm is not None and self.k_norm is not None and kernel and _rope_in_place(qkv):
-            ggml.rms_norm_heads(
+            norms.rms_norm_heads(
                 qkv, 0, self.num_heads, dim, self.q_norm.kernel_weight(), self.q_norm.eps
             )
-            ggml.rms_norm_heads(
+            norms.rms_norm_heads(
                 qkv,
                 self.num_heads,
                 self.num_kv_heads,

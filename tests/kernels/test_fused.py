@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specserve.kernels import attention, ggml
+from specserve.kernels import attention, ggml, norms
 from specserve.kernels.ggml import BlockKind
 from specserve.models.llama import RMSNorm, apply_rope
 from tests.kernels.blocks import width_for
@@ -55,11 +55,11 @@ def test_norms_outside_a_projection_equal_torch() -> None:
     w = torch.rand(16, generator=gen) + 0.5
     want = qkv.clone()
     want[:, 32:96] = F.rms_norm(qkv[:, 32:96].unflatten(1, (4, 16)), (16,), w, 1e-6).flatten(1)
-    ggml.rms_norm_heads(qkv, 2, 4, 16, w, 1e-6)  # heads 2..5 of 8
+    norms.rms_norm_heads(qkv, 2, 4, 16, w, 1e-6)  # heads 2..5 of 8
     torch.testing.assert_close(qkv, want, rtol=1e-6, atol=1e-6)
     assert torch.equal(qkv[:, :32], want[:, :32]) and torch.equal(qkv[:, 96:], want[:, 96:])
     x, y, w = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen), torch.rand(64)
-    got = ggml.rms_norm_add(x, y, w, 1e-6)
+    got = norms.rms_norm_add(x, y, w, 1e-6)
     torch.testing.assert_close(got, x + F.rms_norm(y, (64,), w, 1e-6), rtol=1e-6, atol=1e-6)
 
 
