@@ -82,7 +82,7 @@ def test_the_policy_stops_proposing_where_finding_nothing_cost_its_time() -> Non
     nothing = [DecodeSeq(100, False) for _ in range(16)]
     for _ in range(policy.payoff.min_steps):
         assert policy.open(free(16), 16, 16) == [3] * 16
-        assert policy.choose(nothing, prefill=0, proposing=16, seconds=0.003) == [0] * 16
+        assert policy.choose(nothing, proposing=16, seconds=0.003) == [0] * 16
     assert policy.open(free(16), 16, 16) == [0] * 16
     assert policy.stats.unpaid_steps == 1
     static = [*free(15), DecodeSeq(100, True, 3)]
@@ -100,6 +100,6 @@ def test_drafts_whose_predicted_gain_covers_proposing_keep_the_policy_proposing(
     views = [DecodeSeq(100, False, draft=good) for _ in range(16)]
     for _ in range(3 * policy.payoff.min_steps):
         assert policy.open(free(16), 16, 16) == [3] * 16
-        assert policy.choose(views, prefill=0, proposing=16, seconds=0.003) == [3] * 16
+        assert policy.choose(views, proposing=16, seconds=0.003) == [3] * 16
     assert policy.stats.unpaid_steps == 0
     assert policy.payoff.table()[0][2] > 1.5

@@ -9,7 +9,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from specserve.engine.drafting import keep_prefixes
+from specserve.request import SamplingParams, Sequence
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
+from specserve.scheduler.scheduler import SeqWork
 from specserve.speculation.calibration import Calibration
 from specserve.speculation.policy import (
     DecodeSeq,
@@ -114,7 +117,7 @@ def test_static_policy_verifies_whole_drafts() -> None:
         DecodeSeq(50, True, draft=Draft([1, 2, 3], confidence=[0.0, 0.0, 0.0])),
         DecodeSeq(50, True, draft=None),
     ]
-    assert policy.choose(views, prefill=0) == [3, 0]
+    assert policy.choose(views) == [3, 0]
 
 
 def model(per_row: float, fixed: float = 0.02) -> LiveCost:
@@ -126,10 +129,10 @@ def test_adaptive_policy_learns_from_rejections() -> None:
     policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.005))
     draft = Draft([1, 2, 3, 4], confidence=[0.35, 0.35, 0.35, 0.35])
     view = [DecodeSeq(100, False, draft=draft)]
-    assert policy.choose(view, prefill=0)[0] >= 2  # optimistic start: worth trying
+    assert policy.choose(view)[0] >= 2  # optimistic start: worth trying
     for _ in range(40):
         policy.record(draft, 0)  # the first token is always rejected
-    assert policy.choose(view, prefill=0) == [0]
+    assert policy.choose(view) == [0]
     assert policy.stats.trimmed_tokens >= 4
 
 
@@ -139,7 +142,7 @@ def test_static_requests_on_an_adaptive_policy_keep_their_drafts() -> None:
     for _ in range(40):
         policy.record(draft, 0)
     views = [DecodeSeq(100, True, draft=draft), DecodeSeq(100, False, draft=draft)]
-    assert policy.choose(views, prefill=0) == [3, 0]
+    assert policy.choose(views) == [3, 0]
 
 
 def test_precheck_skips_proposing_when_no_draft_can_pay() -> None:
@@ -155,7 +158,10 @@ def test_precheck_skips_proposing_when_no_draft_can_pay() -> None:
     assert cheap.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
 
 
-def test_prefill_in_the_step_makes_drafts_relatively_cheap() -> None:
+def test_a_prefill_chunk_beside_the_rows_does_not_make_drafts_cheap() -> None:
+    """Drafts that do not pay in a decode-only step do not pay beside a 512-token prefill
+    chunk either: the chunk's seconds are spent whatever the drafts, so they are not in the
+    price of a row (rated by the whole step, the chunk made the same drafts look worth it)."""
     curve = CostCurve((1, 64), (0.03, 0.03 + 63 * 0.004))
     live = LiveCost(StepCostModel(curve, 0.0, 0.0, per_prefill_token=0.002, context=100))
     policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=live, calibration=Calibration())
@@ -163,9 +169,18 @@ def test_prefill_in_the_step_makes_drafts_relatively_cheap() -> None:
     for _ in range(40):
         policy.record(draft, 0)
         policy.record(draft, 1)  # first tokens: half accepted
-    view = [DecodeSeq(100, False, draft=draft)] * 4
-    assert policy.choose(view, prefill=0) == [0] * 4
-    assert sum(policy.choose(view, prefill=512)) > 0
+    decode = [
+        SeqWork(Sequence(i, f"r{i}", list(range(100)), SamplingParams()), 1, True, max_drafts=2)
+        for i in range(4)
+    ]
+    chunk = SeqWork(Sequence(9, "p", list(range(600)), SamplingParams()), 512, False)
+    assert keep_prefixes(policy, decode, [draft] * 4) == [None] * 4
+    assert keep_prefixes(policy, [*decode, chunk], [draft] * 4 + [None]) == [None] * 5
+    assert policy.stats.k_chosen == {0: 8}
+    # the same drafts, better calibrated, are kept with or without the chunk
+    for _ in range(200):
+        policy.record(draft, 2)
+    assert keep_prefixes(policy, [*decode, chunk], [draft] * 4 + [None])[:4] == [draft] * 4
 
 
 def test_cost_curve_is_isotonic_and_extrapolates() -> None:
@@ -203,10 +218,10 @@ def test_what_proposing_costs_keeps_the_proposer_from_proposing_where_it_cannot_
     assert policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
     views = [DecodeSeq(100, False), DecodeSeq(100, False)]  # proposed, found nothing
     for _ in range(3):
-        policy.choose(views, prefill=0, proposing=2, seconds=0.0)
+        policy.choose(views, proposing=2, seconds=0.0)
     assert policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
     for _ in range(3):
-        policy.choose(views, prefill=0, proposing=2, seconds=0.2)  # 100 ms a sequence
+        policy.choose(views, proposing=2, seconds=0.2)  # 100 ms a sequence
     opened = [policy.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) for _ in range(32)]
     assert opened.count([4, 4]) == 2 and opened[15] == opened[31] == [4, 4]  # re-measuring
     assert policy.stats.skipped_steps == 30
