@@ -190,10 +190,11 @@ def keep_prefixes(
         )
         for i in decode
     ]
+    prefill = sum(w.num_tokens for w in work if not is_decode(w))
     proposing = sum(
         1 for i, v in zip(decode, views, strict=True) if work[i].max_drafts > 0 and not v.static
     )
-    ks = policy.choose(views, proposing, seconds)
+    ks = policy.choose(views, prefill, proposing, seconds)
     kept: list[Draft | None] = [None] * len(work)
     for i, k, view in zip(decode, ks, views, strict=True):
         d = proposed[i]

@@ -15,14 +15,18 @@ policy keeps the prefix k_s of each draft that maximises expected emitted tokens
 with a_{s,i} the calibrated probability that draft token i+1 is accepted given tokens 1..i
 were (speculation/calibration.py), so
 E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted prefix
-plus one token; and c the live step cost (runner/cost.py) of this step's decode rows and the
-extra rows, priced as in a step without prefill: a prefill chunk beside the rows is spent
-whatever the drafts, and counting its seconds in c would make a draft look cheap exactly where
-it buys least (a prefill-bound step, whose chunk an accepted token does not shorten; measured:
-Medusa at 16 code edits at once verified 1,218 drafted tokens at 0.35 acceptance that way).
-Sequences that asked for the static policy verify their whole draft and count as fixed rows.
-Under saturation c grows as fast as the tokens do and k goes to 0 by itself; at low load the
-tokens likely to land are kept.
+plus one token; and c the live step cost (runner/cost.py) of this step's batch, its prefill
+chunk and the extra rows. A prefill chunk's P tokens count in J's numerator too, one each, and
+the extra rows beside it are priced where the chunk puts the step on the cost curve:
+f(T + P + m) - f(T + P), not f(T + m) - f(T). Both say one thing: a step that computes a
+prompt chunk is compute-bound, so a draft row costs what any token of the step costs, and its
+accepted token saves no more than one row of the same price later. Rated by decode tokens
+alone over the additive model's f(T + m) + g P, the chunk made every draft look cheap (Medusa
+at 16 code edits at once verified 1,218 drafted tokens at 0.35 acceptance that way, and 663
+when only the chunk's seconds were left out: 0.82-0.94 and 0.86-0.96 of N = 0 a repeat).
+Without a chunk (P = 0) J is as before. Sequences that asked for the static policy verify their
+whole draft and count as fixed rows. Under saturation c grows as fast as the tokens do and k
+goes to 0 by itself; at low load the tokens likely to land are kept.
 
 What proposing itself costs (outside the forward pass) is weighed per batch size by
 speculation/payoff.py: where it has not paid for its own time, adaptive sequences of that size
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -183,14 +187,17 @@ class SpeculationPolicy:
             return caps
         if not self.payoff.allows(len(seqs)):
             self.stats.unpaid_steps += 1
-        elif self._cannot_pay(seqs):
+        elif self._cannot_pay(seqs, scheduled_tokens - len(seqs)):
             self.stats.skipped_steps += 1
         else:
             return caps
         return [s.cap if s.static or s.grammar else 0 for s in seqs]  # no proposer drafts
 
-    def choose(self, seqs: list[DecodeSeq], proposing: int = 0, seconds: float = 0.0) -> list[int]:
-        """Drafted tokens each sequence verifies (a prefix of its draft). `proposing`: the
+    def choose(
+        self, seqs: list[DecodeSeq], prefill: int = 0, proposing: int = 0, seconds: float = 0.0
+    ) -> list[int]:
+        """Drafted tokens each sequence verifies (a prefix of its draft), beside `prefill`
+        prompt-chunk tokens in the same step. `proposing`: the
         adaptive sequences that proposed this step, in `seconds`; the payoff weighs those
         seconds and this choice's own."""
         started = time.perf_counter()
@@ -198,12 +205,12 @@ class SpeculationPolicy:
             self.proposing.add(seconds / proposing)
         ks = [len(s.draft.tokens) if s.draft is not None else 0 for s in seqs]
         if self.adaptive and any(k and not s.static for k, s in zip(ks, seqs, strict=True)):
-            ks, rated = self._optimise(seqs)
+            ks, rated = self._optimise(seqs, prefill)
             seconds += time.perf_counter() - started
             self.payoff.record(len(seqs), proposing, seconds, rated)
         elif self.adaptive and proposing:  # nothing found: proposing bought nothing
-            cost = float(self._row_cost(seqs, 0.0)(np.zeros(1))[0])
-            base = float(len(seqs))  # (static drafts would count here: none found)
+            cost = float(self._row_cost(seqs, prefill, 0.0)(np.zeros(1))[0])
+            base = float(len(seqs) + prefill)  # (static drafts would count here: none found)
             self.payoff.record(len(seqs), proposing, seconds, Rated([], base, cost, base, cost))
         for k in ks:
             self.stats.k_chosen[k] = self.stats.k_chosen.get(k, 0) + 1
@@ -219,19 +226,23 @@ class SpeculationPolicy:
             self.cost.observe(shape, seconds)
 
     # ------------------------------------------------------------------ internals
-    def _optimise(self, seqs: list[DecodeSeq]) -> tuple[list[int], Rated]:
+    def _optimise(self, seqs: list[DecodeSeq], prefill: int) -> tuple[list[int], Rated]:
         """The chosen k per sequence, and the choice of the free ones with its predictions."""
         probs = self.calibration.probabilities
         drafts = [s.draft for s in seqs]
         free = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.static]
         accept = [probs(d.scores) for i in free if (d := drafts[i]) is not None]
-        base_emitted = len(seqs) + sum(
-            expected_emitted(probs(d.scores), len(d.tokens)) - 1.0
-            for s, d in zip(seqs, drafts, strict=True)
-            if d is not None and s.static
+        base_emitted = (
+            len(seqs)
+            + prefill
+            + sum(
+                expected_emitted(probs(d.scores), len(d.tokens)) - 1.0
+                for s, d in zip(seqs, drafts, strict=True)
+                if d is not None and s.static
+            )
         )
         keys = sum(seqs[i].context for i in free) / len(free)
-        cost = self._row_cost(seqs, keys)
+        cost = self._row_cost(seqs, prefill, keys)
         rated = choose_k_rated(accept, cost, base_emitted)
         ks = [
             len(d.tokens) if d is not None and s.static else 0
@@ -243,22 +254,34 @@ class SpeculationPolicy:
         self.stats.predicted_speedup = rated.speedup
         return ks, rated
 
-    def _row_cost(self, seqs: list[DecodeSeq], keys_per_row: float) -> RowCost:
-        """m -> live seconds of this step's decode rows with m extra rows, each reading
-        `keys_per_row` keys, without the step's prefill chunk (see the module docstring)."""
+    def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
+        """m -> live seconds of this step with m extra rows, each reading `keys_per_row` keys;
+        beside a prefill chunk, the rows cost what the curve adds past the chunk's tokens (see
+        the module docstring)."""
         assert self.cost is not None
         fixed_rows = [1 + (len(s.draft.tokens) if s.static and s.draft else 0) for s in seqs]
         base = StepShape.of(
-            [(r, s.context) for r, s in zip(fixed_rows, seqs, strict=True)], prefill=0
+            [(r, s.context) for r, s in zip(fixed_rows, seqs, strict=True)], prefill=prefill
         )
         cost = self.cost
+        if prefill:
+            step = cost.predict(base)
+            rows = replace(base, prefill=0)
+            joined = base.rows + prefill
+            past = cost.predict_rows(rows, np.array([joined]), np.array([base.attention]))
+
+            def beside_chunk(m: np.ndarray) -> np.ndarray:
+                more = cost.predict_rows(rows, joined + m, base.attention + m * keys_per_row)
+                return step + more - past
+
+            return beside_chunk
 
         def row_cost(m: np.ndarray) -> np.ndarray:
             return cost.predict_rows(base, base.rows + m, base.attention + m * keys_per_row)
 
         return row_cost
 
-    def _cannot_pay(self, seqs: list[DecodeSeq]) -> bool:
+    def _cannot_pay(self, seqs: list[DecodeSeq], prefill: int) -> bool:
         """True when no number m of extra rows, each adding the best calibrated acceptance
         seen (an upper bound on any real draft's gain), beats m = 0 once the proposer's calls
         (their measured mean per sequence) are paid too; where only the calls' price closes
@@ -269,10 +292,11 @@ class SpeculationPolicy:
             return False
         best = self._best_probability()
         keys = sum(s.context for s in free) / len(free)  # (np.mean: ~20 us a step)
-        cost = self._row_cost([replace_cap(s) for s in seqs], keys)
+        prefill = max(prefill, 0)
+        cost = self._row_cost([replace_cap(s) for s in seqs], prefill, keys)
         m = np.arange(sum(s.cap for s in free) + 1)
         static_rows = sum(s.cap for s in seqs if s.static)
-        gain = len(seqs) + static_rows * best + m * best
+        gain = len(seqs) + prefill + static_rows * best + m * best
         rows_only = gain / cost(m)
         if rows_only[1:].max() <= rows_only[0]:
             return True

@@ -158,10 +158,21 @@ def test_precheck_skips_proposing_when_no_draft_can_pay() -> None:
     assert cheap.open(seqs([4, 4]), num_running=2, scheduled_tokens=2) == [4, 4]
 
 
+def four_decoding(max_drafts: int = 2) -> list[SeqWork]:
+    return [
+        SeqWork(Sequence(i, f"r{i}", list(range(100)), SamplingParams()), 1, True, max_drafts)
+        for i in range(4)
+    ]
+
+
+def chunk(tokens: int) -> SeqWork:
+    return SeqWork(Sequence(9, "p", list(range(600)), SamplingParams()), tokens, False)
+
+
 def test_a_prefill_chunk_beside_the_rows_does_not_make_drafts_cheap() -> None:
     """Drafts that do not pay in a decode-only step do not pay beside a 512-token prefill
-    chunk either: the chunk's seconds are spent whatever the drafts, so they are not in the
-    price of a row (rated by the whole step, the chunk made the same drafts look worth it)."""
+    chunk either (rated by decode tokens over the whole step's seconds, the chunk made the
+    same drafts look worth it: the step was dear, a row cheap beside it)."""
     curve = CostCurve((1, 64), (0.03, 0.03 + 63 * 0.004))
     live = LiveCost(StepCostModel(curve, 0.0, 0.0, per_prefill_token=0.002, context=100))
     policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=live, calibration=Calibration())
@@ -169,18 +180,31 @@ def test_a_prefill_chunk_beside_the_rows_does_not_make_drafts_cheap() -> None:
     for _ in range(40):
         policy.record(draft, 0)
         policy.record(draft, 1)  # first tokens: half accepted
-    decode = [
-        SeqWork(Sequence(i, f"r{i}", list(range(100)), SamplingParams()), 1, True, max_drafts=2)
-        for i in range(4)
-    ]
-    chunk = SeqWork(Sequence(9, "p", list(range(600)), SamplingParams()), 512, False)
+    decode = four_decoding()
     assert keep_prefixes(policy, decode, [draft] * 4) == [None] * 4
-    assert keep_prefixes(policy, [*decode, chunk], [draft] * 4 + [None]) == [None] * 5
+    assert keep_prefixes(policy, [*decode, chunk(512)], [draft] * 4 + [None]) == [None] * 5
     assert policy.stats.k_chosen == {0: 8}
-    # the same drafts, better calibrated, are kept with or without the chunk
-    for _ in range(200):
+
+
+def test_rows_beside_a_chunk_cost_what_the_curve_adds_past_its_tokens() -> None:
+    """The chunk's tokens count as work done, and the rows beside them cost what the curve adds
+    past them. Flat to 64 tokens (weights streamed once), then 4 ms a token (compute-bound):
+    drafts that land ~always ride free beside a 32-token chunk; beside a 512-token one a row
+    costs 4 ms where the step's tokens average 2 ms, so none is verified there."""
+    curve = CostCurve((1, 64, 128), (0.03, 0.03, 0.03 + 64 * 0.004))
+    live = LiveCost(StepCostModel(curve, 0.0, 0.0, per_prefill_token=0.002, context=100))
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=live, calibration=Calibration())
+    draft = Draft([1, 2], confidence=[0.9, 0.9])
+    for _ in range(100):
         policy.record(draft, 2)
-    assert keep_prefixes(policy, [*decode, chunk], [draft] * 4 + [None])[:4] == [draft] * 4
+    decode = four_decoding()
+    assert keep_prefixes(policy, decode, [draft] * 4) == [draft] * 4
+    assert keep_prefixes(policy, [*decode, chunk(32)], [draft] * 4 + [None])[:4] == [draft] * 4
+    assert keep_prefixes(policy, [*decode, chunk(512)], [draft] * 4 + [None]) == [None] * 5
+    # the pre-check agrees: beside the big chunk not even the best drafts could pay
+    views = [DecodeSeq(100, False, cap=2)] * 4
+    assert policy.open(views, num_running=5, scheduled_tokens=4 + 512) == [0] * 4
+    assert policy.open(views, num_running=5, scheduled_tokens=4 + 32) == [2] * 4
 
 
 def test_cost_curve_is_isotonic_and_extrapolates() -> None:
