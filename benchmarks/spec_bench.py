@@ -99,7 +99,8 @@ def sweep(
 
 def median_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per key, the repeat with the median tok/s (the lower of the middle two for an even
-    count), carrying every repeat's tok/s as `repeat_tok_s`, in run order."""
+    count), carrying every repeat's tok/s as `repeat_tok_s` and each request's latency in every
+    repeat as `repeat_request_s` (item id -> seconds), in run order."""
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for cell in cells:
         by_key.setdefault(cell["key"], []).append(cell)
@@ -107,7 +108,9 @@ def median_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for repeats in by_key.values():
         rates = [cell_tok_s(c) for c in repeats]
         order = sorted(range(len(repeats)), key=rates.__getitem__)
-        out.append({**repeats[order[(len(order) - 1) // 2]], "repeat_tok_s": rates})
+        latencies = [{r.item_id: r.total_s for r in c["runs"]} for c in repeats]
+        kept = repeats[order[(len(order) - 1) // 2]]
+        out.append({**kept, "repeat_tok_s": rates, "repeat_request_s": latencies})
     return out
 
 

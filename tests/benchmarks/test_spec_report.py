@@ -13,7 +13,7 @@ from benchmarks.spec_report import against_best, paired, summarise
 
 def test_spec_bench_reports_the_median_repeat() -> None:
     def cell(key: str, tokens: int, wall: float) -> dict[str, object]:
-        runs = [SimpleNamespace(tokens=[0] * tokens)]
+        runs = [SimpleNamespace(item_id="x", tokens=[0] * tokens, total_s=wall)]
         return {"key": (key,), "runs": runs, "wall_s": wall, "counters": {}}
 
     cells = [cell("a", 10, 1.0), cell("b", 5, 1.0), cell("a", 30, 1.0), cell("a", 20, 1.0)]
@@ -57,3 +57,31 @@ def test_the_best_other_proposer_is_taken_per_repeat() -> None:
     eagle = {"repeat_tok_s": [80.0, 100.0, 100.0]}
     # repeat by repeat: 100/110, 90/100, 120/100
     assert against_best(hybrid, [suffix, eagle]) == "0.91 (0.90-1.20)"
+
+
+def test_the_worst_request_is_its_median_over_the_repeats() -> None:
+    """One request slow in one repeat (the machine, not the proposer) is not the worst
+    request: each request's ratio is its median over the repeats, each repeat against the
+    N = 0 cell beside it."""
+
+    def cell(n: int, seconds: dict[str, float]) -> dict[str, object]:
+        runs = []
+        for item, s in seconds.items():
+            run = SimpleNamespace(item_id=item, tokens=[0] * 10, decode_s=1.0, prompt_tokens=1)
+            run.total_s, run.draft_steps, run.finish_reason = s, 0, "length"
+            runs.append(run)
+        counters = dict.fromkeys(("drafted", "accepted", "steps", "spec_steps", "proposed"), 0)
+        key = ("w", 1, "p", "adaptive", n)
+        counters["trimmed"] = 0
+        return {"key": key, "runs": runs, "wall_s": sum(seconds.values()), "counters": counters}
+
+    same = {"a": 1.0, "b": 1.0}
+    repeats = [
+        (cell(0, same), cell(4, same)),
+        (cell(0, same), cell(4, {"a": 2.0, "b": 0.8})),  # the median repeat; a at 0.5 here only
+        (cell(0, same), cell(4, {"a": 1.0, "b": 2.2})),  # b at 0.45 here only
+    ]
+    cells = spec_bench.median_cells([c for pair in repeats for c in pair])
+    assert next(c for c in cells if c["key"][4] == 4)["runs"] is repeats[1][1]["runs"]
+    mine = next(r for r in summarise(cells) if r["n"] == 4)
+    assert mine["worst_request"] == pytest.approx(1.0)  # a: 1.0, 0.5, 1.0; b: 1.0, 1.25, 0.45
