@@ -15,18 +15,20 @@ policy keeps the prefix k_s of each draft that maximises expected emitted tokens
 with a_{s,i} the calibrated probability that draft token i+1 is accepted given tokens 1..i
 were (speculation/calibration.py), so
 E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted prefix
-plus one token; and c the live step cost (runner/cost.py) of this step's batch, its prefill
-chunk and the extra rows. A prefill chunk's P tokens count in J's numerator too, one each, and
-the extra rows beside it are priced where the chunk puts the step on the cost curve:
-f(T + P + m) - f(T + P), not f(T + m) - f(T). Both say one thing: a step that computes a
-prompt chunk is compute-bound, so a draft row costs what any token of the step costs, and its
-accepted token saves no more than one row of the same price later. Rated by decode tokens
-alone over the additive model's f(T + m) + g P, the chunk made every draft look cheap (Medusa
-at 16 code edits at once verified 1,218 drafted tokens at 0.35 acceptance that way, and 663
-when only the chunk's seconds were left out: 0.82-0.94 and 0.86-0.96 of N = 0 a repeat).
-Without a chunk (P = 0) J is as before. Sequences that asked for the static policy verify their
-whole draft and count as fixed rows. Under saturation c grows as fast as the tokens do and k
-goes to 0 by itself; at low load the tokens likely to land are kept.
+plus one token; and c the live step cost (runner/cost.py) of this step's decode rows and the
+extra rows. Beside a prefill chunk of P tokens the rate is the decode rows' own: the chunk's
+seconds are spent whatever the drafts, so c leaves them out (counted in, they made the bar for
+a draft the slower rate of a step carrying a prompt: Medusa at 16 code edits at once verified
+1,218 drafted tokens at 0.35 acceptance), while an extra row costs what the curve adds past the
+chunk's tokens, f(T + P + m) - f(T + P), not f(T + m) - f(T): the chunk has already taken the
+flat, weight-bound part of the curve, so a row beside it costs its arithmetic (priced at
+f(T + m) - f(T), Medusa's drafts at 0.44 acceptance still looked free there and 663 were
+verified). Counting the chunk's tokens as work as well (c45b60c) set the bar too high: n-gram
+drafts at 0.75 acceptance, which had cut the steps of 16 code edits at once from 418 to 297,
+were dropped, and their 1.10-1.13x a repeat on the hand-written edits went to 0.92-1.04x.
+Without a chunk (P = 0) this is the plain J. Sequences that asked for the static policy verify
+their whole draft and count as fixed rows. Under saturation c grows as fast as the tokens do
+and k goes to 0 by itself; at low load the tokens likely to land are kept.
 
 What proposing itself costs (outside the forward pass) is weighed per batch size by
 speculation/payoff.py: where it has not paid for its own time, adaptive sequences of that size
@@ -210,7 +212,7 @@ class SpeculationPolicy:
             self.payoff.record(len(seqs), proposing, seconds, rated)
         elif self.adaptive and proposing:  # nothing found: proposing bought nothing
             cost = float(self._row_cost(seqs, prefill, 0.0)(np.zeros(1))[0])
-            base = float(len(seqs) + prefill)  # (static drafts would count here: none found)
+            base = float(len(seqs))  # (static drafts would count here: none found)
             self.payoff.record(len(seqs), proposing, seconds, Rated([], base, cost, base, cost))
         for k in ks:
             self.stats.k_chosen[k] = self.stats.k_chosen.get(k, 0) + 1
@@ -232,14 +234,10 @@ class SpeculationPolicy:
         drafts = [s.draft for s in seqs]
         free = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.static]
         accept = [probs(d.scores) for i in free if (d := drafts[i]) is not None]
-        base_emitted = (
-            len(seqs)
-            + prefill
-            + sum(
-                expected_emitted(probs(d.scores), len(d.tokens)) - 1.0
-                for s, d in zip(seqs, drafts, strict=True)
-                if d is not None and s.static
-            )
+        base_emitted = len(seqs) + sum(
+            expected_emitted(probs(d.scores), len(d.tokens)) - 1.0
+            for s, d in zip(seqs, drafts, strict=True)
+            if d is not None and s.static
         )
         keys = sum(seqs[i].context for i in free) / len(free)
         cost = self._row_cost(seqs, prefill, keys)
@@ -255,9 +253,9 @@ class SpeculationPolicy:
         return ks, rated
 
     def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
-        """m -> live seconds of this step with m extra rows, each reading `keys_per_row` keys;
-        beside a prefill chunk, the rows cost what the curve adds past the chunk's tokens (see
-        the module docstring)."""
+        """m -> live seconds of this step's decode rows with m extra rows, each reading
+        `keys_per_row` keys; beside a prefill chunk, without the chunk's seconds, the extra
+        rows costing what the curve adds past its tokens (see the module docstring)."""
         assert self.cost is not None
         fixed_rows = [1 + (len(s.draft.tokens) if s.static and s.draft else 0) for s in seqs]
         base = StepShape.of(
@@ -265,14 +263,14 @@ class SpeculationPolicy:
         )
         cost = self.cost
         if prefill:
-            step = cost.predict(base)
             rows = replace(base, prefill=0)
+            own = cost.predict(rows)
             joined = base.rows + prefill
             past = cost.predict_rows(rows, np.array([joined]), np.array([base.attention]))
 
             def beside_chunk(m: np.ndarray) -> np.ndarray:
                 more = cost.predict_rows(rows, joined + m, base.attention + m * keys_per_row)
-                return step + more - past
+                return own + more - past
 
             return beside_chunk
 
@@ -296,7 +294,7 @@ class SpeculationPolicy:
         cost = self._row_cost([replace_cap(s) for s in seqs], prefill, keys)
         m = np.arange(sum(s.cap for s in free) + 1)
         static_rows = sum(s.cap for s in seqs if s.static)
-        gain = len(seqs) + prefill + static_rows * best + m * best
+        gain = len(seqs) + static_rows * best + m * best
         rows_only = gain / cost(m)
         if rows_only[1:].max() <= rows_only[0]:
             return True
