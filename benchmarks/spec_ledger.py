@@ -55,8 +55,9 @@ from specserve.engine.observer import EngineObserver, StepTiming
 from specserve.outputs import RequestOutput
 from specserve.request import SamplingParams
 from specserve.request import Sequence as SeqView
+from specserve.speculation.objective import expected_emitted
 from specserve.speculation.payoff import Payoff
-from specserve.speculation.policy import SpeculationPolicy, expected_emitted
+from specserve.speculation.policy import SpeculationPolicy
 from specserve.speculation.proposer import Draft
 
 

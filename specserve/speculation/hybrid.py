@@ -30,7 +30,7 @@ from specserve.speculation.eagle_proposer import (
     head_mean,
 )
 from specserve.speculation.eagle_proposer import REGISTRATION as EAGLE
-from specserve.speculation.policy import expected_emitted
+from specserve.speculation.objective import expected_emitted
 from specserve.speculation.proposer import (
     Draft,
     HiddenRows,

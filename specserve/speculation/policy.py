@@ -8,27 +8,18 @@ measured seconds per sequence; see `_cannot_pay`): a proposer that could only lo
 nothing.
 
 After proposing, the static policy verifies every draft whole (up to its cap). The adaptive
-policy keeps the prefix k_s of each draft that maximises expected emitted tokens per second,
-
-    J(k) = sum_s E[emitted_s(k_s)] / c(step with sum_s k_s extra rows),
-
-with a_{s,i} the calibrated probability that draft token i+1 is accepted given tokens 1..i
-were (speculation/calibration.py), so
-E[emitted_s(k)] = 1 + sum_{j=1..k} prod_{i<j} a_{s,i}: each step emits the accepted prefix
-plus one token; and c the live step cost (runner/cost.py) of this step's decode rows and the
-extra rows. Beside a prefill chunk of P tokens the rate is the decode rows' own: the chunk's
-seconds are spent whatever the drafts, so c leaves them out (counted in, they made the bar for
-a draft the slower rate of a step carrying a prompt: Medusa at 16 code edits at once verified
-1,218 drafted tokens at 0.35 acceptance), while an extra row costs what the curve adds past the
-chunk's tokens, f(T + P + m) - f(T + P), not f(T + m) - f(T): the chunk has already taken the
-flat, weight-bound part of the curve, so a row beside it costs its arithmetic (priced at
-f(T + m) - f(T), Medusa's drafts at 0.44 acceptance still looked free there and 663 were
-verified). Counting the chunk's tokens as work as well (c45b60c) set the bar too high: n-gram
-drafts at 0.75 acceptance, which had cut the steps of 16 code edits at once from 418 to 297,
-were dropped, and their 1.10-1.13x a repeat on the hand-written edits went to 0.92-1.04x.
-Without a chunk (P = 0) this is the plain J. Sequences that asked for the static policy verify
-their whole draft and count as fixed rows. Under saturation c grows as fast as the tokens do
-and k goes to 0 by itself; at low load the tokens likely to land are kept.
+policy keeps the prefix k_s of each draft that maximises expected emitted tokens per second, J
+(speculation/objective.py), from each draft token's calibrated acceptance
+(speculation/calibration.py) and c, the live step cost (runner/cost.py) of this step's decode
+rows and the extra rows. Beside a prefill chunk of P tokens the chunk's seconds stay out of c
+(they are spent whatever the drafts; counted in, they lowered the bar for a draft to the slower
+rate of a step carrying a prompt), while an extra row costs what the curve adds past the chunk's
+tokens, f(T+P+m) - f(T+P): the chunk has already taken the flat, weight-bound part of the curve,
+so a row beside it costs its arithmetic. The chunk's tokens do not count as emitted work (that
+set the bar so high that n-gram drafts accepted 0.75 of the time were dropped where they had
+saved a third of the steps; docs/benchmarks.md). Sequences that asked for the static policy
+verify their whole draft and count as fixed rows. Under saturation c grows as fast as the tokens
+do and k goes to 0 by itself; at low load the tokens likely to land are kept.
 
 What proposing itself costs (outside the forward pass) is weighed per batch size by
 speculation/payoff.py: where it has not paid for its own time, adaptive sequences of that size
@@ -38,81 +29,15 @@ do not propose, but for an exploring step now and then.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from specserve.runner.cost import LiveCost, StepShape
 from specserve.speculation.calibration import Calibration
+from specserve.speculation.objective import Rated, RowCost, choose_k_rated, expected_emitted
 from specserve.speculation.payoff import Payoff
 from specserve.speculation.proposer import Draft
-
-# extra rows m -> live seconds of the step with them (vectorised over m)
-RowCost = Callable[[np.ndarray], np.ndarray]
-
-
-def expected_emitted(accept: Sequence[float], k: int) -> float:
-    """1 + sum_{j=1..k} prod_{i<j} accept[i] (accept[i]: P(draft i+1 accepted | 1..i accepted))."""
-    total, reach = 1.0, 1.0
-    for i in range(k):
-        reach *= accept[i]
-        total += reach
-    return total
-
-
-def choose_k(
-    accept: Sequence[Sequence[float]],  # [S][len(draft_s)] calibrated per-token probabilities
-    cost: RowCost,
-    base_emitted: float,
-) -> list[int]:
-    """The k_s <= len(accept[s]) maximising (base_emitted + sum of gains kept) / cost(sum k_s);
-    see `choose_k_rated`."""
-    return choose_k_rated(accept, cost, base_emitted).ks
-
-
-@dataclass(frozen=True)
-class Rated:
-    """A step's choice with what it predicts: expected emitted tokens and forward seconds at
-    the chosen k and at no drafts."""
-
-    ks: list[int]
-    emitted: float
-    seconds: float
-    base_emitted: float
-    base_seconds: float
-
-    @property
-    def speedup(self) -> float:
-        """J(chosen k) / J(0)."""
-        return (self.emitted / self.seconds) / (self.base_emitted / self.base_seconds)
-
-
-def choose_k_rated(accept: Sequence[Sequence[float]], cost: RowCost, base_emitted: float) -> Rated:
-    """`choose_k`'s k_s, with the expected tokens and cost at them and at no drafts (their
-    rates' ratio is the predicted speedup).
-
-    Keeping draft token i of s adds gain prod_{j<=i} a_{s,j}, which never grows with i, so for
-    any total m the best choice is the m largest gains (stable order keeps each sequence's
-    tokens a prefix). J is then a function of m alone, evaluated for every m; the first argmax
-    wins, so ties keep fewer rows. Exact for any cost curve, convex or not.
-    """
-    gains = [np.cumprod(np.asarray(a, dtype=np.float64)) for a in accept]
-    owner = np.repeat(np.arange(len(gains)), [len(g) for g in gains])  # [M] sequence of each
-    flat = np.concatenate([np.empty(0), *gains])  # [M] gains, sequence by sequence
-    order = np.argsort(-flat, kind="stable")
-    emitted = base_emitted + np.concatenate([[0.0], np.cumsum(flat[order])])
-    seconds = cost(np.arange(len(flat) + 1))
-    rate = emitted / seconds
-    m = int(np.argmax(rate))
-    ks = np.bincount(owner[order[:m]], minlength=len(accept))
-    return Rated(
-        [int(k) for k in ks],
-        float(emitted[m]),
-        float(seconds[m]),
-        float(emitted[0]),
-        float(seconds[0]),
-    )
 
 
 @dataclass(frozen=True)
@@ -254,30 +179,23 @@ class SpeculationPolicy:
 
     def _row_cost(self, seqs: list[DecodeSeq], prefill: int, keys_per_row: float) -> RowCost:
         """m -> live seconds of this step's decode rows with m extra rows, each reading
-        `keys_per_row` keys; beside a prefill chunk, without the chunk's seconds, the extra
-        rows costing what the curve adds past its tokens (see the module docstring)."""
+        `keys_per_row` keys; beside a `prefill`-token chunk, the extra rows cost what the curve
+        adds past the chunk's tokens (see the module docstring)."""
         assert self.cost is not None
         fixed_rows = [1 + (len(s.draft.tokens) if s.static and s.draft else 0) for s in seqs]
         base = StepShape.of(
-            [(r, s.context) for r, s in zip(fixed_rows, seqs, strict=True)], prefill=prefill
+            [(r, s.context) for r, s in zip(fixed_rows, seqs, strict=True)], prefill=0
         )
         cost = self.cost
-        if prefill:
-            rows = replace(base, prefill=0)
-            own = cost.predict(rows)
-            joined = base.rows + prefill
-            past = cost.predict_rows(rows, np.array([joined]), np.array([base.attention]))
-
-            def beside_chunk(m: np.ndarray) -> np.ndarray:
-                more = cost.predict_rows(rows, joined + m, base.attention + m * keys_per_row)
-                return own + more - past
-
-            return beside_chunk
 
         def row_cost(m: np.ndarray) -> np.ndarray:
-            return cost.predict_rows(base, base.rows + m, base.attention + m * keys_per_row)
+            rows = base.rows + prefill + m
+            return cost.predict_rows(base, rows, base.attention + m * keys_per_row)
 
-        return row_cost
+        if not prefill:
+            return row_cost
+        offset = cost.predict(base) - float(row_cost(np.zeros(1))[0])
+        return lambda m: row_cost(m) + offset
 
     def _cannot_pay(self, seqs: list[DecodeSeq], prefill: int) -> bool:
         """True when no number m of extra rows, each adding the best calibrated acceptance
@@ -290,8 +208,7 @@ class SpeculationPolicy:
             return False
         best = self._best_probability()
         keys = sum(s.context for s in free) / len(free)  # (np.mean: ~20 us a step)
-        prefill = max(prefill, 0)
-        cost = self._row_cost([replace_cap(s) for s in seqs], prefill, keys)
+        cost = self._row_cost([replace_cap(s) for s in seqs], max(prefill, 0), keys)
         m = np.arange(sum(s.cap for s in free) + 1)
         static_rows = sum(s.cap for s in seqs if s.static)
         gain = len(seqs) + static_rows * best + m * best

@@ -148,8 +148,8 @@ def test_a_grammar_too_costly_to_follow_fails_only_its_request(
 
 
 def test_forced_text_is_drafted_where_the_payoff_stopped_proposing(tiny_llama: Path) -> None:
+    from specserve.speculation.objective import Rated
     from specserve.speculation.payoff import size_class
-    from specserve.speculation.policy import Rated
 
     p = constrained(GREEDY, JSON)
     static = make_engine(tiny_llama, speculate=4)

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specserve.server.info import speculation_info
-from specserve.speculation.policy import Rated
+from specserve.speculation.objective import Rated
 from tests import http
 from tests.engine.helpers import make_engine
 from tests.server.conftest import Server, idle, start_server, wait_for

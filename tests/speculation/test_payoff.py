@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
+from specserve.speculation.objective import Rated
 from specserve.speculation.payoff import Payoff, size_class
-from specserve.speculation.policy import DecodeSeq, Gate, Rated, SpeculationPolicy
+from specserve.speculation.policy import DecodeSeq, Gate, SpeculationPolicy
 from specserve.speculation.proposer import Draft
 
 

@@ -14,14 +14,8 @@ from specserve.request import SamplingParams, Sequence
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
 from specserve.scheduler.scheduler import SeqWork
 from specserve.speculation.calibration import Calibration
-from specserve.speculation.policy import (
-    DecodeSeq,
-    Gate,
-    SpeculationPolicy,
-    choose_k,
-    choose_k_rated,
-    expected_emitted,
-)
+from specserve.speculation.objective import choose_k, choose_k_rated, expected_emitted
+from specserve.speculation.policy import DecodeSeq, Gate, SpeculationPolicy
 from specserve.speculation.proposer import Draft
 
 Cost = Callable[[int], float]
