@@ -1,8 +1,15 @@
 """Continuous batching under a token budget, with KV-block admission and preemption by recompute.
 
 Each step serves running sequences first, oldest first (a decode token, or the next prefill
-chunk), then admits waiting ones in FIFO order (never skipping ahead) while the token budget and
-the running limit allow, then lets decode sequences reserve slots for drafts from what is left.
+chunk), then admits waiting ones in FIFO order while the token budget and the running limit
+allow, then lets decode sequences reserve slots for drafts from what is left.
+
+Short prompts first: up to half of a step's prompt tokens are held back from the running
+prompts' chunks for waiting prompts short enough to be computed whole in it, smallest first,
+which are admitted out of turn. A 50-token question then gets its first token in the next step
+instead of after every longer prompt queued before it; the running prompts still get at least
+half of each step's prompt tokens, so none starves; and nothing skips a queue head that waits
+for KV blocks.
 
 The rule that keeps KV pressure from turning into thrash:
 
@@ -35,6 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from specserve.config import SchedulerConfig
 from specserve.request import SeqStatus, Sequence
@@ -42,6 +50,8 @@ from specserve.runner.cost import LiveCost
 from specserve.scheduler.chunking import prefill_budget
 from specserve.scheduler.kv_blocks import NO_MATCH, BlockAllocator, PrefixMatch, blocks_for
 from specserve.scheduler.window_blocks import WindowBlocks
+
+SHORT_LOOKAHEAD = 64  # waiting sequences looked through for prompts short enough to go first
 
 
 @dataclass(frozen=True)
@@ -165,6 +175,8 @@ class Scheduler:
         budget = self.config.max_batch_tokens
         target = self.config.itl_target_ms / 1e3
         prefill = prefill_budget(self.running, bool(self.waiting), budget, self.cost, target)
+        short = self._short_waiting(prefill // 2)
+        prefill -= sum(s.num_tokens for s in short)  # held back for them
         work: list[SeqWork] = []
         preempted: list[Sequence] = []
         for seq in list(self.running):
@@ -178,6 +190,7 @@ class Scheduler:
             budget -= n
             prefill -= n if left > 1 else 0
         if not preempted:
+            budget, prefill = self._admit_short(work, budget, prefill, short)
             budget = self._admit(work, budget, prefill)
         if draft_caps is not None:
             work = self._reserve_drafts(work, budget, draft_caps)
@@ -270,6 +283,39 @@ class Scheduler:
                 self.window.attach(seq.block_table[i], seq.window_table[i])
             seq.cached_blocks += 1
 
+    def _short_waiting(self, room: int) -> list[Sequence]:
+        """Waiting sequences (among the first SHORT_LOOKAHEAD) whose whole prompts fit in
+        `room` tokens together and that could be admitted now, smallest first; none while the
+        queue's head waits for blocks or no sequence may start."""
+        slots = self.config.max_running_requests - len(self.running)
+        if not self.waiting or slots <= 0 or self._admissible(self.waiting[0]) is None:
+            return []
+        out: list[Sequence] = []
+        for seq in sorted(islice(self.waiting, SHORT_LOOKAHEAD), key=lambda s: s.num_tokens):
+            if seq.num_tokens > room or len(out) == slots:
+                break
+            if self._admissible(seq) is not None:
+                out.append(seq)
+                room -= seq.num_tokens
+        return out
+
+    def _admit_short(
+        self, work: list[SeqWork], budget: int, prefill: int, short: list[Sequence]
+    ) -> tuple[int, int]:
+        """Admit `short` out of turn, each computing its whole prompt, while the queue's head
+        could still be admitted; what they were held back and did not use returns to
+        `prefill`. (budget, prefill) left."""
+        prefill += sum(s.num_tokens for s in short)
+        for seq in short:
+            if budget < seq.num_tokens or self._admissible(self.waiting[0]) is None:
+                break
+            match = self._admissible(seq)
+            if match is not None:
+                self.waiting.remove(seq)
+                n = self._start(seq, match, work, budget)
+                budget, prefill = budget - n, prefill - n
+        return budget, prefill
+
     def _admit(self, work: list[SeqWork], budget: int, prefill: int) -> int:
         """Admit waiting sequences in order while `budget` (tokens) and `prefill` (prompt
         tokens) last; the budget left."""
@@ -283,26 +329,32 @@ class Scheduler:
             if match is None:
                 break
             self.waiting.popleft()
-            if self.allocator.caching:
-                stats = self.allocator.stats
-                stats.queried_tokens += seq.num_tokens
-                stats.hit_tokens += match.num_tokens(self.allocator.block_size)
-            self.allocator.share(seq.block_table, match)
-            if self.window is not None:
-                self.window.share(seq.window_table, match.blocks)
-            seq.cached_blocks = len(match.blocks)
-            seq.num_computed = match.num_tokens(self.allocator.block_size)
-            self.allocator.grow(seq.block_table, seq.num_tokens)
-            self._reserved += self._still_reserved(seq)
-            seq.status = SeqStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            self.running.append(seq)
-            n = min(seq.num_uncomputed, budget, prefill)
-            self._grow_window(seq, seq.num_computed + n)
-            work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
+            n = self._start(seq, match, work, min(budget, prefill))
             budget, prefill = budget - n, prefill - n
         return budget
+
+    def _start(self, seq: Sequence, match: PrefixMatch, work: list[SeqWork], room: int) -> int:
+        """Run `seq` (taken off the queue), sharing `match`, with a first chunk of at most
+        `room` tokens; the chunk's tokens."""
+        if self.allocator.caching:
+            stats = self.allocator.stats
+            stats.queried_tokens += seq.num_tokens
+            stats.hit_tokens += match.num_tokens(self.allocator.block_size)
+        self.allocator.share(seq.block_table, match)
+        if self.window is not None:
+            self.window.share(seq.window_table, match.blocks)
+        seq.cached_blocks = len(match.blocks)
+        seq.num_computed = match.num_tokens(self.allocator.block_size)
+        self.allocator.grow(seq.block_table, seq.num_tokens)
+        self._reserved += self._still_reserved(seq)
+        seq.status = SeqStatus.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        self.running.append(seq)
+        n = min(seq.num_uncomputed, room)
+        self._grow_window(seq, seq.num_computed + n)
+        work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
+        return n
 
     def _reserve_drafts(self, work: list[SeqWork], budget: int, caps: DraftCaps) -> list[SeqWork]:
         decode = [i for i, w in enumerate(work) if w.samples and w.num_tokens == 1]
