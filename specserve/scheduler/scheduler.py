@@ -4,12 +4,11 @@ Each step serves running sequences first, oldest first (a decode token, or the n
 chunk), then admits waiting ones in FIFO order while the token budget and the running limit
 allow, then lets decode sequences reserve slots for drafts from what is left.
 
-Short prompts first: up to half of a step's prompt tokens are held back from the running
-prompts' chunks for waiting prompts short enough to be computed whole in it, smallest first,
-which are admitted out of turn. A 50-token question then gets its first token in the next step
-instead of after every longer prompt queued before it; the running prompts still get at least
-half of each step's prompt tokens, so none starves; and nothing skips a queue head that waits
-for KV blocks.
+Shortest first: half of a step's prompt tokens go to the prompts with the fewest tokens left,
+running or waiting (a waiting one is then admitted out of turn), the other half in the order
+above. A 50-token question so starts within a step or two instead of after every longer prompt
+queued before it, and the oldest prompt still moves by at least half of each step's prompt
+tokens, so none starves; nothing skips a queue head that waits for KV blocks.
 
 The rule that keeps KV pressure from turning into thrash:
 
@@ -51,7 +50,7 @@ from specserve.scheduler.chunking import prefill_budget
 from specserve.scheduler.kv_blocks import NO_MATCH, BlockAllocator, PrefixMatch, blocks_for
 from specserve.scheduler.window_blocks import WindowBlocks
 
-SHORT_LOOKAHEAD = 64  # waiting sequences looked through for prompts short enough to go first
+SHORT_LOOKAHEAD = 64  # waiting sequences looked through for the shortest prompts
 
 
 @dataclass(frozen=True)
@@ -175,22 +174,22 @@ class Scheduler:
         budget = self.config.max_batch_tokens
         target = self.config.itl_target_ms / 1e3
         prefill = prefill_budget(self.running, bool(self.waiting), budget, self.cost, target)
-        short = self._short_waiting(prefill // 2)
-        prefill -= sum(s.num_tokens for s in short)  # held back for them
+        first = self._shortest_first(prefill // 2)
+        prefill -= sum(first.values())  # the rest goes in order
         work: list[SeqWork] = []
         preempted: list[Sequence] = []
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING or budget == 0:
                 continue  # preempted earlier in this step
-            left = seq.num_uncomputed
-            n = min(left, budget if left == 1 else prefill)
+            left, planned = seq.num_uncomputed, first.pop(seq.seq_id, 0)
+            n = min(left, budget if left == 1 else planned + prefill)
             if n == 0 or not self._reserve(seq, n, preempted):
                 continue
             work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
             budget -= n
-            prefill -= n if left > 1 else 0
+            prefill -= max(0, n - planned) if left > 1 else 0
         if not preempted:
-            budget, prefill = self._admit_short(work, budget, prefill, short)
+            budget, prefill = self._admit_first(work, budget, prefill, first)
             budget = self._admit(work, budget, prefill)
         if draft_caps is not None:
             work = self._reserve_drafts(work, budget, draft_caps)
@@ -283,37 +282,42 @@ class Scheduler:
                 self.window.attach(seq.block_table[i], seq.window_table[i])
             seq.cached_blocks += 1
 
-    def _short_waiting(self, room: int) -> list[Sequence]:
-        """Waiting sequences (among the first SHORT_LOOKAHEAD) whose whole prompts fit in
-        `room` tokens together and that could be admitted now, smallest first; none while the
-        queue's head waits for blocks or no sequence may start."""
+    def _shortest_first(self, room: int) -> dict[int, int]:
+        """`room` prompt tokens for the prompts with the fewest left, smallest first: running
+        ones still in prefill, and waiting ones (among the first SHORT_LOOKAHEAD) that could
+        be admitted now, none while the queue's head waits for blocks. seq_id -> tokens."""
         slots = self.config.max_running_requests - len(self.running)
-        if not self.waiting or slots <= 0 or self._admissible(self.waiting[0]) is None:
-            return []
-        out: list[Sequence] = []
-        for seq in sorted(islice(self.waiting, SHORT_LOOKAHEAD), key=lambda s: s.num_tokens):
-            if seq.num_tokens > room or len(out) == slots:
+        waiting = list(islice(self.waiting, SHORT_LOOKAHEAD)) if slots > 0 else []
+        if waiting and self._admissible(self.waiting[0]) is None:
+            waiting = []
+        prefilling = [s for s in self.running if s.num_uncomputed > 1]
+        out: dict[int, int] = {}
+        for seq in sorted(prefilling + waiting, key=lambda s: s.num_uncomputed):
+            if room <= 0:
                 break
-            if self._admissible(seq) is not None:
-                out.append(seq)
-                room -= seq.num_tokens
+            if seq.status is SeqStatus.WAITING:
+                if slots == 0 or self._admissible(seq) is None:
+                    continue
+                slots -= 1
+            out[seq.seq_id] = min(seq.num_uncomputed, room)
+            room -= out[seq.seq_id]
         return out
 
-    def _admit_short(
-        self, work: list[SeqWork], budget: int, prefill: int, short: list[Sequence]
+    def _admit_first(
+        self, work: list[SeqWork], budget: int, prefill: int, first: dict[int, int]
     ) -> tuple[int, int]:
-        """Admit `short` out of turn, each computing its whole prompt, while the queue's head
-        could still be admitted; what they were held back and did not use returns to
-        `prefill`. (budget, prefill) left."""
-        prefill += sum(s.num_tokens for s in short)
-        for seq in short:
-            if budget < seq.num_tokens or self._admissible(self.waiting[0]) is None:
-                break
-            match = self._admissible(seq)
-            if match is not None:
+        """Admit the waiting sequences `first` gives tokens, out of turn, while the queue's
+        head could still be admitted (the head itself also takes the `prefill` tokens left
+        in order); tokens they do not use return to `prefill`. (budget, prefill) left."""
+        for seq in [s for s in self.waiting if s.seq_id in first]:
+            planned = first[seq.seq_id]
+            in_order = prefill if seq is self.waiting[0] else 0
+            match = self._admissible(seq) if self._admissible(self.waiting[0]) else None
+            n = 0
+            if match is not None and budget > 0:
                 self.waiting.remove(seq)
-                n = self._start(seq, match, work, budget)
-                budget, prefill = budget - n, prefill - n
+                n = self._start(seq, match, work, min(planned + in_order, budget))
+            budget, prefill = budget - n, prefill + planned - n
         return budget, prefill
 
     def _admit(self, work: list[SeqWork], budget: int, prefill: int) -> int:

@@ -1,7 +1,7 @@
-"""Short prompts first: up to half of a step's prompt tokens go, out of turn, to waiting
-prompts that fit in it whole, smallest first; the running prompts keep the other half, and
-nothing skips a queue head that waits for KV blocks. No clock and no model: the step's work
-is computed as the engine would."""
+"""Shortest first: half of a step's prompt tokens go to the prompts with the fewest tokens
+left, running or waiting (waiting ones admitted out of turn), the other half in order; nothing
+skips a queue head that waits for KV blocks. No clock and no model: the step's work is
+computed as the engine would."""
 
 from __future__ import annotations
 
@@ -36,6 +36,22 @@ def test_a_short_prompt_behind_long_ones_is_computed_whole_in_the_next_step() ->
     sched.add(_seq(6, 40))
     assert _run(sched.schedule()) == {6: 40, 0: 700, 1: 700, 2: 608}
     assert sched.running[0].output_ids == [8]  # its first token, in the first step
+
+
+def test_a_short_prompt_moves_beside_a_long_one_when_steps_are_small() -> None:
+    """32 prompt tokens a step (a decode row beside them): the 48-token prompt takes half of
+    each step and samples in the third, where in order it would wait ~60 steps for the long
+    one; the long one moves by the other half."""
+    sched = _scheduler(33)
+    sched.add(_seq(0, 10))
+    _run(sched.schedule())  # decoding from here on
+    sched.add(_seq(1, 2000))
+    _run(sched.schedule())
+    sched.add(_seq(2, 48))
+    steps = [_run(sched.schedule()) for _ in range(3)]
+    assert steps == [{0: 1, 1: 16, 2: 16}] * 3
+    assert sched.running[-1].output_ids == [8]  # the short one's first token
+    assert _run(sched.schedule()) == {0: 1, 1: 31, 2: 1}  # two decode rows now
 
 
 def test_without_short_prompts_the_queue_is_served_in_order() -> None:
