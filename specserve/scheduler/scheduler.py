@@ -309,7 +309,9 @@ class Scheduler:
         """Admit the waiting sequences `first` gives tokens, out of turn, while the queue's
         head could still be admitted (the head itself also takes the `prefill` tokens left
         in order); tokens they do not use return to `prefill`. (budget, prefill) left."""
-        for seq in [s for s in self.waiting if s.seq_id in first]:
+        if not first:  # the running loop took its own; none waiting was chosen
+            return budget, prefill
+        for seq in [s for s in islice(self.waiting, SHORT_LOOKAHEAD) if s.seq_id in first]:
             planned = first[seq.seq_id]
             in_order = prefill if seq is self.waiting[0] else 0
             match = self._admissible(seq) if self._admissible(self.waiting[0]) else None
