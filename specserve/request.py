@@ -196,6 +196,16 @@ class DraftPause:
 
 
 @dataclass
+class DraftOdds:
+    """Adaptive speculation, per sequence: its verified drafts' accepted tokens against what the
+    shared calibration expected of them, each sum decayed at every draft. See
+    `speculation/policy.py` (`sequence_factor`)."""
+
+    expected: float = 0.0
+    accepted: float = 0.0
+
+
+@dataclass
 class Sequence:
     """One request's live state. Tokens = prompt + output; KV holds the first `num_computed`."""
 
@@ -217,6 +227,7 @@ class Sequence:
     num_preemptions: int = 0
     spec: SpecCounts = field(default_factory=SpecCounts)
     draft_pause: DraftPause = field(default_factory=DraftPause)
+    draft_odds: DraftOdds = field(default_factory=DraftOdds)
     # Prefix cache: leading blocks of block_table already offered to it; once one could not be
     # cached, none after it can be (their keys chain from it).
     cached_blocks: int = 0

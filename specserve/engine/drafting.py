@@ -12,7 +12,7 @@ from specserve.engine.plan import is_decode
 from specserve.grammar import GrammarProcessor
 from specserve.request import Sequence
 from specserve.scheduler.scheduler import SeqWork
-from specserve.speculation.policy import DecodeSeq, SpeculationPolicy
+from specserve.speculation.policy import DecodeSeq, SpeculationPolicy, sequence_factor
 from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
@@ -166,7 +166,13 @@ def decode_views(
 ) -> list[DecodeSeq]:
     """What the policy sees of each decode sequence before proposing: length, cap, grammar."""
     return [
-        DecodeSeq(s.num_tokens, is_static(policy, s), c, grammar=grammar_of(s) is not None)
+        DecodeSeq(
+            s.num_tokens,
+            is_static(policy, s),
+            c,
+            grammar=grammar_of(s) is not None,
+            factor=sequence_factor(s.draft_odds),
+        )
         for s, c in zip(seqs, caps, strict=True)
     ]
 
@@ -187,6 +193,7 @@ def keep_prefixes(
             work[i].seq.num_tokens,
             is_static(policy, work[i].seq, proposed[i]),
             draft=proposed[i],
+            factor=sequence_factor(work[i].seq.draft_odds),
         )
         for i in decode
     ]

@@ -302,7 +302,7 @@ class Engine:
             self.stats.record_draft(seq, p.draft, result.num_accepted)
             self.observers.verified(seq, p.draft, result.num_accepted)
             if self.res.policy is not None and not p.draft.forced:
-                self.res.policy.record(p.draft, result.num_accepted)
+                self.res.policy.record(p.draft, result.num_accepted, seq.draft_odds)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
             self.scheduler.unpark(seq)

@@ -21,6 +21,15 @@ saved a third of the steps; docs/benchmarks.md). Sequences that asked for the st
 verify their whole draft and count as fixed rows. Under saturation c grows as fast as the tokens
 do and k goes to 0 by itself; at low load the tokens likely to land are kept.
 
+The calibration is shared by every request, so it predicts a request like the traffic before it:
+after copy-heavy requests, a free-text one's drafts were verified at the copy-heavy rate and
+mostly rejected (one request 0.86x of speculation off, three pairs alike; benchmarks/spec_pairs.py).
+So each sequence also keeps its own verified drafts' accepted tokens against what the calibration
+expected of them (`DraftOdds`, both sums decayed by SEQ_DECAY a draft), and its drafts'
+probabilities are scaled by `sequence_factor`, (accepted + SEQ_PRIOR) / (expected + SEQ_PRIOR),
+capped at 1: a sequence whose drafts keep failing verifies only the tokens likely enough even
+then, and one whose drafts land is scaled back up. Only speed changes.
+
 What proposing itself costs (outside the forward pass) is weighed per batch size by
 speculation/payoff.py: where it has not paid for its own time, adaptive sequences of that size
 do not propose, but for an exploring step now and then.
@@ -33,11 +42,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specserve.request import DraftOdds
 from specserve.runner.cost import LiveCost, StepShape
 from specserve.speculation.calibration import Calibration
 from specserve.speculation.objective import Rated, RowCost, choose_k_rated, expected_emitted
 from specserve.speculation.payoff import Payoff
 from specserve.speculation.proposer import Draft
+
+# The per-sequence factor (module docstring): the tokens of evidence it starts from (at 1), and
+# the weight of its earlier drafts at each new one (a memory of about twenty drafts). Drafts whose
+# first token the calibration gives 0.5 and verification rejects take the factor to 0.67 after
+# two, 0.33 after ten, and no lower than 0.17: what one sequence shows moves it quickly, but a
+# long copied span (calibrated at 0.9 and more) is still verified in a sequence that failed.
+SEQ_PRIOR = 2.0
+SEQ_DECAY = 0.95
+
+
+def sequence_factor(odds: DraftOdds) -> float:
+    """What a sequence's drafts have done against the shared calibration's expectation: the
+    scale of its drafts' probabilities, at most 1."""
+    return min(1.0, (odds.accepted + SEQ_PRIOR) / (odds.expected + SEQ_PRIOR))
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,7 @@ class DecodeSeq:
     # under a grammar: its forced text (near-free, accepted) drafts whatever the payoff or the
     # pre-check says of the proposer; only a gate stops it
     grammar: bool = False
+    factor: float = 1.0  # its drafts' probabilities scaled by this (`sequence_factor`)
 
 
 @dataclass
@@ -143,8 +168,13 @@ class SpeculationPolicy:
             self.stats.k_chosen[k] = self.stats.k_chosen.get(k, 0) + 1
         return ks
 
-    def record(self, draft: Draft, num_accepted: int) -> None:
-        """A verified draft's outcome, for the calibration."""
+    def record(self, draft: Draft, num_accepted: int, odds: DraftOdds | None = None) -> None:
+        """A verified draft's outcome, for the calibration and the sequence's `odds`."""
+        if odds is not None:
+            tested = draft.scores[: num_accepted + 1]
+            expected = sum(self.calibration.probabilities(tested))
+            odds.expected = SEQ_DECAY * odds.expected + expected
+            odds.accepted = SEQ_DECAY * odds.accepted + num_accepted
         self.calibration.record(draft.scores, num_accepted)
 
     def observe(self, shape: StepShape, seconds: float) -> None:
@@ -158,7 +188,11 @@ class SpeculationPolicy:
         probs = self.calibration.probabilities
         drafts = [s.draft for s in seqs]
         free = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.static]
-        accept = [probs(d.scores) for i in free if (d := drafts[i]) is not None]
+        accept = [
+            [p * seqs[i].factor for p in probs(d.scores)]
+            for i in free
+            if (d := drafts[i]) is not None
+        ]
         base_emitted = len(seqs) + sum(
             expected_emitted(probs(d.scores), len(d.tokens)) - 1.0
             for s, d in zip(seqs, drafts, strict=True)
@@ -206,7 +240,7 @@ class SpeculationPolicy:
         free = [s for s in seqs if not s.static and s.cap]
         if not free:
             return False
-        best = self._best_probability()
+        best = self._best_probability() * max(s.factor for s in free)
         keys = sum(s.context for s in free) / len(free)  # (np.mean: ~20 us a step)
         cost = self._row_cost([replace_cap(s) for s in seqs], max(prefill, 0), keys)
         m = np.arange(sum(s.cap for s in free) + 1)

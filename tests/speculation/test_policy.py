@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from specserve.engine.drafting import keep_prefixes
-from specserve.request import SamplingParams, Sequence
+from specserve.request import DraftOdds, SamplingParams, Sequence
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
 from specserve.scheduler.scheduler import SeqWork
 from specserve.speculation.calibration import Calibration
 from specserve.speculation.objective import choose_k, choose_k_rated, expected_emitted
-from specserve.speculation.policy import DecodeSeq, Gate, SpeculationPolicy
+from specserve.speculation.policy import DecodeSeq, Gate, SpeculationPolicy, sequence_factor
 from specserve.speculation.proposer import Draft
 
 Cost = Callable[[int], float]
@@ -128,6 +128,32 @@ def test_adaptive_policy_learns_from_rejections() -> None:
         policy.record(draft, 0)  # the first token is always rejected
     assert policy.choose(view) == [0]
     assert policy.stats.trimmed_tokens >= 4
+
+
+def test_a_sequence_whose_drafts_fail_verifies_less_than_the_shared_calibration_says() -> None:
+    """The traffic so far accepted these drafts whole; one sequence's are rejected at once: it
+    stops verifying them while a fresh sequence still verifies the whole draft, and once its
+    drafts land again it verifies them too."""
+    policy = SpeculationPolicy(adaptive=True, gate=Gate(), cost=model(per_row=0.01))
+    draft = Draft([1, 2, 3, 4], confidence=[0.95] * 4)
+    for _ in range(40):
+        policy.record(draft, 4)
+    odds = DraftOdds()
+    for _ in range(12):
+        policy.record(draft, 0, odds)
+    assert sequence_factor(DraftOdds()) == 1.0 and sequence_factor(odds) < 0.3
+    views = [
+        DecodeSeq(100, False, draft=draft),
+        DecodeSeq(100, False, draft=draft, factor=sequence_factor(odds)),
+    ]
+    assert policy.choose(views) == [4, 0]
+    failing = DecodeSeq(100, False, 4, factor=sequence_factor(odds) / 10)
+    assert policy.open([failing], 1, 1) == [0]  # not even proposed: no draft of it could pay
+    assert policy.open([DecodeSeq(100, False, 4)], 1, 1) == [4]
+    for _ in range(20):
+        policy.record(draft, 4, odds)
+    views[1] = DecodeSeq(100, False, draft=draft, factor=sequence_factor(odds))
+    assert policy.choose(views) == [4, 4]
 
 
 def test_static_requests_on_an_adaptive_policy_keep_their_drafts() -> None:
