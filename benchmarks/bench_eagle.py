@@ -35,7 +35,7 @@ from specserve.request import SamplingParams
 from specserve.request import Sequence as Seq
 from specserve.runner.model_runner import ModelRunner, RunItem
 from specserve.scheduler.kv_blocks import BlockAllocator
-from specserve.speculation import eagle_proposer
+from specserve.speculation import eagle_proposer, eagle_state
 from specserve.speculation.eagle_head import eagle_head_dir
 from specserve.speculation.eagle_proposer import EagleProposer
 
@@ -95,7 +95,7 @@ def proposers(model_dir: Path, model: Any) -> tuple[EagleProposer, EagleProposer
     proposer = EagleProposer.load(head_dir, model, model_dir)
     torch_path = EagleProposer.load(head_dir, model, model_dir)
     torch_path.native = None
-    eagle_proposer.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
+    eagle_state.CONTINUE_ABOVE = 0.0  # every chain to k: the cost of k drafted tokens
     eagle_proposer.HEAD_TOKEN_COST = (
         0.0  # every step drafted, whatever its drafts on random features
     )

@@ -1,6 +1,7 @@
 """`EagleProposer`: drafts autoregressively with an EAGLE-style head (eagle_head.py) on the
-target's own features, batched over sequences; when it asks the head, what it keeps per
-sequence, the head's layer as torch operations over padded tensors, and its registration.
+target's own features, batched over sequences, and its registration. What it keeps per sequence
+and when it asks the head are in eagle_state.py; the head's layer as torch operations, in
+eagle_padded.py.
 
 Per sequence it keeps the head's keys and values of verified output positions (the last
 `window - 1`) and the pairs (feature, token) that `sync` handed over since the last proposal
@@ -27,9 +28,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,159 +40,29 @@ from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
 from specserve.models.llama import DecoderLM
 from specserve.models.loader import resolve_model_dir
-from specserve.request import History, Sequence
-from specserve.runner.sampler import SampleRow, sample_row
-from specserve.speculation.calibration import PerSequenceMean
+from specserve.request import Sequence
+from specserve.speculation import eagle_state
 from specserve.speculation.eagle_head import (
     CONFIG_FILE,
     HEAD_FILE,
-    NO_POSITION,
     EagleHead,
     check_base,
     eagle_head_dir,
     load_eagle,
     shipped_head_for,
 )
-from specserve.speculation.eagle_native import Lane, NativeHead, Rows
+from specserve.speculation.eagle_native import NativeHead, Rows
+from specserve.speculation.eagle_padded import padded_catch_up, padded_draft
+from specserve.speculation.eagle_state import (
+    HEAD_RECHECK,
+    HEAD_TOKEN_COST,
+    Chain,
+    HeadState,
+    head_mean,
+)
 from specserve.speculation.proposer import Draft, HiddenRows, Loaded, Proposer, Registration
 
 logger = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------- when the head is asked
-# When the head is asked to draft in a sequence: what a drafted token costs, and the running
-# mean, per sequence, of what asking it has gained (`EagleProposer` gates itself on it;
-# `HybridProposer` keeps its own over the drafts the head served).
-#
-# The head's cost per drafted token, in target tokens (one sequence's share of a decode step),
-# as benchmarks/bench_eagle.py measures it on the Zen 4 with the target's step before each
-# drafting step (as in the engine): 0.11 at batch 1 and 0.07 at 16 with the layer in one native
-# call a token, 0.054-0.060 at batch 1 and 0.050-0.058 at 16 with a greedy drafting step in one
-# call (the 2026-12-04 14:53 and 16:20 sections of `git show 9ebb6f8:docs/benchmarks.md`, raw
-# files under docs/bench/ at that commit): rounded up. A sequence is
-# drafted for while the head's drafts there have been gaining tokens (and now and then after,
-# HEAD_RECHECK): a running mean, per draft, of the tokens verification accepted less drafted x
-# this (a draft the policy does not verify, as under load, gains nothing).
-HEAD_TOKEN_COST = 0.08
-HEAD_PRIOR = 1.0  # tokens gained per head draft assumed before any outcome
-HEAD_RATE = 0.2  # weight of each new outcome in a sequence's running mean
-# A new sequence starts from a running mean over every sequence's outcomes (each weighing
-# this), floored at HEAD_EXPLORE: once the head stops paying on the server's traffic, a new
-# sequence tries it about twice (alone), or (in the hybrid) only where the lookup expects less
-# than this, instead of about six times from HEAD_PRIOR, each first try catching the head up
-# over the whole prompt.
-HEAD_SHARED_RATE = 0.05
-HEAD_EXPLORE = 0.1
-
-# A sequence whose mean is not above zero is asked again after this many steps it sat out
-# (doubling while asking again does not pay, up to HEAD_RECHECK_MAX): the text may have turned
-# predictable. Sitting out costs nothing but keeping the window's last pairs (`sync`); asking
-# again runs them in the drafting call itself.
-HEAD_RECHECK = 32
-HEAD_RECHECK_MAX = 256
-
-
-def head_mean() -> PerSequenceMean:
-    """Per sequence, what asking the head gained (see HEAD_PRIOR .. HEAD_EXPLORE)."""
-    return PerSequenceMean(HEAD_PRIOR, HEAD_RATE, HEAD_EXPLORE, HEAD_SHARED_RATE)
-
-
-# ---------------------------------------------------------------------------- what it keeps
-# Draft another token only while the head gives the chain so far at least this probability of
-# being accepted whole: below it, the next token's expected gain (its probability times this)
-# is worth less than drafting and verifying it (bench_eagle: ~0.1-0.2 of a target step each).
-CONTINUE_ABOVE = 0.35
-
-
-@dataclass
-class HeadState:
-    """One sequence's, across `propose` calls: the head's keys of verified positions and the
-    pairs pending since, trimmed to the window."""
-
-    num_tokens: int = 0  # seq.num_tokens when last synced
-    features: list[torch.Tensor] = field(default_factory=list)  # pending pairs' [n, H] features
-    tokens: list[int] = field(default_factory=list)  # pending pairs' tokens
-    next_pos: int = 0  # output position of the next pending pair
-    keys: torch.Tensor | None = None  # [kv_heads, L, D] of verified positions
-    values: torch.Tensor | None = None
-    positions: torch.Tensor | None = None  # [L]
-    last: torch.Tensor | None = None  # the head's output at the newest verified position
-    drafted: list[int] = field(default_factory=list)  # the last draft, until its outcome is seen
-    lane: Lane | None = None  # its slots in the native path's cache (eagle_native.py)
-    sat_out: int = 0  # steps not asked since its gate closed (HEAD_RECHECK)
-    recheck: int = HEAD_RECHECK  # steps to sit out before asking again (doubling)
-
-    def recheck_due(self) -> bool:
-        """Count a step its closed gate kept the head from drafting; True on the step it has
-        sat out `recheck` of them (then the next wait doubles)."""
-        self.sat_out += 1
-        if self.sat_out < self.recheck:
-            return False
-        self.sat_out, self.recheck = 0, min(2 * self.recheck, HEAD_RECHECK_MAX)
-        return True
-
-    def drop_unseen(self, keep: int) -> None:
-        """Drop the pending pairs no future query can see (all but the last `keep`): whole
-        feature tensors from the front, then a view of the first one's tail. Without
-        concatenating: a sequence the head is not asked for stays past the window every step,
-        and joining its pending rows each time cost more than the rest of `sync` (a timing
-        probe: ~12 of ~20 us)."""
-        excess = len(self.tokens) - keep
-        if excess <= 0:
-            return
-        self.next_pos += excess
-        del self.tokens[:excess]
-        while excess:
-            first = self.features[0]
-            if len(first) > excess:
-                self.features[0] = first[excess:]
-                break
-            self.features.pop(0)
-            excess -= len(first)
-
-
-@dataclass
-class Chain:
-    """One sequence's drafts in a `propose` call."""
-
-    seq: Sequence
-    k: int  # the most tokens to draft
-    tokens: list[int] = field(default_factory=list)
-    confidence: list[float] = field(default_factory=list)
-    dead: bool = False  # the request's processors allowed no draft id: nothing more to add
-    reach: float = 1.0  # the head's probability of the whole chain so far
-
-    @property
-    def plain(self) -> bool:
-        """Greedy with nothing that changes the argmax: the head's own top token."""
-        p = self.seq.params
-        return p.plain_greedy and not self.seq.logits_processors
-
-    def add(self, token: int, confidence: float) -> None:
-        self.tokens.append(token)
-        self.confidence.append(confidence)
-        self.reach *= confidence
-
-    def done(self) -> bool:
-        """Drafted k, or the chain is too unlikely to be accepted this far for another token
-        to pay for its drafting (EAGLE-2's dynamic depth, on a chain)."""
-        return self.dead or len(self.tokens) >= self.k or self.reach < CONTINUE_ABOVE
-
-    def sample(self, logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, j: int) -> int:
-        """The engine sampler's pick from the head's logits (see the module docstring)."""
-        seq = self.seq
-        full = torch.full((vocab_size,), float("-inf"), device=logits.device)
-        full[vocab] = logits
-        history = History(seq, list(self.tokens))  # a view: nothing of the context copied
-        row = SampleRow(seq.params, history, len(seq.output_ids) + j, seq.logits_processors)
-        picked = sample_row(full, row)
-        if not math.isfinite(picked.logprob):  # the request allows no draft id: the chain ends
-            self.dead = True
-            return 0
-        self.add(picked.token, math.exp(picked.logprob))
-        return picked.token
-
-    def draft(self) -> Draft:
-        return Draft(tokens=self.tokens, confidence=self.confidence)
 
 
 # ----------------------------------------------------------------------------- the proposer
@@ -389,7 +258,7 @@ class EagleProposer(Proposer):
             pending = (feats, self._embed_committed(tokens))
         blank = torch.zeros(self.head.shape.hidden_size, device=self.device)
         g = torch.stack([blank if s.last is None else s.last for s in states])  # new: scratch
-        above = CONTINUE_ABOVE
+        above = eagle_state.CONTINUE_ABOVE  # (read here: tests and bench_eagle set it)
         last, found = native.chain(g, rows, pending, ks, self.vocab_logits, self.vocab_embed, above)
         for b, (s, count) in enumerate(zip(states, rows.counts, strict=True)):
             if count:
@@ -459,97 +328,6 @@ def _device(target: DecoderLM) -> torch.device:
     """Where the target computes (its token embeddings, which the head reads, live there)."""
     embed = target.embed_tokens  # nn.Embedding, or GGUF blocks (a buffer, no weight)
     return next(itertools.chain(embed.parameters(), embed.buffers())).device
-
-
-# --------------------------------------------------------------------------- the torch path
-# The head's layer as torch operations over padded tensors, on any device: the path the proposer
-# takes where the head's projections are not GGUF blocks for the native call (eagle_native.py).
-# `padded_catch_up` runs each sequence's pending (feature, token) pairs against its cached keys
-# and keeps the last `window - 1` of them; `padded_draft` then extends every chain one token a
-# step from the head's own previous output, the chain's keys living only for that call.
-PAD_QUERY = 1 << 40  # the position of a padded query row (sees every key; its output is unused)
-
-Embed = Callable[[torch.Tensor], torch.Tensor]  # token ids [...] -> float32 embeddings [..., H]
-# outputs [B, H] -> each chain's next token, as its place in the draft vocabulary [B]
-Pick = Callable[[torch.Tensor, list[Chain], int], torch.Tensor]
-
-
-def padded_cache(
-    head: EagleHead, states: list[HeadState], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The states' caches right-padded to one length: keys, values [B, kv_heads, P, D] and
-    positions [B, P] (NO_POSITION where empty)."""
-    kv_heads, head_dim = head.shape.num_kv_heads, head.shape.head_dim
-    length = max((len(s.positions) for s in states if s.positions is not None), default=0)
-    keys = torch.zeros(len(states), kv_heads, length, head_dim, device=device)
-    values = torch.zeros_like(keys)
-    positions = torch.full((len(states), length), NO_POSITION, dtype=torch.long, device=device)
-    for b, s in enumerate(states):
-        if s.keys is not None and s.values is not None and s.positions is not None:
-            n = len(s.positions)
-            keys[b, :, :n], values[b, :, :n], positions[b, :n] = s.keys, s.values, s.positions
-    return keys, values, positions
-
-
-def padded_catch_up(
-    head: EagleHead, embed: Embed, todo: list[HeadState], device: torch.device
-) -> None:
-    """Run every pending pair of `todo`: keys into the caches, each state's `last` output."""
-    t = max(len(s.tokens) for s in todo)
-    feats = torch.zeros(len(todo), t, head.shape.hidden_size, device=device)
-    ids = torch.zeros(len(todo), t, dtype=torch.long, device=device)
-    q_pos = torch.full((len(todo), t), PAD_QUERY, dtype=torch.long, device=device)
-    for b, s in enumerate(todo):
-        n = len(s.tokens)
-        feats[b, :n] = torch.cat(s.features)
-        ids[b, :n] = torch.tensor(s.tokens, device=device)
-        q_pos[b, :n] = torch.arange(s.next_pos, s.next_pos + n, device=device)
-    x = head.fuse(feats, embed(ids))
-    q, k, v = head.qkv_at(x, q_pos)
-    k_pos = torch.where(q_pos == PAD_QUERY, NO_POSITION, q_pos)
-    past_k, past_v, past_pos = padded_cache(head, todo, device)
-    keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-    allowed = head.window_mask(q_pos, torch.cat([past_pos, k_pos], dim=1))
-    allowed |= (q_pos == PAD_QUERY).unsqueeze(2)
-    out = head.finish(x, head.attend(q, keys, values, allowed))
-    keep = head.shape.window - 1
-    for b, s in enumerate(todo):
-        n = len(s.tokens)
-        valid = past_pos[b] != NO_POSITION
-        s.keys = torch.cat([past_k[b][:, valid], k[b, :, :n]], dim=1)[:, -keep:]
-        s.values = torch.cat([past_v[b][:, valid], v[b, :, :n]], dim=1)[:, -keep:]
-        s.positions = torch.cat([past_pos[b][valid], q_pos[b, :n]])[-keep:]
-        s.last = out[b, n - 1]
-        s.next_pos += n
-        s.features, s.tokens = [], []
-
-
-def padded_draft(
-    head: EagleHead,
-    vocab_embed: torch.Tensor,
-    pick: Pick,
-    seqs: list[Sequence],
-    ks: list[int],
-    states: list[HeadState],
-    device: torch.device,
-) -> list[Draft]:
-    """Up to ks[i] tokens per sequence, each drafted from the head's output at the one before;
-    `vocab_embed` [K, H]: the draft vocabulary's embeddings, by place."""
-    g = torch.stack([s.last for s in states if s.last is not None]).unsqueeze(1)  # [B, 1, H]
-    past_k, past_v, past_pos = padded_cache(head, states, device)
-    pos = torch.tensor([s.next_pos for s in states], device=device).unsqueeze(1)  # [B, 1]
-    picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
-    for j in range(max(ks)):
-        places = pick(g[:, 0], picks, j)  # [B]
-        if all(c.done() for c in picks):
-            break
-        x = head.fuse(g, vocab_embed[places].unsqueeze(1))
-        q, k, v = head.qkv_at(x, pos)
-        past_k, past_v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        past_pos = torch.cat([past_pos, pos], dim=1)
-        g = head.finish(x, head.attend(q, past_k, past_v, head.window_mask(pos, past_pos)))
-        pos = pos + 1
-    return [c.draft() for c in picks]
 
 
 # ----------------------------------------------------------------------------- registration

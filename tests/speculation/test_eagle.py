@@ -25,12 +25,8 @@ from specserve.speculation.eagle_head import (
     load_eagle,
     save_eagle,
 )
-from specserve.speculation.eagle_proposer import (
-    HEAD_PRIOR,
-    HEAD_RECHECK,
-    HEAD_TOKEN_COST,
-    EagleProposer,
-)
+from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.eagle_state import HEAD_PRIOR, HEAD_RECHECK, HEAD_TOKEN_COST
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
 from specserve.training.eagle_train import Batch, unrolled
@@ -62,7 +58,7 @@ def _target(hidden: int = HIDDEN, vocab: int = VOCAB, head_dim: int = 8) -> Any:
 @pytest.fixture
 def full_chains(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random heads are unsure of everything: draft every chain to its k."""
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
     monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
 
 
@@ -192,7 +188,7 @@ def _cost_012(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_head_stops_drafting_in_a_sequence_where_it_does_not_pay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
     _cost_012(monkeypatch)
     proposer = EagleProposer(_head(), _target(), None)
     seq, other = _seq([5, 7, 9], 0), _seq([5, 7, 11], 1)
@@ -260,14 +256,14 @@ def test_a_chain_stops_where_the_head_doubts_it(monkeypatch: pytest.MonkeyPatch)
     head, target = _head(), _target()
     seqs = [_seq([5, 7, 9], 0), _seq([5, 7, 11], 1)]
     full = EagleProposer(head, target, None)
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
     monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
     feats = torch.randn(3, HIDDEN)
     for s in seqs:
         full.sync(s, feats)
     chains = full.propose(seqs, [4, 4])
     threshold = 0.5 * float(torch.tensor(chains[0].scores[:2]).prod())
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", threshold)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", threshold)
     cut = EagleProposer(head, target, None)
     for s in seqs:
         cut.sync(s, feats)
@@ -421,7 +417,7 @@ def test_a_served_head_draft_left_unverified_gains_nothing(
     hybrid.sync(_seq([1, 2, 7]), torch.zeros(1, 4))  # one row: the step's own token only
     assert hybrid.head_gained.mean(0) == pytest.approx(1.0 + 0.2 * (-0.36 - 1.0))
     assert hybrid.calibration["head"].table()[9].accepted == 1  # it would have been right
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
     eagle = EagleProposer(_head(), _target(), None)
     seq = _seq([5, 7, 9])
     eagle.sync(seq, torch.randn(3, HIDDEN))
@@ -451,7 +447,7 @@ def test_hybrid_stops_asking_the_head_in_a_sequence_where_it_fails() -> None:
 def test_inside_the_hybrid_the_head_does_not_gate_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """The hybrid decides where to ask the head, on the drafts the head served; the head's own
     gate would count the lookup's accepted tokens as its own, so it is off there."""
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
     _cost_012(monkeypatch)
     eagle = EagleProposer(_head(), _target(), None)
     hybrid = HybridProposer(_Fixed("suffix", Draft([])), eagle)  # type: ignore[arg-type]

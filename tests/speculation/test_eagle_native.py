@@ -43,7 +43,7 @@ def _pair(window: int) -> tuple[EagleProposer, EagleProposer]:
 
 @pytest.fixture(autouse=True)
 def full_chains(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.0)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.0)
     monkeypatch.setattr("specserve.speculation.eagle_proposer.HEAD_TOKEN_COST", 0.0)
 
 
@@ -139,7 +139,7 @@ def test_native_chains_stop_where_the_torch_paths_do(monkeypatch: pytest.MonkeyP
     """A chain stops once its probability falls below CONTINUE_ABOVE, each sequence on its own,
     in the native chain as in the Python loop: this random head gives each token ~0.025, so at
     0.001 a chain holds two tokens (or its k, if fewer)."""
-    monkeypatch.setattr("specserve.speculation.eagle_proposer.CONTINUE_ABOVE", 0.001)
+    monkeypatch.setattr("specserve.speculation.eagle_state.CONTINUE_ABOVE", 0.001)
     native, plain = _pair(window=16)
     gen = torch.Generator().manual_seed(1)
     seqs = [Sequence(s, f"r{s}", [1, 2], SamplingParams(), output_ids=list(range(3, 20)))
