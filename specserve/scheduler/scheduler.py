@@ -27,7 +27,8 @@ The rule that keeps KV pressure from turning into thrash:
 
 A model with sliding-window layers also keeps their blocks in a `WindowBlocks` pool, sized never
 to run out: those grow with each step's rows, not at admission, and give back what falls behind
-the window; the rules above count full-layer blocks only.
+the window; the rules above count full-layer blocks only. The blocks' side of the rules
+(reservations, fits, admissibility, growing and freeing) is kv_ledger.py's `KVLedger`.
 
 Hence each request is preempted at most once, and there is no livelock: every step computes
 tokens for the oldest running sequence or preempts someone (at most once per request); running
@@ -47,7 +48,8 @@ from specserve.config import SchedulerConfig
 from specserve.request import SeqStatus, Sequence
 from specserve.runner.cost import LiveCost
 from specserve.scheduler.chunking import prefill_budget
-from specserve.scheduler.kv_blocks import NO_MATCH, BlockAllocator, PrefixMatch, blocks_for
+from specserve.scheduler.kv_blocks import BlockAllocator, PrefixMatch
+from specserve.scheduler.kv_ledger import KVLedger
 from specserve.scheduler.window_blocks import WindowBlocks
 
 SHORT_LOOKAHEAD = 64  # waiting sequences looked through for the shortest prompts
@@ -93,17 +95,12 @@ class Scheduler:
         window: WindowBlocks | None = None,
     ) -> None:
         self.config = config
-        # the sliding-window layers' pool (None: every layer's K/V in the allocator's blocks)
-        self.window = window
-        if window is not None:
-            allocator.on_uncache = window.detach
+        self.kv = KVLedger(allocator, max_model_len, window)
+        self.allocator, self.window = allocator, window
         self.cost = cost  # sizes prefill chunks to the ITL target (none: the token budget)
-        self.allocator = allocator
-        self.max_model_len = max_model_len  # caps a sequence's worst case (rule 3)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self._reserved = 0  # blocks protected running sequences may still grow into
         self._parked: dict[int, list[Sequence]] = {}  # seq_id -> siblings waiting on its prompt
 
     def add(self, seq: Sequence, after: Sequence | None = None) -> None:
@@ -137,40 +134,23 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self._free(seq)
-
-    def _free(self, seq: Sequence) -> None:
-        self.allocator.free(seq.block_table)
-        if self.window is not None:
-            self.window.free(seq.window_table)
+        self.kv.free(seq)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Shrink `seq`'s tables to `num_tokens` positions (drafts verification rejected)."""
-        self.allocator.truncate(seq.block_table, num_tokens)
-        if self.window is not None:
-            self.window.truncate(seq.window_table, num_tokens)
+        self.kv.truncate(seq, num_tokens)
 
-    def _grow_window(self, seq: Sequence, num_tokens: int) -> None:
-        """The sliding layers' blocks for rows from `seq.num_computed` up to `num_tokens`,
-        less those no row from there on sees."""
-        if self.window is not None:
-            self.window.drop_behind(seq.window_table, seq.num_computed)
-            self.window.grow(seq.window_table, num_tokens)
-
-    def worst_case_blocks(self, seq: Sequence) -> int:
-        """Blocks `seq` holds at its longest: prompt + max_new_tokens, within the context."""
-        total = len(seq.prompt_ids) + seq.params.max_new_tokens
-        if self.max_model_len is not None:
-            total = min(total, self.max_model_len)
-        return blocks_for(total, self.allocator.block_size)
+    def cache_committed(self, seq: Sequence) -> None:
+        """Offer `seq`'s blocks that are now full of committed tokens to the prefix cache."""
+        self.kv.cache_committed(seq)
 
     @property
     def num_available(self) -> int:
         """Free blocks not reserved for protected running sequences."""
-        return self.allocator.num_free - sum(self._still_reserved(s) for s in self.running)
+        return self.kv.available(self.running)
 
     def schedule(self, draft_caps: DraftCaps | None = None) -> ScheduledBatch:
-        self._reserved = sum(self._still_reserved(s) for s in self.running)
+        self.kv.recount(self.running)
         budget = self.config.max_batch_tokens
         target = self.config.itl_target_ms / 1e3
         prefill = prefill_budget(self.running, bool(self.waiting), budget, self.cost, target)
@@ -195,36 +175,17 @@ class Scheduler:
             work = self._reserve_drafts(work, budget, draft_caps)
         return ScheduledBatch(work=work, preempted=preempted, num_running=len(self.running))
 
-    # -------------------------------------------------------------- block accounting
-    def _still_reserved(self, seq: Sequence) -> int:
-        """Blocks a protected sequence may still take from its reservation (0 otherwise)."""
-        if not seq.num_preemptions:
-            return 0
-        return max(0, self.worst_case_blocks(seq) - len(seq.block_table))
-
-    def _fits(self, seq: Sequence, num_tokens: int) -> bool:
-        """Can `seq` cover `num_tokens` positions? Its own reservation first, then free blocks
-        nobody has reserved."""
-        need = self.allocator.extra_needed(seq.block_table, num_tokens)
-        own = min(need, self._still_reserved(seq))
-        return need - own <= self.allocator.num_free - self._reserved
-
-    def _grow(self, seq: Sequence, num_tokens: int) -> None:
-        before = self._still_reserved(seq)
-        self.allocator.grow(seq.block_table, num_tokens)
-        self._reserved -= before - self._still_reserved(seq)
-
     # ---------------------------------------------------------------- the rule
     def _reserve(self, seq: Sequence, n: int, preempted: list[Sequence]) -> bool:
         """Grow `seq` by n slots, preempting (rule 2) as needed. False if `seq` itself went."""
-        while not self._fits(seq, seq.num_computed + n):
+        while not self.kv.fits(seq, seq.num_computed + n):
             victim = self._victim(seq)
             self._preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
-        self._grow(seq, seq.num_computed + n)
-        self._grow_window(seq, seq.num_computed + n)
+        self.kv.grow(seq, seq.num_computed + n)
+        self.kv.grow_window(seq, seq.num_computed + n)
         return True
 
     def _victim(self, seq: Sequence) -> Sequence:
@@ -233,54 +194,16 @@ class Scheduler:
         return next((s for s in reversed(later) if not s.num_preemptions), seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        self._reserved -= self._still_reserved(seq)
         self.running.remove(seq)
-        self._free(seq)
-        seq.num_computed = seq.cached_blocks = 0
-        seq.cache_broken = False
+        self.kv.release(seq)
         seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     def _admissible(self, seq: Sequence) -> PrefixMatch | None:
-        """Rules 1 and 3, counting a cached prefix's blocks once: they need no new block, but
-        unreferenced ones stop being free. The prefix to share, or None if `seq` must wait.
-        With nothing running, whatever fits the pool is admitted."""
-        match = self._prefix(seq)
-        free = self.allocator.num_free - self._reserved - match.num_evictable
-        whole = blocks_for(seq.num_tokens, self.allocator.block_size) - len(match.blocks)
-        if not self.running:
-            fits = whole <= free
-        elif seq.num_preemptions:
-            fits = self.worst_case_blocks(seq) - len(match.blocks) <= free
-        else:
-            fits = whole + len(self.running) + 1 <= free
-        return match if fits else None
-
-    def _prefix(self, seq: Sequence) -> PrefixMatch:
-        """Cached blocks `seq` may start from: whole blocks, at least one token left to feed
-        (its logits sample the next token)."""
-        if seq.params.prompt_logprobs:  # its prompt's logits are wanted: compute every position
-            return NO_MATCH
-        tokens = seq.token_slice(0, seq.num_tokens)
-        usable = self.window.usable if self.window is not None else None
-        return self.allocator.match(tokens, seq.num_tokens - 1, seq.params.cache_salt, usable)
-
-    def cache_committed(self, seq: Sequence) -> None:
-        """Offer `seq`'s blocks that are now full of committed tokens to the prefix cache."""
-        if not self.allocator.caching or seq.cache_broken:
-            return
-        bs = self.allocator.block_size
-        while seq.cached_blocks < seq.num_computed // bs:
-            i = seq.cached_blocks
-            tokens = tuple(seq.token_slice(i * bs, (i + 1) * bs))
-            if not self.allocator.register(seq.block_table, i, tokens, seq.params.cache_salt):
-                seq.cache_broken = True  # its later blocks cannot chain to this one
-                return
-            if self.window is not None:
-                self.window.attach(seq.block_table[i], seq.window_table[i])
-            seq.cached_blocks += 1
+        """The cached prefix `seq` would share, or None if it must wait (rules 1 and 3)."""
+        return self.kv.admissible(seq, len(self.running))
 
     def _shortest_first(self, room: int) -> dict[int, int]:
         """`room` prompt tokens for the prompts with the fewest left, smallest first: running
@@ -342,23 +265,13 @@ class Scheduler:
     def _start(self, seq: Sequence, match: PrefixMatch, work: list[SeqWork], room: int) -> int:
         """Run `seq` (taken off the queue), sharing `match`, with a first chunk of at most
         `room` tokens; the chunk's tokens."""
-        if self.allocator.caching:
-            stats = self.allocator.stats
-            stats.queried_tokens += seq.num_tokens
-            stats.hit_tokens += match.num_tokens(self.allocator.block_size)
-        self.allocator.share(seq.block_table, match)
-        if self.window is not None:
-            self.window.share(seq.window_table, match.blocks)
-        seq.cached_blocks = len(match.blocks)
-        seq.num_computed = match.num_tokens(self.allocator.block_size)
-        self.allocator.grow(seq.block_table, seq.num_tokens)
-        self._reserved += self._still_reserved(seq)
+        self.kv.start(seq, match)
         seq.status = SeqStatus.RUNNING
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.monotonic()
         self.running.append(seq)
         n = min(seq.num_uncomputed, room)
-        self._grow_window(seq, seq.num_computed + n)
+        self.kv.grow_window(seq, seq.num_computed + n)
         work.append(SeqWork(seq, n, samples=seq.num_computed + n == seq.num_tokens))
         return n
 
@@ -373,11 +286,11 @@ class Scheduler:
             seq = work[i].seq
             k = min(k, budget)
             # Only slots that fit without preempting anyone (rule 4).
-            while k > 0 and not self._fits(seq, seq.num_tokens + k):
+            while k > 0 and not self.kv.fits(seq, seq.num_tokens + k):
                 k -= 1
             if k > 0:
-                self._grow(seq, seq.num_tokens + k)
-                self._grow_window(seq, seq.num_tokens + k)
+                self.kv.grow(seq, seq.num_tokens + k)
+                self.kv.grow_window(seq, seq.num_tokens + k)
                 out[i] = SeqWork(seq, 1, samples=True, max_drafts=k)
                 budget -= k
         return out
