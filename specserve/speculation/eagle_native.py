@@ -1,7 +1,7 @@
 """The EAGLE head's decoder layer in one native call per drafting step (`kernels/decoder.c`, the
 call the target's layers make), with the head's keys and values in a paged cache of its own.
 
-Run as torch operations (eagle_proposer.py), one chain step is some 35 framework calls (projections,
+Run as torch operations (eagle_padded.py), one chain step is some 35 framework calls (projections,
 RoPE, concatenating the cache, building the window mask, repeating heads for GQA, SDPA), about
 0.9 ms a drafted token at batch 1 on 2 cores: a fifth of a target step. Here it is the fused
 input projection, one `decoder_layers` call over the head's layer, and the final norm; and for

@@ -1,7 +1,7 @@
 """`EagleProposer`: drafts autoregressively with an EAGLE-style head (eagle_head.py) on the
-target's own features, batched over sequences, and its registration. What it keeps per sequence
-and when it asks the head are in eagle_state.py; the head's layer as torch operations, in
-eagle_padded.py.
+target's own features, batched over sequences. What it keeps per sequence and when it asks the
+head are in eagle_state.py; the head's layer as torch operations, in eagle_padded.py; its
+registration, in eagle_registration.py.
 
 Per sequence it keeps the head's keys and values of verified output positions (the last
 `window - 1`) and the pairs (feature, token) that `sync` handed over since the last proposal
@@ -28,28 +28,20 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
-from specserve.models.fingerprint import Fingerprint, config_sha256, files_sha256
 from specserve.models.llama import DecoderLM
-from specserve.models.loader import resolve_model_dir
 from specserve.request import Sequence
 from specserve.speculation import eagle_state
 from specserve.speculation.eagle_head import (
-    CONFIG_FILE,
-    HEAD_FILE,
     EagleHead,
     check_base,
-    eagle_head_dir,
     load_eagle,
-    shipped_head_for,
 )
 from specserve.speculation.eagle_native import NativeHead, Rows
 from specserve.speculation.eagle_padded import padded_catch_up, padded_draft
@@ -60,7 +52,7 @@ from specserve.speculation.eagle_state import (
     HeadState,
     head_mean,
 )
-from specserve.speculation.proposer import Draft, HiddenRows, Loaded, Proposer, Registration
+from specserve.speculation.proposer import Draft, Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -328,53 +320,3 @@ def _device(target: DecoderLM) -> torch.device:
     """Where the target computes (its token embeddings, which the head reads, live there)."""
     embed = target.embed_tokens  # nn.Embedding, or GGUF blocks (a buffer, no weight)
     return next(itertools.chain(embed.parameters(), embed.buffers())).device
-
-
-# ----------------------------------------------------------------------------- registration
-def eagle_proposer(loaded: Loaded) -> EagleProposer | None:
-    """The EAGLE proposer for the loaded target; None when no head serves it (logged)."""
-    spec, target = loaded.config.spec, loaded.target
-    if target is None:
-        return None
-    head_dir = eagle_head_dir(target.model_dir, spec.eagle)
-    if head_dir is None:
-        logger.info(
-            "--proposer %s: no EAGLE head for %s (pass --eagle DIR; specserve train-eagle "
-            "makes one); n-gram serves",
-            spec.proposer,
-            target.model_dir,
-        )
-        return None
-    return EagleProposer.load(head_dir, target.model, target.model_dir, spec.force_eagle)
-
-
-def _artifact_dir(settings: Mapping[str, Any], target_dir: Path, live: Proposer | None) -> Path:
-    head_dir = getattr(live, "head_dir", None)
-    if isinstance(head_dir, Path):
-        return head_dir
-    eagle = settings.get("eagle")
-    if eagle:
-        return Path(eagle)
-    return shipped_head_for(resolve_model_dir(str(target_dir))) or target_dir
-
-
-def fingerprint_head(head_dir: Path, cache_dir: Path | None) -> Fingerprint:
-    config = head_dir / CONFIG_FILE
-    return {
-        "config_sha256": config_sha256(config) if config.is_file() else None,
-        "weights_sha256": files_sha256(
-            [p for p in [head_dir / HEAD_FILE] if p.is_file()], cache_dir
-        ),
-    }
-
-
-REGISTRATION = Registration(
-    "eagle",
-    eagle_proposer,
-    artifacts=("eagle", "force_eagle"),
-    hidden=HiddenRows.ACCEPTED,
-    summary="an EAGLE-style head on the target's features (--eagle DIR, or the shipped head "
-    "for the default model)",
-    artifact_dir=_artifact_dir,
-    fingerprint=fingerprint_head,
-)

@@ -23,8 +23,9 @@ import torch
 
 from specserve.request import Sequence
 from specserve.speculation.calibration import Calibration
-from specserve.speculation.eagle_proposer import REGISTRATION as EAGLE
-from specserve.speculation.eagle_proposer import EagleProposer, eagle_proposer
+from specserve.speculation.eagle_proposer import EagleProposer
+from specserve.speculation.eagle_registration import REGISTRATION as EAGLE
+from specserve.speculation.eagle_registration import eagle_proposer
 from specserve.speculation.eagle_state import HEAD_TOKEN_COST, head_mean
 from specserve.speculation.objective import expected_emitted
 from specserve.speculation.proposer import (

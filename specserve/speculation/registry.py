@@ -17,7 +17,7 @@ from typing import Any
 from specserve.config import EngineConfig, SpecConfig
 from specserve.models.fingerprint import Fingerprint
 from specserve.models.llama import DecoderLM
-from specserve.speculation import draft, eagle_proposer, hybrid, medusa_proposer, ngram, suffix
+from specserve.speculation import draft, eagle_registration, hybrid, medusa_proposer, ngram, suffix
 from specserve.speculation.proposer import HiddenRows, Loaded, Proposer, Registration, Target
 
 AUTO = "auto"
@@ -154,7 +154,7 @@ REGISTRY = Registry(
     medusa_proposer.REGISTRATION,
     ngram.REGISTRATION,
     suffix.REGISTRATION,
-    eagle_proposer.REGISTRATION,
+    eagle_registration.REGISTRATION,
     hybrid.REGISTRATION,
     fallback=ngram.REGISTRATION.name,
 )
