@@ -1,9 +1,10 @@
 """asyncio front for the engine: the step loop runs in a background thread.
 
 Only the step thread touches the engine's mutable state. `generate()` validates on the caller's
-side (read-only), then hands the request to the thread through an inbox; aborts go the same way.
-So a long forward pass never blocks the event loop. Leaving the `generate()` iterator early (a
-client disconnect, a cancelled task) aborts the request, which frees its KV blocks.
+side (read-only), then hands the request to the thread through an inbox (engine/inbox.py);
+aborts go the same way. So a long forward pass never blocks the event loop. Leaving the
+`generate()` iterator early (a client disconnect, a cancelled task) aborts the request, which
+frees its KV blocks.
 
 The engine is built in the step thread, which allocates from glibc's main malloc arena: why,
 and what each measured, in `engine/step_thread.py`.
@@ -48,11 +49,11 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from specserve.engine.engine import Engine
 from specserve.engine.handover import Listener, Outputs, Sink, Ticket, hand_over
+from specserve.engine.inbox import Abort, AbortAll, Add, Item, Read, apply
 from specserve.engine.step_thread import compute_takes_every_core, one_malloc_arena
 from specserve.outputs import RequestOutput
 from specserve.request import FinishReason, SamplingParams
@@ -60,32 +61,6 @@ from specserve.request import FinishReason, SamplingParams
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class _Add:
-    request_id: str
-    ids: list[int]
-    params: SamplingParams
-    after: str | None = None
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class _AbortAll:
-    error: str
-
-
-@dataclass(frozen=True)
-class _Read:
-    fn: Callable[[Engine], object]
-    done: Future[object]
-
-
-_Item = _Add | _Abort | _AbortAll | _Read
 
 # The shortest wait for the event loop after a hand-over (the bound is the step's duration).
 MIN_HAND_OVER_WAIT_S = 0.002
@@ -103,7 +78,7 @@ class AsyncEngine:
         compute takes every core (see the module docstring); None: as the step thread finds."""
         self.engine: Engine
         self._lock = threading.Lock()  # held by the step thread while it touches the engine
-        self._inbox: list[_Item] = []
+        self._inbox: list[Item] = []
         self._wake = threading.Condition()  # guards _inbox and _stopping
         self._queues: dict[str, Listener] = {}
         self._ids = itertools.count()
@@ -159,7 +134,7 @@ class AsyncEngine:
         queue: Outputs = asyncio.Queue()
         listener = Listener(asyncio.get_running_loop(), queue, stream, sink)
         self._queues[rid] = listener
-        if not self._post(_Add(rid, ids, params, after)):
+        if not self._post(Add(rid, ids, params, after)):
             self._queues.pop(rid, None)
             why = f"the engine stopped: {self.died}" if self.died else "engine is shutting down"
             raise RuntimeError(why)
@@ -181,11 +156,11 @@ class AsyncEngine:
             self._queues.pop(rid, None)
 
     def abort(self, request_id: str) -> None:
-        self._post(_Abort(request_id), even_when_stopping=True)
+        self._post(Abort(request_id), even_when_stopping=True)
 
     def abort_all(self, error: str) -> None:
         """End every request in flight now, each with a final output carrying `error`."""
-        self._post(_AbortAll(error), even_when_stopping=True)
+        self._post(AbortAll(error), even_when_stopping=True)
 
     def run_locked(self, fn: Callable[[Engine], T]) -> T:
         """Call fn(engine) between steps (for consistent reads of live state)."""
@@ -203,7 +178,7 @@ class AsyncEngine:
             finally:
                 self._lock.release()
         done: Future[object] = Future()
-        if not self._post(_Read(fn, done)):
+        if not self._post(Read(fn, done)):
             return self.run_locked(fn)  # stopping or stopped: nothing steps any more
         while True:
             try:
@@ -212,7 +187,7 @@ class AsyncEngine:
                 if not self._thread.is_alive() and not done.done():
                     return self.run_locked(fn)  # the thread died before reading
 
-    def _post(self, item: _Item, even_when_stopping: bool = False) -> bool:
+    def _post(self, item: Item, even_when_stopping: bool = False) -> bool:
         with self._wake:
             if self.died is not None or (self._stopping and not even_when_stopping):
                 return False
@@ -256,7 +231,7 @@ class AsyncEngine:
                 if self._stopping and not inbox and not self.engine.has_work():
                     return
             with self._lock:
-                failed = [self._apply(item) for item in inbox]
+                failed = [apply(self.engine, item) for item in inbox]
                 started = time.monotonic()
                 outputs = self.engine.step()  # fails the requests a fault concerns; never raises
                 took = time.monotonic() - started
@@ -279,29 +254,6 @@ class AsyncEngine:
             if self.engine.has_work() and not self._stopping:
                 self._stepped.wait_for(lambda: self._steps > seen, timeout=PACE_TIMEOUT_S)
             self._paced_at = self._steps
-
-    def _apply(self, item: _Item) -> RequestOutput | None:
-        if isinstance(item, _Read):
-            try:
-                item.done.set_result(item.fn(self.engine))
-            except Exception as exc:  # the reader's to raise
-                item.done.set_exception(exc)
-            return None
-        if isinstance(item, _AbortAll):
-            self.engine.abort_all(item.error)
-            return None
-        if isinstance(item, _Abort):
-            self.engine.abort(item.request_id)
-            return None
-        try:
-            self.engine.add_prepared(item.ids, item.params, item.request_id, item.after)
-        except Exception as exc:  # ValueError: refused; anything else: this request fails
-            if not isinstance(exc, ValueError):
-                logger.exception("adding request %s failed", item.request_id)
-            return RequestOutput(
-                item.request_id, [], "", True, FinishReason.ERROR, len(item.ids), 0, error=str(exc)
-            )
-        return None
 
     def _deliver(self, outputs: list[RequestOutput]) -> list[threading.Event]:
         """Hand the outputs over, one wake-up per event loop; returns an event per loop, set
@@ -335,7 +287,7 @@ class AsyncEngine:
             if not isinstance(exc, OSError):
                 logger.exception("the sink of request %s failed", out.request_id)
             listener.sink = None
-            self._post(_Abort(out.request_id), even_when_stopping=True)
+            self._post(Abort(out.request_id), even_when_stopping=True)
             return True
 
     async def shutdown(self, timeout: float = 30.0, grace: float = 5.0) -> bool:
