@@ -119,7 +119,7 @@ def test_kv_cache_bytes_takes_the_byte_forms_max_memory_takes() -> None:
 
 def test_fp16_kv_cache_holds_twice_the_blocks_in_the_same_bytes(tiny_llama: Path) -> None:
     from specserve.config import CacheConfig
-    from specserve.engine.resources import KvKinds, kv_blocks_for, target_kv_bytes_per_token
+    from specserve.engine.kv_sizing import KvKinds, kv_blocks_for, target_kv_bytes_per_token
     from specserve.models.registry import build_model
     from specserve.runner.model_runner import ModelRunner, kv_cache_dtype
 

@@ -101,7 +101,7 @@ def test_window_pool_under_preemption(gemma: Path) -> None:
 
 def test_kv_pool_sized_by_layer_kind(gemma: Path) -> None:
     """The same bytes hold more tokens: only the full layers pay per token."""
-    from specserve.engine.resources import KvKinds, kv_blocks_for
+    from specserve.engine.kv_sizing import KvKinds, kv_blocks_for
     from specserve.models.loader import resolve_model_dir
     from specserve.models.registry import build_model
 
