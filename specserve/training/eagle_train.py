@@ -3,7 +3,8 @@
 1. Collect: the base greedily continues workload prompts in our engine and a recording proposer
    keeps f_p, the final-normed row that chose output token x_p (medusa_data.collect: the same
    passes and prompts as Medusa's). `--data FILE` keeps them for the next run, keyed by the
-   base and the options collecting reads; their pairs (f_p, x_p) go into padded `Batch`es.
+   base and the options collecting reads; their pairs (f_p, x_p) go into padded `Batch`es
+   (eagle_data.py).
 2. Train: a continuation is one sequence of pairs (f_p, x_p). Depth 0 reads the true features
    and predicts x_{p+1}; depth j reads, at position p, the head's own depth j-1 output at p-1 in
    place of f_p and attends to true keys at positions <= p-j plus the chain's own keys, one per
@@ -37,31 +38,18 @@ from specserve.speculation.eagle_head import (
     fingerprint,
     save_eagle,
 )
+from specserve.training.eagle_data import Batch, batch_of, chunks, continuations
 from specserve.training.medusa_data import (
     IGNORE,
-    Continuation,
-    collect,
     draft_vocab,
     recording_engine,
     split_heldout,
-    training_prompts,
     vocab_head,
 )
 from specserve.training.medusa_options import TrainOptions
 from specserve.training.medusa_train import rounded
 
 DEPTH_WEIGHT = 0.8
-
-
-@dataclass(frozen=True)
-class Batch:
-    features: torch.Tensor  # [B, T, H]: f_p
-    embeddings: torch.Tensor  # [B, T, H]: e(x_p)
-    targets: torch.Tensor  # [B, T] index of x_{p+1} in the draft vocab; IGNORE: none
-    # [B, T, H]: f_{p+1}, the target's feature that chose x_{p+1} (its distribution is the
-    # soft target, and the feature the head's output stands in for); zero where unknown
-    teacher: torch.Tensor
-    positions: torch.Tensor  # [B, T]; NO_POSITION past the sequence
 
 
 @dataclass(frozen=True)
@@ -126,64 +114,6 @@ def train_eagle(
     )
     save_eagle(head, out_dir, cfg)
     return report
-
-
-# ------------------------------------------------------------------------------------- data
-def continuations(
-    engine: Any, base_dir: Path, opts: TrainOptions, data: Path | None, progress: bool
-) -> list[Continuation]:
-    """Collected continuations, read from `data` when it holds ones for this base and options."""
-    key = data_key(base_dir, opts)
-    if data is not None and data.is_file():
-        saved = torch.load(data, weights_only=True)
-        if saved.get("key") == key:
-            return [Continuation(**c) for c in saved["items"]]
-    conts = collect(engine, training_prompts(engine, opts), opts, progress)
-    if data is not None:
-        items = [dataclasses.asdict(c) for c in conts]
-        torch.save({"key": key, "items": items}, data)
-    return conts
-
-
-def data_key(base_dir: Path, opts: TrainOptions) -> dict[str, Any]:
-    """What decides the collected continuations: the base and the options collecting reads."""
-    collecting = (
-        "prompts",
-        "new_tokens",
-        "heldout_every",
-        "max_prompt_tokens",
-        "seed",
-        "workloads",
-    )
-    return {"base": fingerprint(base_dir), **{f: repr(getattr(opts, f)) for f in collecting}}
-
-
-def chunks(conts: list[Continuation], n: int) -> list[list[Continuation]]:
-    ordered = sorted(conts, key=lambda c: len(c.tokens))  # similar lengths pad little
-    return [ordered[i : i + n] for i in range(0, len(ordered), n)]
-
-
-@torch.no_grad()
-def batch_of(conts: list[Continuation], vocab: torch.Tensor, embed: torch.nn.Module) -> Batch:
-    """Pairs (f_p, x_p) for p < len - 1 of each continuation, padded to one length."""
-    t = max(len(c.tokens) - 1 for c in conts)
-    h = conts[0].hidden.shape[-1]
-    features = torch.zeros(len(conts), t, h)
-    embeddings = torch.zeros(len(conts), t, h)
-    targets = torch.full((len(conts), t), IGNORE, dtype=torch.long)
-    teacher = torch.zeros(len(conts), t, h)
-    positions = torch.full((len(conts), t), NO_POSITION, dtype=torch.long)
-    for b, c in enumerate(conts):
-        n = len(c.tokens) - 1
-        ids = torch.tensor(c.tokens)
-        features[b, :n] = c.hidden[:n].float()
-        embeddings[b, :n] = embed(ids[:n]).float()
-        nxt = ids[1:]
-        pos = torch.searchsorted(vocab, nxt).clamp(max=len(vocab) - 1)
-        targets[b, :n] = torch.where(vocab[pos] == nxt, pos, IGNORE)
-        positions[b, :n] = torch.arange(n)
-        teacher[b, : n - 1] = c.hidden[1:n].float()
-    return Batch(features, embeddings, targets, teacher, positions)
 
 
 # ------------------------------------------------------------------------------------ model

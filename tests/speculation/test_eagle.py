@@ -29,7 +29,8 @@ from specserve.speculation.eagle_proposer import EagleProposer
 from specserve.speculation.eagle_state import HEAD_PRIOR, HEAD_RECHECK, HEAD_TOKEN_COST
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
-from specserve.training.eagle_train import Batch, unrolled
+from specserve.training.eagle_data import Batch
+from specserve.training.eagle_train import unrolled
 from specserve.training.medusa_data import IGNORE
 
 CPU = torch.device("cpu")

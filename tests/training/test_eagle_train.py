@@ -64,11 +64,11 @@ def test_collected_data_is_reused_only_for_the_same_options(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import specserve.training.eagle_train as eagle_train
+    import specserve.training.eagle_data as eagle_data
 
     _, report, data = tiny_head
     calls: list[int] = []
-    real = eagle_train.collect
+    real = eagle_data.collect
 
     def counted(*args: Any) -> list[Continuation]:
         calls.append(1)
@@ -80,7 +80,7 @@ def test_collected_data_is_reused_only_for_the_same_options(
             progress=False,
         )  # fmt: skip
 
-    monkeypatch.setattr(eagle_train, "collect", counted)
+    monkeypatch.setattr(eagle_data, "collect", counted)
     again = train(tmp_path / "again", replace(OPTIONS, epochs=1))
     assert calls == [] and again.heldout_positions == report.heldout_positions  # read back
     train(tmp_path / "other", replace(OPTIONS, new_tokens=16))
