@@ -2,7 +2,8 @@
 builds it (a proposer, the adaptive policy, N <= 4), its requests run with speculation off and on
 in turn, each run from an emptied prefix cache and proposer cache, and per run the seconds of
 each engine phase (propose, decide, forward, verify, other) summed over its steps, with the
-steps taken and the rows scored.
+steps taken, the rows scored and, of those, the prompt rows (prompt tokens computed: fewer than
+the prompts hold where the prefix cache served some).
 
     python -m benchmarks.phase_totals --proposer medusa --workload code-edit --concurrency 16
         [--requests 16] [--rounds 2] [--new-tokens 128] [--threads 2]
@@ -25,17 +26,19 @@ from benchmarks.spec_bench import build_engine, load_workloads, parse_args
 from benchmarks.spec_cells import encode_item
 from specserve.engine.engine import Engine
 from specserve.engine.observer import PHASES, EngineObserver, StepTiming
+from specserve.engine.plan import is_decode
 from specserve.outputs import RequestOutput
 from specserve.request import SamplingParams
 
 
 class Totals(EngineObserver):
-    """Seconds per phase, steps and scored rows, summed over a run."""
+    """Seconds per phase, steps, scored rows and prompt rows, summed over a run."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps = 0
         self.rows = 0
+        self.prompt_rows = 0
 
     def on_step_end(self, timing: StepTiming, outputs: list[RequestOutput]) -> None:
         self.steps += 1
@@ -43,7 +46,9 @@ class Totals(EngineObserver):
             self.seconds[phase] += timing.seconds[phase]
         self.seconds["other"] += timing.other
         if timing.plan is not None:
-            self.rows += sum(p.work.num_tokens + len(p.draft_tokens) for p in timing.plan.seqs)
+            seqs = timing.plan.seqs
+            self.rows += sum(p.work.num_tokens + len(p.draft_tokens) for p in seqs)
+            self.prompt_rows += sum(p.work.num_tokens for p in seqs if not is_decode(p.work))
 
 
 def run(
@@ -91,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     names = [*PHASES, "other"]
     print(f"\n{args.proposer}, {args.workload}, {len(prompts)} requests {args.concurrency} at a "
           f"time, {args.new_tokens} new tokens, seconds summed over each run:\n")  # fmt: skip
-    print("| N | round | wall | steps | rows | " + " | ".join(names) + " |")
-    print("|---:|---:|---:|---:|---:|" + "---:|" * len(names))
+    print("| N | round | wall | steps | rows | prompt rows | " + " | ".join(names) + " |")
+    print("|---:|---:|---:|---:|---:|---:|" + "---:|" * len(names))
     for r in range(args.rounds):
         for n in (0, 4):
             wall, t = run(engine, prompts, n, args.concurrency, args.new_tokens)
             cells = " | ".join(f"{t.seconds[name]:.2f}" for name in names)
-            print(f"| {n} | {r + 1} | {wall:.2f} | {t.steps} | {t.rows} | {cells} |", flush=True)
+            rows = f"{t.rows} | {t.prompt_rows}"
+            print(f"| {n} | {r + 1} | {wall:.2f} | {t.steps} | {rows} | {cells} |", flush=True)
     return 0
 
 
