@@ -46,6 +46,9 @@ def _root(salt: str | None) -> tuple[int, _Identity]:
 class PrefixMatch:
     blocks: list[int]  # cached blocks holding the prefix, in order
     num_evictable: int  # of those, unreferenced ones: taking them uses up free capacity
+    # the chain key of the first whole block after the prefix, where the sequence would
+    # compute one (None: none left to compute, or no cache)
+    next_key: int | None = None
 
     def num_tokens(self, block_size: int) -> int:
         return len(self.blocks) * block_size
@@ -136,11 +139,13 @@ class BlockAllocator:
         if not self.caching:
             return NO_MATCH
         blocks: list[int] = []
+        keys: list[int] = []  # of the matched blocks, then of the first one not matched
         key, parent = _root(salt)
         bs = self.block_size
         for i in range(min(max_tokens, len(tokens)) // bs):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             key = self.hash_fn(key, chunk)
+            keys.append(key)
             block = self._by_key.get(key)
             if block is None or self._content[block] != (parent, chunk):
                 break
@@ -148,7 +153,17 @@ class BlockAllocator:
             parent = (block, self._gen[block])
         if usable is not None:
             del blocks[usable(blocks) :]
-        return PrefixMatch(blocks, sum(self._refs[b] == 0 for b in blocks))
+        next_key = keys[len(blocks)] if len(keys) > len(blocks) else None
+        return PrefixMatch(blocks, sum(self._refs[b] == 0 for b in blocks), next_key)
+
+    def chain_keys(self, tokens: list[int], salt: str | None = None) -> list[int]:
+        """The chain keys of `tokens`' whole blocks, as `register` would file them."""
+        key, _ = _root(salt)
+        bs, keys = self.block_size, []
+        for i in range(len(tokens) // bs):
+            key = self.hash_fn(key, tuple(tokens[i * bs : (i + 1) * bs]))
+            keys.append(key)
+        return keys
 
     def share(self, table: list[int], match: PrefixMatch) -> None:
         """Start an empty `table` with the matched blocks (one more reference each)."""
