@@ -46,7 +46,7 @@ from specserve.request import DraftOdds
 from specserve.runner.cost import LiveCost, StepShape
 from specserve.speculation.calibration import Calibration
 from specserve.speculation.objective import Rated, RowCost, choose_k_rated, expected_emitted
-from specserve.speculation.payoff import Payoff
+from specserve.speculation.payoff import Payoff, explore_every
 from specserve.speculation.proposer import Draft
 
 # The per-sequence factor (module docstring): the tokens of evidence it starts from (at 1), and
@@ -122,7 +122,7 @@ class SpeculationPolicy:
         # seconds proposing took per adaptive sequence that proposed: a running mean (plain
         # for the first 10 steps), the pre-check's price of a proposer call
         self.proposing = _Mean()
-        self._priced_out = 0  # steps the calls' price alone kept from proposing
+        self._priced_out = 0  # steps the calls' price alone closed since one explored
 
     def open(self, seqs: list[DecodeSeq], num_running: int, scheduled_tokens: int) -> list[int]:
         """Caps for this step's proposer: each sequence's cap unless a gate closed or, for
@@ -235,8 +235,8 @@ class SpeculationPolicy:
         """True when no number m of extra rows, each adding the best calibrated acceptance
         seen (an upper bound on any real draft's gain), beats m = 0 once the proposer's calls
         (their measured mean per sequence) are paid too; where only the calls' price closes
-        it, every `payoff.explore`-th step proposes, so that the price is measured again.
-        (The payoff weighs what proposing did buy, per batch size.)"""
+        it, an exploring step proposes now and then (`explore_every`), so that the price is
+        measured again. (The payoff weighs what proposing did buy, per batch size.)"""
         free = [s for s in seqs if not s.static and s.cap]
         if not free:
             return False
@@ -254,7 +254,12 @@ class SpeculationPolicy:
         if rate[1:].max() > rate[0]:
             return False
         self._priced_out += 1  # only the calls' price closes it: re-measured now and then
-        return self._priced_out % self.payoff.explore != 0
+        p = self.payoff
+        every = explore_every(float(calls[-1]), float(cost(m[:1])[0]), p.explore, p.explore_budget)
+        if self._priced_out < every:
+            return True
+        self._priced_out = 0
+        return False
 
     def _best_probability(self) -> float:
         best = self.calibration.best_tested()

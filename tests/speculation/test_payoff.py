@@ -6,7 +6,7 @@ import pytest
 
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
 from specserve.speculation.objective import Rated
-from specserve.speculation.payoff import Payoff, size_class
+from specserve.speculation.payoff import Payoff, explore_every, size_class
 from specserve.speculation.policy import DecodeSeq, Gate, SpeculationPolicy
 from specserve.speculation.proposer import Draft
 
@@ -36,6 +36,21 @@ def test_a_class_that_loses_closes_and_explores_every_explore_th_step() -> None:
     assert (low, steps) == (16, 4) and paid == pytest.approx(0.020 / 0.024)
     [sums] = payoff.classes.values()
     assert sums.with_seconds - sums.base_seconds == pytest.approx(0.004)
+
+
+def test_a_closed_class_explores_less_often_where_exploring_costs_more() -> None:
+    """An exploring step that took 10 ms beside 20 ms steps (an EAGLE head catching up on every
+    sequence's features) comes every 50th step, 1 % of the time; one that took 0.5 ms, every
+    `explore`-th."""
+    payoff = Payoff(min_steps=4, explore=5)
+    for _ in range(4):
+        payoff.record(16, 16, seconds=0.004, p=step(16, 0.020))  # nothing found: closed
+    assert [payoff.allows(16) for _ in range(5)] == [False] * 4 + [True]  # nothing seen yet
+    payoff.record(16, 16, seconds=0.010, p=step(16, 0.020))  # the exploring step
+    assert explore_every(0.010, 0.020, 5, payoff.explore_budget) == 50
+    assert [payoff.allows(16) for _ in range(100)] == ([False] * 49 + [True]) * 2
+    payoff.record(16, 16, seconds=0.0005, p=step(16, 0.020))  # a cheap exploring step
+    assert [payoff.allows(16) for _ in range(10)] == ([False] * 4 + [True]) * 2
 
 
 def test_drafts_that_pay_for_proposing_keep_it_open_and_reopen_a_closed_class() -> None:
