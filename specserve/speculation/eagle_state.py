@@ -49,6 +49,15 @@ HEAD_EXPLORE = 0.1
 HEAD_RECHECK = 32
 HEAD_RECHECK_MAX = 256
 
+# Asked again after sitting out, the head catches up on at most this many of the pairs pending
+# (the latest; its context starts over there, as after a gap). The whole window's would cost
+# about as much as the target's step for each sequence (the shipped head: ~50 us a pair, up to
+# 127 pairs): at 16 at once an exploring step then took 40-80 ms beside ~30 ms steps, for drafts
+# the payoff mostly did not verify. With 16 it takes ~13 ms there; the first draft after sitting
+# out sees 16 positions of context instead of up to 127 (not measured apart: outputs never
+# depend on it, and benchmarks.md's EAGLE cells include it).
+CATCH_UP_MAX = 16
+
 
 def head_mean() -> PerSequenceMean:
     """Per sequence, what asking the head gained (see HEAD_PRIOR .. HEAD_EXPLORE)."""
@@ -89,6 +98,12 @@ class HeadState:
         self.sat_out, self.recheck = 0, min(2 * self.recheck, HEAD_RECHECK_MAX)
         return True
 
+    def start_over(self, keep: int) -> None:
+        """Keep only the last `keep` pending pairs and forget the head's keys before them: the
+        history starts over at the first pair kept (its lane, if any, is reused)."""
+        self.drop_unseen(keep)
+        self.keys = self.values = self.positions = None
+
     def drop_unseen(self, keep: int) -> None:
         """Drop the pending pairs no future query can see (all but the last `keep`): whole
         feature tensors from the front, then a view of the first one's tail. Without
@@ -102,11 +117,12 @@ class HeadState:
         del self.tokens[:excess]
         while excess:
             first = self.features[0]
-            if len(first) > excess:
+            rows = first.shape[0]
+            if rows > excess:
                 self.features[0] = first[excess:]
                 break
             self.features.pop(0)
-            excess -= len(first)
+            excess -= rows
 
 
 @dataclass

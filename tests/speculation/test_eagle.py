@@ -26,7 +26,12 @@ from specserve.speculation.eagle_head import (
     save_eagle,
 )
 from specserve.speculation.eagle_proposer import EagleProposer
-from specserve.speculation.eagle_state import HEAD_PRIOR, HEAD_RECHECK, HEAD_TOKEN_COST
+from specserve.speculation.eagle_state import (
+    CATCH_UP_MAX,
+    HEAD_PRIOR,
+    HEAD_RECHECK,
+    HEAD_TOKEN_COST,
+)
 from specserve.speculation.hybrid import HybridProposer
 from specserve.speculation.proposer import Draft
 from specserve.training.eagle_data import Batch
@@ -137,6 +142,31 @@ def test_pending_pairs_past_the_window_are_dropped_in_order(full_chains: None) -
     seq = _seq(tokens[:upto])
     once.sync(seq, features[:upto])
     a, b = stepwise.propose([seq], [3]), once.propose([seq], [3])
+    assert a[0].tokens and a[0].tokens == b[0].tokens
+    assert a[0].scores == pytest.approx(b[0].scores, rel=1e-5)
+
+
+def test_asked_again_after_sitting_out_the_head_catches_up_on_the_latest_pairs_only(
+    full_chains: None,
+) -> None:
+    """Synced for 48 steps without a proposal (its gate closed), a sequence is asked again: the
+    head runs the last CATCH_UP_MAX pairs only, its history starting over there, and drafts
+    what a head synced with just those pairs drafts."""
+    head, target = _head(window=64), _target()
+    features = torch.randn(48, HIDDEN)
+    tokens = [3 + 2 * (i % 17) for i in range(48)]
+    sat_out, fresh = EagleProposer(head, target, None), EagleProposer(head, target, None)
+    sat_out.sync(_seq(tokens[:4]), features[:4])
+    assert sat_out.propose([_seq(tokens[:4])], [2])[0].tokens  # the head's keys of 0..3
+    for upto in range(5, 49):
+        sat_out.sync(_seq(tokens[:upto]), features[upto - 1 : upto])
+    assert len(sat_out._states[0].tokens) == 44 > CATCH_UP_MAX
+    seq = _seq(tokens)
+    fresh.sync(seq, features[-CATCH_UP_MAX:])
+    a, b = sat_out.propose([seq], [3]), fresh.propose([seq], [3])
+    state = sat_out._states[0]
+    assert state.next_pos == 48 and state.positions is not None
+    assert state.positions.tolist() == list(range(48 - CATCH_UP_MAX, 48))
     assert a[0].tokens and a[0].tokens == b[0].tokens
     assert a[0].scores == pytest.approx(b[0].scores, rel=1e-5)
 
