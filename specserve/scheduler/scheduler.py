@@ -10,13 +10,9 @@ above. A 50-token question so starts within a step or two instead of after every
 queued before it, and the oldest prompt still moves by at least half of each step's prompt
 tokens, so none starves; nothing skips a queue head that waits for KV blocks.
 
-One prefix computed once: a waiting prompt whose next block to compute is a block another
-running prompt is computing now (the same tokens after the same prefix, under the same salt)
-waits until that one has committed it, then starts from the cache. Two prompts that share a
-long prefix (a system prompt, a document quoted twice, the turns of a conversation) otherwise
-both compute it when their prefills overlap: the prefix cache only serves blocks already
-committed. The wait ends at the latest when the sibling's prefill passes the block (running
-prompts move every step), or when it leaves the running set.
+One prefix computed once (shared_prefix.py): a waiting prompt whose next block to compute is a
+block another running prompt is computing now waits until that one has committed it, then
+starts from the cache; such a prompt does not hold up the queue behind it.
 
 The rule that keeps KV pressure from turning into thrash:
 
@@ -58,6 +54,7 @@ from specserve.runner.cost import LiveCost
 from specserve.scheduler.chunking import prefill_budget
 from specserve.scheduler.kv_blocks import BlockAllocator, PrefixMatch
 from specserve.scheduler.kv_ledger import KVLedger
+from specserve.scheduler.shared_prefix import SharedPrefixes
 from specserve.scheduler.window_blocks import WindowBlocks
 
 SHORT_LOOKAHEAD = 64  # waiting sequences looked through for the shortest prompts
@@ -110,10 +107,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._parked: dict[int, list[Sequence]] = {}  # seq_id -> siblings waiting on its prompt
-        # seq_id -> the chain keys of a running prompt's whole blocks (while it has blocks left
-        # to commit); `_computing`: the keys running prompts are computing, as of this step
-        self._prompt_keys: dict[int, list[int]] = {}
-        self._computing: set[int] = set()
+        self.shared = SharedPrefixes(allocator)
 
     def add(self, seq: Sequence, after: Sequence | None = None) -> None:
         """Queue `seq`. `after`: a sequence with the same prompt (an earlier choice of the same
@@ -146,7 +140,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self._prompt_keys.pop(seq.seq_id, None)
+        self.shared.forget(seq)
         self.kv.free(seq)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
@@ -164,7 +158,7 @@ class Scheduler:
 
     def schedule(self, draft_caps: DraftCaps | None = None) -> ScheduledBatch:
         self.kv.recount(self.running)
-        self._computing = self._keys_computing() if self.waiting else set()
+        self.shared.refresh(self.running if self.waiting else [])
         budget = self.config.max_batch_tokens
         target = self.config.itl_target_ms / 1e3
         prefill = prefill_budget(self.running, bool(self.waiting), budget, self.cost, target)
@@ -209,7 +203,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self._prompt_keys.pop(seq.seq_id, None)
+        self.shared.forget(seq)
         self.kv.release(seq)
         seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING
@@ -219,24 +213,6 @@ class Scheduler:
     def _admissible(self, seq: Sequence) -> PrefixMatch | None:
         """The cached prefix `seq` would share, or None if it must wait (rules 1 and 3)."""
         return self.kv.admissible(seq, len(self.running))
-
-    def _held(self, match: PrefixMatch) -> bool:
-        """Whether the next block a prompt would compute is one a running prompt computes."""
-        return match.next_key is not None and match.next_key in self._computing
-
-    def _keys_computing(self) -> set[int]:
-        """The chain keys of the blocks running prompts are computing and have not committed
-        (a prompt whose blocks cannot be cached commits none: it holds nobody)."""
-        out: set[int] = set()
-        for seq in self.running:
-            keys = self._prompt_keys.get(seq.seq_id)
-            if keys is None:
-                continue
-            if seq.cached_blocks >= len(keys):
-                del self._prompt_keys[seq.seq_id]  # all committed
-            elif not seq.cache_broken:
-                out.update(keys[seq.cached_blocks :])
-        return out
 
     def _shortest_first(self, room: int) -> dict[int, int]:
         """`room` prompt tokens for the prompts with the fewest left, smallest first: running
@@ -253,7 +229,7 @@ class Scheduler:
                 break
             if seq.status is SeqStatus.WAITING:
                 match = self._admissible(seq) if slots else None
-                if match is None or self._held(match):
+                if match is None or self.shared.holds(match):
                     continue
                 slots -= 1
             out[seq.seq_id] = min(seq.num_uncomputed, room)
@@ -273,7 +249,7 @@ class Scheduler:
             in_order = prefill if seq is self.waiting[0] else 0
             match = self._admissible(seq) if self._admissible(self.waiting[0]) else None
             n = 0
-            if match is not None and budget > 0 and not self._held(match):
+            if match is not None and budget > 0 and not self.shared.holds(match):
                 self.waiting.remove(seq)
                 n = self._start(seq, match, work, min(planned + in_order, budget))
             budget, prefill = budget - n, prefill + planned - n
@@ -281,14 +257,19 @@ class Scheduler:
 
     def _admit(self, work: list[SeqWork], budget: int, prefill: int) -> int:
         """Admit waiting sequences in order while `budget` (tokens) and `prefill` (prompt
-        tokens) last, passing over those held for a sibling's prefix; the budget left."""
-        for seq in list(self.waiting):
+        tokens) last, passing over (up to SHORT_LOOKAHEAD) those held for a sibling's
+        prefix; the budget left."""
+        passed = 0  # (so at most max_running_requests + SHORT_LOOKAHEAD are looked at)
+        for seq in list(islice(self.waiting, self.config.max_running_requests + SHORT_LOOKAHEAD)):
             if min(budget, prefill) <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
             match = self._admissible(seq)
             if match is None:
                 break
-            if self._held(match):
+            if self.shared.holds(match):
+                passed += 1
+                if passed >= SHORT_LOOKAHEAD:
+                    break
                 continue
             self.waiting.remove(seq)
             n = self._start(seq, match, work, min(budget, prefill))
@@ -299,12 +280,7 @@ class Scheduler:
         """Run `seq` (taken off the queue), sharing `match`, with a first chunk of at most
         `room` tokens; the chunk's tokens."""
         self.kv.start(seq, match)
-        if self.allocator.caching:
-            tokens = seq.token_slice(0, seq.num_tokens)
-            keys = self.allocator.chain_keys(tokens, seq.params.cache_salt)
-            if seq.cached_blocks < len(keys):
-                self._prompt_keys[seq.seq_id] = keys
-                self._computing.update(keys[seq.cached_blocks :])
+        self.shared.started(seq)
         seq.status = SeqStatus.RUNNING
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.monotonic()
