@@ -52,10 +52,10 @@ HEAD_RECHECK_MAX = 256
 # Asked again after sitting out, the head catches up on at most this many of the pairs pending
 # (the latest; its context starts over there, as after a gap). The whole window's would cost
 # about as much as the target's step for each sequence (the shipped head: ~50 us a pair, up to
-# 127 pairs): at 16 at once an exploring step then took 40-80 ms beside ~30 ms steps, for drafts
-# the payoff mostly did not verify. With 16 it takes ~13 ms there; the first draft after sitting
-# out sees 16 positions of context instead of up to 127 (not measured apart: outputs never
-# depend on it, and benchmarks.md's EAGLE cells include it).
+# 127 pairs): at 16 at once an exploring step then took 24-78 ms beside ~30 ms steps (an ad hoc
+# probe, 2026-12-06), for drafts the payoff mostly did not verify. 16 bounds it to 16 pairs a
+# sequence; the first draft after sitting out sees 16 positions of context instead of up to 127
+# (not measured apart: outputs never depend on it, and benchmarks.md's EAGLE cells include it).
 CATCH_UP_MAX = 16
 
 

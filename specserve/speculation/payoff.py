@@ -22,8 +22,9 @@ for up to `explore` steps. Only speed changes: outputs never depend on what was 
 
 How often a closed class explores: every `explore`-th step, or less often where an exploring
 step costs more than `explore_budget` of the steps it stands for (`explore_every`): an EAGLE
-head's exploring step first catches the head up on every sequence's pending features (~15 ms
-beside a ~35 ms step at 16 at once here), where a lookup's costs a fraction of a millisecond.
+head's exploring step first catches the head up on every sequence's pending features (tens of
+milliseconds beside a ~30 ms step at 16 at once here), where a lookup's costs a fraction of a
+millisecond.
 """
 
 from __future__ import annotations
