@@ -24,7 +24,9 @@ How often a closed class explores: every `explore`-th step, or less often where 
 step costs more than `explore_budget` of the steps it stands for (`explore_every`): an EAGLE
 head's exploring step first catches the head up on every sequence's pending features (tens of
 milliseconds beside a ~30 ms step at 16 at once here), where a lookup's costs a fraction of a
-millisecond.
+millisecond. The interval at most doubles from one exploring step to the next, so one exploring
+step caught by a busy machine (a lookup that took 50 ms once) does not push the next one
+hundreds of steps away; a proposer whose exploring steps are dear reaches its interval in a few.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class _Sums:
     base_seconds: float = 0.0
     closed_steps: int = 0  # steps not proposed since the last exploring one
     exploring: bool = False  # the step `allows` just opened explores (its cost is kept)
-    explore_seconds: float = 0.0  # what the last exploring step's proposing and choice took
+    every: int = 0  # steps between exploring ones (0: `explore`)
 
     def add(self, p: Prediction, proposing_seconds: float, alpha: float) -> None:
         self.n += 1
@@ -94,8 +96,7 @@ class Payoff:
         if c is None or c.n < self.min_steps or c.paid >= 1.0 - self.margin:
             return True
         c.closed_steps += 1
-        every = explore_every(c.explore_seconds, c.base_seconds, self.explore, self.explore_budget)
-        if c.closed_steps < every:
+        if c.closed_steps < max(c.every, self.explore):
             return False
         c.closed_steps, c.exploring = 0, True
         return True
@@ -108,7 +109,10 @@ class Payoff:
         c = self.classes.setdefault(size_class(num_decode), _Sums())
         c.add(p, max(seconds, 0.0), self.alpha)
         if c.exploring:
-            c.explore_seconds, c.exploring = max(seconds, 0.0), False
+            c.exploring = False  # its proposing and choice took `seconds`
+            floor, budget = self.explore, self.explore_budget
+            wanted = explore_every(max(seconds, 0.0), c.base_seconds, floor, budget)
+            c.every = min(wanted, 2 * max(c.every, floor))
 
     def table(self) -> list[tuple[int, int, float]]:
         """(smallest batch size of the class, steps recorded, paid) per class."""

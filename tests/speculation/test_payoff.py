@@ -39,18 +39,43 @@ def test_a_class_that_loses_closes_and_explores_every_explore_th_step() -> None:
 
 
 def test_a_closed_class_explores_less_often_where_exploring_costs_more() -> None:
-    """An exploring step that took 10 ms beside 20 ms steps (an EAGLE head catching up on every
-    sequence's features) comes every 50th step, 1 % of the time; one that took 0.5 ms, every
-    `explore`-th."""
+    """Exploring steps that take 10 ms beside 20 ms steps (an EAGLE head catching up on every
+    sequence's features) come every 50th step, 1 % of the time, the interval doubling on the way
+    there; once they take 0.5 ms, every `explore`-th again."""
     payoff = Payoff(min_steps=4, explore=5)
     for _ in range(4):
         payoff.record(16, 16, seconds=0.004, p=step(16, 0.020))  # nothing found: closed
-    assert [payoff.allows(16) for _ in range(5)] == [False] * 4 + [True]  # nothing seen yet
-    payoff.record(16, 16, seconds=0.010, p=step(16, 0.020))  # the exploring step
     assert explore_every(0.010, 0.020, 5, payoff.explore_budget) == 50
-    assert [payoff.allows(16) for _ in range(100)] == ([False] * 49 + [True]) * 2
+    gaps = []
+    for _ in range(6):
+        gaps.append(opened_after(payoff, 16))
+        payoff.record(16, 16, seconds=0.010, p=step(16, 0.020))  # the exploring step
+    assert gaps == [5, 10, 20, 40, 50, 50]
+    payoff.record(16, 16, seconds=0.0005, p=step(16, 0.020))  # not an exploring step
+    assert opened_after(payoff, 16) == 50
     payoff.record(16, 16, seconds=0.0005, p=step(16, 0.020))  # a cheap exploring step
-    assert [payoff.allows(16) for _ in range(10)] == ([False] * 4 + [True]) * 2
+    assert opened_after(payoff, 16) == 5
+
+
+def test_one_slow_exploring_step_does_not_push_the_next_ones_far_away() -> None:
+    """A lookup's exploring step caught by a busy machine (50 ms once beside 20 ms steps):
+    the next exploring step comes twice as late, not 250 steps later."""
+    payoff = Payoff(min_steps=4, explore=16)
+    for _ in range(4):
+        payoff.record(16, 16, seconds=0.004, p=step(16, 0.020))
+    gaps = []
+    for seconds in [0.0002, 0.050, 0.0002, 0.0002]:
+        gaps.append(opened_after(payoff, 16))
+        payoff.record(16, 16, seconds=seconds, p=step(16, 0.020))
+    assert gaps == [16, 16, 32, 16]
+
+
+def opened_after(payoff: Payoff, num_decode: int) -> int:
+    """Steps until the closed class of `num_decode` explores (at most 1,000)."""
+    for i in range(1, 1001):
+        if payoff.allows(num_decode):
+            return i
+    raise AssertionError("never explored")
 
 
 def test_drafts_that_pay_for_proposing_keep_it_open_and_reopen_a_closed_class() -> None:
