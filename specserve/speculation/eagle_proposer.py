@@ -1,7 +1,7 @@
 """`EagleProposer`: drafts autoregressively with an EAGLE-style head (eagle_head.py) on the
 target's own features, batched over sequences. What it keeps per sequence and when it asks the
-head are in eagle_state.py; the head's layer as torch operations, in eagle_padded.py; its
-registration, in eagle_registration.py.
+head are in eagle_state.py; its drafting on the native layer, in eagle_lanes.py, and as torch
+operations, in eagle_padded.py; its registration, in eagle_registration.py.
 
 Per sequence it keeps the head's keys and values of verified output positions (the last
 `window - 1`) and the pairs (feature, token) that `sync` handed over since the last proposal
@@ -37,13 +37,13 @@ from specserve.kernels import ggml
 from specserve.models.block_linear import BlockLinear, linear_weight, q8_linear
 from specserve.models.llama import DecoderLM
 from specserve.request import Sequence
-from specserve.speculation import eagle_state
 from specserve.speculation.eagle_head import (
     EagleHead,
     check_base,
     load_eagle,
 )
-from specserve.speculation.eagle_native import NativeHead, Rows
+from specserve.speculation.eagle_lanes import lanes_draft, lanes_run
+from specserve.speculation.eagle_native import NativeHead
 from specserve.speculation.eagle_padded import padded_catch_up, padded_draft
 from specserve.speculation.eagle_state import (
     CATCH_UP_MAX,
@@ -240,28 +240,11 @@ class EagleProposer(Proposer):
     def _run_native(
         self, states: list[HeadState], ks: list[int], native: NativeHead
     ) -> list[tuple[list[int], list[float]]]:
-        """One native call (NativeHead.chain): every state's pending pairs (their keys kept,
-        `last` updated), then greedy chains of up to ks tokens (none where all are 0)."""
+        """The states' pending pairs, then greedy chains of up to ks tokens (`lanes_run`)."""
         assert isinstance(self.vocab_logits, BlockLinear)  # blocks: the native path's
-        rows = Rows([], [s.next_pos for s in states], [len(s.tokens) for s in states])
-        for s, count in zip(states, rows.counts, strict=True):
-            s.lane = s.lane or native.lane(s.next_pos)
-            # every row runs while any chain drafts on: room for the longest chain in each lane
-            native.make_room(s.lane, s.next_pos, count + max(ks))
-            rows.lanes.append(s.lane)
         tokens = [t for s in states for t in s.tokens]
-        pending = None
-        if tokens:
-            feats = torch.cat([f for s in states for f in s.features])
-            pending = (feats, self._embed_committed(tokens))
-        blank = torch.zeros(self.head.shape.hidden_size, device=self.device)
-        g = torch.stack([blank if s.last is None else s.last for s in states])  # new: scratch
-        above = eagle_state.CONTINUE_ABOVE  # (read here: tests and bench_eagle set it)
-        last, found = native.chain(g, rows, pending, ks, self.vocab_logits, self.vocab_embed, above)
-        for b, (s, count) in enumerate(zip(states, rows.counts, strict=True)):
-            if count:
-                s.last, s.next_pos, s.features, s.tokens = last[b], s.next_pos + count, [], []
-        return found
+        embeds = self._embed_committed(tokens) if tokens else None
+        return lanes_run(native, states, ks, embeds, self.vocab_logits, self.vocab_embed)
 
     def _greedy_native(
         self, seqs: list[Sequence], ks: list[int], states: list[HeadState]
@@ -280,29 +263,10 @@ class EagleProposer(Proposer):
         return [c.draft() for c in picks]
 
     def _draft(self, seqs: list[Sequence], ks: list[int], states: list[HeadState]) -> list[Draft]:
+        head, embed, pick = self.head, self.vocab_embed, self._pick
         if self.native is not None:
-            return self._draft_native(seqs, ks, states, self.native)
-        return padded_draft(self.head, self.vocab_embed, self._pick, seqs, ks, states, self.device)
-
-    def _draft_native(
-        self, seqs: list[Sequence], ks: list[int], states: list[HeadState], native: NativeHead
-    ) -> list[Draft]:
-        ks = [min(k, native.max_chain) for k in ks]
-        lanes = []
-        for s in states:
-            assert s.lane is not None  # caught up at least once: `last` is there
-            # every row runs while any chain drafts on: room for the longest chain in each lane
-            native.make_room(s.lane, s.next_pos, max(ks))
-            lanes.append(s.lane)
-        g = torch.stack([s.last for s in states if s.last is not None])  # [B, H]
-        picks = [Chain(seq, k) for seq, k in zip(seqs, ks, strict=True)]
-        for j in range(max(ks)):
-            places = self._pick(g, picks, j)  # [B]
-            if all(c.done() for c in picks):
-                break
-            x = self.head.fuse(g, self.vocab_embed[places])
-            g = native.forward(x, Rows(lanes, [s.next_pos + j for s in states], [1] * len(lanes)))
-        return [c.draft() for c in picks]
+            return lanes_draft(self.native, head, embed, pick, seqs, ks, states)
+        return padded_draft(head, embed, pick, seqs, ks, states, self.device)
 
     def _pick(self, g: torch.Tensor, chains: list[Chain], j: int) -> torch.Tensor:
         """The j-th draft token of every chain from the head's outputs g [B, H], as its place
