@@ -44,8 +44,8 @@ HEAD_EXPLORE = 0.1
 
 # A sequence whose mean is not above zero is asked again after this many steps it sat out
 # (doubling while asking again does not pay, up to HEAD_RECHECK_MAX): the text may have turned
-# predictable. Sitting out costs nothing but keeping the window's last pairs (`sync`); asking
-# again runs them in the drafting call itself.
+# predictable. Sitting out costs nothing but keeping the last CATCH_UP_MAX pairs (`sync`, views
+# of each step's rows, no copies); asking again runs them in the drafting call itself.
 HEAD_RECHECK = 32
 HEAD_RECHECK_MAX = 256
 

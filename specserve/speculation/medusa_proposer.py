@@ -129,7 +129,7 @@ class MedusaProposer(Proposer):
         return last is not None and last[0] == seq.num_tokens
 
     def sync(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        self._last[seq.seq_id] = (seq.num_tokens, hidden.detach().clone())
+        self._last[seq.seq_id] = (seq.num_tokens, hidden.detach())  # kept as is (`sync`)
 
     def release(self, seq: Sequence) -> None:
         self._last.pop(seq.seq_id, None)

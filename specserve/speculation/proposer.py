@@ -110,7 +110,9 @@ class Proposer(Protocol):
         `hidden` holds the target's final hidden states from the same forward pass that
         verified, as the kind's registration asks (`Registration.hidden`): [hidden_size] at
         the row that produced the last committed token, or with `HiddenRows.ACCEPTED`
-        [n, hidden_size] at every row of the step's span up to that one (n = accepted + 1)."""
+        [n, hidden_size] at every row of the step's span up to that one (n = accepted + 1).
+        It is a view of rows gathered for this step that nothing writes to later: a proposer
+        may keep it without copying (the step's rows stay alive while it does)."""
         ...
 
     def release(self, seq: Sequence) -> None:

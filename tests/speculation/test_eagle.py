@@ -149,9 +149,9 @@ def test_pending_pairs_past_the_window_are_dropped_in_order(full_chains: None) -
 def test_asked_again_after_sitting_out_the_head_catches_up_on_the_latest_pairs_only(
     full_chains: None,
 ) -> None:
-    """Synced for 48 steps without a proposal (its gate closed), a sequence is asked again: the
-    head runs the last CATCH_UP_MAX pairs only, its history starting over there, and drafts
-    what a head synced with just those pairs drafts."""
+    """Synced for 48 steps without a proposal (its gate closed), a sequence keeps only the last
+    CATCH_UP_MAX pairs, its history starting over there; asked again, the head runs those and
+    drafts what a head synced with just those pairs drafts."""
     head, target = _head(window=64), _target()
     features = torch.randn(48, HIDDEN)
     tokens = [3 + 2 * (i % 17) for i in range(48)]
@@ -160,7 +160,9 @@ def test_asked_again_after_sitting_out_the_head_catches_up_on_the_latest_pairs_o
     assert sat_out.propose([_seq(tokens[:4])], [2])[0].tokens  # the head's keys of 0..3
     for upto in range(5, 49):
         sat_out.sync(_seq(tokens[:upto]), features[upto - 1 : upto])
-    assert len(sat_out._states[0].tokens) == 44 > CATCH_UP_MAX
+    waiting = sat_out._states[0]  # what sitting out keeps: the latest pairs, no keys
+    assert len(waiting.tokens) == CATCH_UP_MAX and waiting.keys is None
+    assert waiting.next_pos == 48 - CATCH_UP_MAX
     seq = _seq(tokens)
     fresh.sync(seq, features[-CATCH_UP_MAX:])
     a, b = sat_out.propose([seq], [3]), fresh.propose([seq], [3])
