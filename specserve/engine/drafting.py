@@ -11,7 +11,7 @@ from collections.abc import Callable
 from specserve.engine.plan import is_decode
 from specserve.grammar import GrammarProcessor
 from specserve.request import Sequence
-from specserve.scheduler.scheduler import SeqWork
+from specserve.scheduler.batch import SeqWork
 from specserve.speculation.policy import DecodeSeq, SpeculationPolicy, sequence_factor
 from specserve.speculation.proposer import Draft, Proposer
 

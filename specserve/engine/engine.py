@@ -39,7 +39,7 @@ from specserve.outputs import RequestOutput, TokenLogprob
 from specserve.request import FinishReason, LogitsProcessor, SamplingParams, Sequence
 from specserve.runner.cost import LiveCost
 from specserve.runner.model_runner import RunOutput
-from specserve.scheduler.scheduler import ScheduledBatch, SeqWork
+from specserve.scheduler.batch import ScheduledBatch, SeqWork
 from specserve.speculation.policy import SpeculationPolicy
 from specserve.speculation.proposer import HiddenRows, Proposer
 from specserve.speculation.registry import REGISTRY

@@ -16,7 +16,8 @@ from specserve.engine.plan import StepPlan
 from specserve.outputs import RequestOutput, TokenLogprob
 from specserve.request import FinishReason, SeqStatus, Sequence
 from specserve.runner.model_runner import RunOutput
-from specserve.scheduler.scheduler import Scheduler, SeqWork
+from specserve.scheduler.batch import SeqWork
+from specserve.scheduler.scheduler import Scheduler
 from specserve.speculation.proposer import Proposer
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from specserve.request import Sequence
 from specserve.runner.cost import StepShape
 from specserve.runner.model_runner import RunItem
-from specserve.scheduler.scheduler import SeqWork
+from specserve.scheduler.batch import SeqWork
 from specserve.speculation.proposer import Draft
 
 

@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import islice
 
 from specserve.config import SchedulerConfig
 from specserve.request import SeqStatus, Sequence
 from specserve.runner.cost import LiveCost
+from specserve.scheduler.batch import DraftCaps, ScheduledBatch, SeqWork
 from specserve.scheduler.chunking import prefill_budget
 from specserve.scheduler.kv_blocks import BlockAllocator, PrefixMatch
 from specserve.scheduler.kv_ledger import KVLedger
@@ -58,36 +58,6 @@ from specserve.scheduler.shared_prefix import SharedPrefixes
 from specserve.scheduler.window_blocks import WindowBlocks
 
 SHORT_LOOKAHEAD = 64  # waiting sequences looked through for the shortest prompts
-
-
-@dataclass(frozen=True)
-class SeqWork:
-    """One sequence's share of a step."""
-
-    seq: Sequence
-    num_tokens: int  # uncomputed tokens fed this step (a prefill chunk, or 1 when decoding)
-    samples: bool  # the chunk reaches the end of the sequence: the step samples its next token
-    max_drafts: int = 0  # KV slots reserved for drafts after the fed tokens
-
-
-@dataclass(frozen=True)
-class ScheduledBatch:
-    work: list[SeqWork]
-    preempted: list[Sequence]
-    num_running: int  # running sequences after scheduling (the load the policy sees)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(w.num_tokens + w.max_drafts for w in self.work)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.work
-
-
-# (decode sequences of a step, running sequences, tokens scheduled so far) -> drafts each may
-# propose, in the same order.
-DraftCaps = Callable[[list[Sequence], int, int], list[int]]
 
 
 class Scheduler:

@@ -19,7 +19,7 @@ from specserve.grammar import Grammars
 from specserve.models.tokenizer import load_tokenizer
 from specserve.request import GrammarSpec, History, SamplingParams, Sequence
 from specserve.runner.sampler import apply_repetition_penalty, pick_tokens
-from specserve.scheduler.scheduler import SeqWork
+from specserve.scheduler.batch import SeqWork
 from specserve.speculation.proposer import Draft
 
 DIGITS = GrammarSpec("regex", "[0-9]*")

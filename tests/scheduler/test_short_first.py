@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from specserve.config import SchedulerConfig
 from specserve.request import SamplingParams, Sequence
+from specserve.scheduler.batch import ScheduledBatch
 from specserve.scheduler.kv_blocks import BlockAllocator
-from specserve.scheduler.scheduler import ScheduledBatch, Scheduler
+from specserve.scheduler.scheduler import Scheduler
 
 
 def _scheduler(budget: int, blocks: int = 512, running: int = 64) -> Scheduler:

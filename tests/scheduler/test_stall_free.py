@@ -7,9 +7,10 @@ from __future__ import annotations
 from specserve.config import SchedulerConfig
 from specserve.request import SamplingParams, Sequence
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel, StepShape
+from specserve.scheduler.batch import ScheduledBatch
 from specserve.scheduler.chunking import MIN_PREFILL_TOKENS
 from specserve.scheduler.kv_blocks import BlockAllocator
-from specserve.scheduler.scheduler import ScheduledBatch, Scheduler
+from specserve.scheduler.scheduler import Scheduler
 
 
 def _cost() -> LiveCost:

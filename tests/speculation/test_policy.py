@@ -12,7 +12,7 @@ import pytest
 from specserve.engine.drafting import keep_prefixes
 from specserve.request import DraftOdds, SamplingParams, Sequence
 from specserve.runner.cost import CostCurve, LiveCost, StepCostModel
-from specserve.scheduler.scheduler import SeqWork
+from specserve.scheduler.batch import SeqWork
 from specserve.speculation.calibration import Calibration
 from specserve.speculation.objective import choose_k, choose_k_rated, expected_emitted
 from specserve.speculation.payoff import explore_every
